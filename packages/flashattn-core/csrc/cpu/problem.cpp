@@ -1,0 +1,63 @@
+#include "problem.h"
+
+namespace flashattn::cpu {
+
+namespace {
+
+// Offsets of every (B..., H) slice of `a`, whose last two axes are the rows
+// and columns of one slice. Strides are in elements and may be zero
+// (broadcast masks) or arbitrary (transposed or sliced views).
+StridedOperand strided_operand(const mx::array& a) {
+  StridedOperand op;
+  op.data = a.data<void>();
+  int lead = a.ndim() - 2;
+  int64_t count = 1;
+  for (int d = 0; d < lead; ++d) {
+    count *= a.shape(d);
+  }
+  op.base.resize(count);
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t rem = n, loc = 0;
+    for (int d = lead - 1; d >= 0; --d) {
+      loc += (rem % a.shape(d)) * a.strides()[d];
+      rem /= a.shape(d);
+    }
+    op.base[n] = loc;
+  }
+  op.row_stride = a.strides()[lead];
+  op.col_stride = a.strides()[lead + 1];
+  return op;
+}
+
+} // namespace
+
+AttentionProblem describe_problem(
+    const std::vector<mx::array>& inputs,
+    mx::array& out,
+    float scale,
+    MaskKind mask_kind) {
+  const auto& q = inputs[0];
+  const auto& k = inputs[1];
+  AttentionProblem p;
+  p.dtype = q.dtype();
+  p.H_q = q.shape(-3);
+  p.H_kv = k.shape(-3);
+  p.L = q.shape(-2);
+  p.S = k.shape(-2);
+  p.E = q.shape(-1);
+  p.batch = q.size() / (int64_t(p.H_q) * p.L * p.E);
+  p.q_kv_heads_ratio = p.H_q / p.H_kv;
+  p.scale = scale;
+  p.mask_kind = mask_kind;
+  p.q = strided_operand(q);
+  p.k = strided_operand(k);
+  p.v = strided_operand(inputs[2]);
+  if (inputs.size() > 3) {
+    p.mask = strided_operand(inputs[3]);
+    p.mask_dtype = inputs[3].dtype();
+  }
+  p.out = out.data<void>();
+  return p;
+}
+
+} // namespace flashattn::cpu

@@ -1,0 +1,43 @@
+// One attention problem as the CPU kernel sees it: raw pointers and element
+// strides, so that strided views (transposes, slices of mlx-lm's KV cache,
+// broadcast masks) are read in place without a copy.
+
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../flash_attention.h"
+
+namespace flashattn::cpu {
+
+// A (B..., H, rows, cols) array read through its strides. base[n] is the
+// element offset of slice n of the flattened (B..., H) leading dimensions.
+struct StridedOperand {
+  const void* data = nullptr;
+  std::vector<int64_t> base;
+  int64_t row_stride = 0;
+  int64_t col_stride = 0;
+};
+
+struct AttentionProblem {
+  mx::Dtype dtype = mx::float32; // of queries, keys, values and the output
+  int64_t batch = 0; // product of the leading batch dimensions B...
+  int H_q = 0, H_kv = 0, L = 0, S = 0, E = 0;
+  int q_kv_heads_ratio = 1; // query head h reads key/value head h / ratio
+  float scale = 1.0f;
+  MaskKind mask_kind = MaskKind::none;
+  mx::Dtype mask_dtype = mx::bool_;
+
+  StridedOperand q, k, v, mask; // mask only for boolean / additive masks
+  void* out = nullptr; // row contiguous (B..., H_q, L, E)
+};
+
+// Describe inputs {queries, keys, values[, mask]} and the allocated output.
+AttentionProblem describe_problem(
+    const std::vector<mx::array>& inputs,
+    mx::array& out,
+    float scale,
+    MaskKind mask_kind);
+
+} // namespace flashattn::cpu

@@ -1,0 +1,85 @@
+// FlashAttention-2 forward as an MLX operation and primitive.
+//
+// The operation validates its inputs, settles the output shape and dtype and
+// builds the lazy array; the primitive holds the arithmetic, one source file
+// per backend (cpu/, ...).
+
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace flashattn {
+
+namespace mx = mlx::core;
+
+enum class MaskKind { none, causal, boolean, additive };
+
+///////////////////////////////////////////////////////////////////////////////
+// Operation
+///////////////////////////////////////////////////////////////////////////////
+
+/**
+ * softmax(scale * Q K^T + mask) V, computed tile by tile with an online
+ * softmax, never materialising the L x S score matrix.
+ *
+ *   queries: (B..., H_q, L, E)   keys, values: (B..., H_kv, S, E)
+ *   returns: (B..., H_q, L, E) in the queries' dtype
+ *
+ * mask_mode is "" (no mask), "causal" (bottom-right aligned: row i sees key j
+ * iff j <= i + S - L) or "array" (mask_arr, boolean or additive, broadcastable
+ * to (B..., H_q, L, S)). Bad input throws std::invalid_argument.
+ */
+mx::array flash_attention(
+    const mx::array& queries,
+    const mx::array& keys,
+    const mx::array& values,
+    std::optional<float> scale,
+    const std::string& mask_mode,
+    std::optional<mx::array> mask_arr,
+    mx::StreamOrDevice s = {});
+
+///////////////////////////////////////////////////////////////////////////////
+// Primitive
+///////////////////////////////////////////////////////////////////////////////
+
+/**
+ * Inputs: queries, keys, values and, for boolean / additive masks, the mask
+ * broadcast (without a copy) to (B..., H_q, L, S). The output is row
+ * contiguous.
+ */
+class FlashAttention : public mx::UnaryPrimitive {
+ public:
+  FlashAttention(mx::Stream stream, float scale, MaskKind mask_kind)
+      : mx::UnaryPrimitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out)
+      override;
+
+  const char* name() const override {
+    return "FlashAttention";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+  float scale() const {
+    return scale_;
+  }
+  MaskKind mask_kind() const {
+    return mask_kind_;
+  }
+
+ private:
+  float scale_;
+  MaskKind mask_kind_;
+};
+
+} // namespace flashattn

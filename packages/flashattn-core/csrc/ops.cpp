@@ -1,0 +1,259 @@
+// The flash_attention operation: every check happens here, before the lazy
+// array exists, so bad input becomes a Python ValueError at the call site
+// rather than a failure deep inside mx.eval.
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+#include <type_traits>
+#include <variant>
+
+#include "flash_attention.h"
+#include "mlx/device.h"
+
+namespace flashattn {
+
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+
+std::string shape_str(const mx::Shape& shape) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    os << (i ? ", " : "") << shape[i];
+  }
+  os << (shape.size() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+std::string dtype_str(mx::Dtype t) {
+  if (t == mx::float32) return "float32";
+  if (t == mx::float16) return "float16";
+  if (t == mx::bfloat16) return "bfloat16";
+  if (t == mx::float64) return "float64";
+  if (t == mx::bool_) return "bool";
+  if (t == mx::complex64) return "complex64";
+  std::ostringstream os;
+  os << (mx::issubdtype(t, mx::signedinteger) ? "int" : "uint")
+     << 8 * mx::size_of(t);
+  return os.str();
+}
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("flash_attention: " + msg);
+}
+
+bool is_supported_float(mx::Dtype t) {
+  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
+}
+
+void check_ranks_and_shapes(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v) {
+  if (q.ndim() < 3) {
+    fail(
+        "queries must have shape (B..., H_q, L, E) with rank >= 3; got shape " +
+        shape_str(q.shape()));
+  }
+  for (auto [name, a] : {std::pair{"keys", &k}, std::pair{"values", &v}}) {
+    if (a->ndim() != q.ndim()) {
+      std::ostringstream os;
+      os << name << " must have the rank of queries (" << q.ndim()
+         << ", shape (B..., H_kv, S, E)); got shape " << shape_str(a->shape());
+      fail(os.str());
+    }
+  }
+  int nd = q.ndim();
+  for (int d = 0; d < nd - 3; ++d) {
+    if (k.shape(d) != q.shape(d) || v.shape(d) != q.shape(d)) {
+      fail(
+          "batch dimensions must match: queries " + shape_str(q.shape()) +
+          ", keys " + shape_str(k.shape()) + ", values " +
+          shape_str(v.shape()));
+    }
+  }
+  int E = q.shape(-1);
+  if (E < 1 || E > kMaxHeadDim) {
+    std::ostringstream os;
+    os << "head dimension must be between 1 and " << kMaxHeadDim
+       << "; queries have shape " << shape_str(q.shape()) << " (E = " << E
+       << ")";
+    fail(os.str());
+  }
+  if (k.shape(-1) != E || v.shape(-1) != E) {
+    std::ostringstream os;
+    os << "keys and values must have the queries' head dimension E = " << E
+       << "; got keys " << shape_str(k.shape()) << ", values "
+       << shape_str(v.shape());
+    fail(os.str());
+  }
+  if (k.shape(-3) != v.shape(-3) || k.shape(-2) != v.shape(-2)) {
+    fail(
+        "keys and values must have the same shape (B..., H_kv, S, E); got "
+        "keys " +
+        shape_str(k.shape()) + ", values " + shape_str(v.shape()));
+  }
+  int H_q = q.shape(-3), H_kv = k.shape(-3);
+  if (H_kv == 0 ? H_q != 0 : H_q % H_kv != 0) {
+    std::ostringstream os;
+    os << "the number of query heads (" << H_q
+       << ") must be a multiple of the number of key/value heads (" << H_kv
+       << "); queries " << shape_str(q.shape()) << ", keys "
+       << shape_str(k.shape());
+    fail(os.str());
+  }
+}
+
+void check_dtypes(const mx::array& q, const mx::array& k, const mx::array& v) {
+  if (!is_supported_float(q.dtype())) {
+    fail(
+        "queries must be float32, float16 or bfloat16; got " +
+        dtype_str(q.dtype()));
+  }
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
+    fail(
+        "queries, keys and values must share one dtype; got " +
+        dtype_str(q.dtype()) + ", " + dtype_str(k.dtype()) + ", " +
+        dtype_str(v.dtype()));
+  }
+}
+
+// The shape every mask is broadcast to: (B..., H_q, L, S).
+mx::Shape mask_target_shape(const mx::array& q, const mx::array& k) {
+  mx::Shape shape(q.shape().begin(), q.shape().end() - 1);
+  shape.push_back(k.shape(-2));
+  return shape;
+}
+
+MaskKind check_mask(
+    const std::string& mask_mode,
+    const std::optional<mx::array>& mask_arr,
+    const mx::Shape& target) {
+  if (mask_mode.empty()) {
+    return MaskKind::none;
+  }
+  if (mask_mode == "causal") {
+    return MaskKind::causal;
+  }
+  if (mask_mode != "array") {
+    fail(
+        "mask must be None, \"causal\" or an array; got the string \"" +
+        mask_mode + "\"");
+  }
+  if (!mask_arr) {
+    fail("mask mode \"array\" needs a mask array");
+  }
+  const auto& m = *mask_arr;
+  bool boolean = m.dtype() == mx::bool_;
+  if (!boolean && !is_supported_float(m.dtype())) {
+    fail(
+        "mask must be boolean (True = attend) or additive float32 / float16 / "
+        "bfloat16; got dtype " +
+        dtype_str(m.dtype()));
+  }
+  bool broadcastable = m.ndim() <= target.size();
+  for (int d = 1; broadcastable && d <= m.ndim(); ++d) {
+    int have = m.shape(-d), want = target[target.size() - d];
+    broadcastable = have == want || have == 1;
+  }
+  if (!broadcastable) {
+    fail(
+        "mask of shape " + shape_str(m.shape()) +
+        " does not broadcast to (B..., H_q, L, S) = " + shape_str(target));
+  }
+  return boolean ? MaskKind::boolean : MaskKind::additive;
+}
+
+// The device a stream argument names, found without creating a stream: MLX
+// itself throws a terse error when asked for a GPU stream it cannot make.
+mx::Device requested_device(const mx::StreamOrDevice& s) {
+  return std::visit(
+      [](const auto& x) -> mx::Device {
+        using X = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<X, std::monostate>) {
+          return mx::default_device();
+        } else if constexpr (std::is_same_v<X, mx::Device>) {
+          return x;
+        } else if constexpr (std::is_same_v<X, mx::Device::DeviceType>) {
+          return mx::Device(x);
+        } else {
+          return x.device; // Stream, ThreadLocalStream
+        }
+      },
+      s);
+}
+
+// A stream on a GPU that this MLX build lacks, or whose kernels are not
+// written yet, is refused here rather than failing at evaluation time.
+void check_device(const mx::Device& device) {
+  if (device.type != mx::Device::gpu) {
+    return;
+  }
+  if (!mx::is_available(device)) {
+    fail(
+        "stream is on the GPU, but this MLX build has no GPU backend "
+        "(on Linux install mlx[cuda13] for NVIDIA GPUs); use stream=mx.cpu");
+  }
+  fail(
+      "this build of flashattn-core has no kernels for this GPU backend yet; "
+      "use stream=mx.cpu");
+}
+
+} // namespace
+
+mx::array flash_attention(
+    const mx::array& queries,
+    const mx::array& keys,
+    const mx::array& values,
+    std::optional<float> scale,
+    const std::string& mask_mode,
+    std::optional<mx::array> mask_arr,
+    mx::StreamOrDevice s) {
+  check_ranks_and_shapes(queries, keys, values);
+  check_dtypes(queries, keys, values);
+  auto target = mask_target_shape(queries, keys);
+  MaskKind mask_kind = check_mask(mask_mode, mask_arr, target);
+  float softmax_scale =
+      scale.value_or(1.0f / std::sqrt(static_cast<float>(queries.shape(-1))));
+  if (!std::isfinite(softmax_scale)) {
+    std::ostringstream os;
+    os << "scale must be a finite number; got " << softmax_scale;
+    fail(os.str());
+  }
+  check_device(requested_device(s));
+  auto stream = mx::to_stream(s);
+
+  // Empty problems are defined without running a kernel: no queries give an
+  // empty output, no keys give zeros (an empty weighted sum).
+  if (queries.size() == 0 || keys.shape(-2) == 0) {
+    return mx::zeros(queries.shape(), queries.dtype(), stream);
+  }
+
+  std::vector<mx::array> inputs = {queries, keys, values};
+  if (mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive) {
+    // broadcast_to shares the buffer (stride 0 on broadcast axes): no copy.
+    inputs.push_back(mx::broadcast_to(*mask_arr, target, stream));
+  }
+  return mx::array(
+      queries.shape(),
+      queries.dtype(),
+      std::make_shared<FlashAttention>(stream, softmax_scale, mask_kind),
+      std::move(inputs));
+}
+
+bool FlashAttention::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const FlashAttention&>(other);
+  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_;
+}
+
+void FlashAttention::eval_gpu(
+    const std::vector<mx::array>& inputs,
+    mx::array& out) {
+  // check_device refuses GPU streams before a FlashAttention node is built.
+  throw std::runtime_error(
+      "flash_attention: no GPU kernel in this build of flashattn-core");
+}
+
+} // namespace flashattn

@@ -1,0 +1,79 @@
+"""Reference attention in float64 NumPy: the yardstick for tests and benchmarks.
+
+Same conventions as ``flash_attention``: ``(B..., H, L, E)`` layout, GQA by
+``h // (H_q // H_kv)``, bottom-right causal masks, boolean masks (True
+attends) or additive float masks, and zeros for rows that see no key.
+Needs NumPy (``pip install flashattn-core[reference]``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+
+def to_float64(x) -> np.ndarray:
+    """An mx.array or array-like as float64 NumPy (exact for f32/f16/bf16)."""
+    if isinstance(x, mx.array):
+        if x.dtype == mx.bool_:
+            return np.array(x)
+        return np.array(x.astype(mx.float32), dtype=np.float64)
+    return np.asarray(x, dtype=np.float64)
+
+
+def causal_mask(L: int, S: int) -> np.ndarray:
+    """Boolean (L, S): query row i sees key j iff j <= i + (S - L)."""
+    return np.arange(S)[None, :] <= np.arange(L)[:, None] + (S - L)
+
+
+def mask_terms(mask, shape) -> tuple[np.ndarray, np.ndarray | float]:
+    """(visible, additive) for a mask argument, broadcast to (B..., H_q, L, S).
+
+    visible is boolean (a hidden key gets no weight); additive is added to the
+    scores of visible keys (an additive -inf hides a key as well).
+    """
+    L, S = shape[-2], shape[-1]
+    if mask is None:
+        return np.ones(shape, dtype=bool), 0.0
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"unknown mask string {mask!r}")
+        return np.broadcast_to(causal_mask(L, S), shape), 0.0
+    if isinstance(mask, mx.array) and mask.dtype == mx.bool_:
+        mask = np.array(mask)
+    if isinstance(mask, np.ndarray) and mask.dtype == bool:
+        return np.broadcast_to(mask, shape), 0.0
+    additive = np.broadcast_to(to_float64(mask), shape)
+    return ~np.isneginf(additive), additive
+
+
+def attention_reference(queries, keys, values, *, scale=None, mask=None) -> np.ndarray:
+    """softmax(scale * Q K^T + mask) V in float64; rows with no visible key are 0."""
+    q, k, v = to_float64(queries), to_float64(keys), to_float64(values)
+    ratio = q.shape[-3] // k.shape[-3]
+    k = np.repeat(k, ratio, axis=-3)
+    v = np.repeat(v, ratio, axis=-3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+    scores = (q @ np.swapaxes(k, -1, -2)) * scale
+    visible, additive = mask_terms(mask, scores.shape)
+    scores = np.where(visible, scores + additive, -np.inf)
+
+    m = np.max(scores, axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)  # rows with no visible key
+    p = np.exp(scores - m)
+    l = np.sum(p, axis=-1, keepdims=True)
+    o = p @ v
+    # l == 0 only for rows with no visible key; NaN inputs keep l = NaN.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(l == 0, 0.0, o / l)
+
+
+def relative_error(out, ref) -> float:
+    """Relative Frobenius-norm error ||out - ref|| / ||ref|| (0 when both are 0)."""
+    out, ref = to_float64(out), to_float64(ref)
+    denom = np.linalg.norm(ref)
+    diff = np.linalg.norm(out - ref)
+    return float(diff / denom) if denom > 0 else float(diff)

@@ -1,0 +1,60 @@
+"""Every bad input raises ValueError naming the argument, before evaluation."""
+
+import math
+
+import mlx.core as mx
+import pytest
+
+from flashattn_core import flash_attention
+
+q = mx.zeros((1, 4, 8, 16))
+kv = mx.zeros((1, 2, 10, 16))
+
+BAD = {
+    "queries rank 2": ((mx.zeros((8, 16)), kv, kv, {}), "queries must have shape"),
+    "keys rank": ((q, mx.zeros((2, 10, 16)), kv, {}), "keys must have the rank"),
+    "values rank": ((q, kv, mx.zeros((2, 10, 16)), {}), "values must have the rank"),
+    "batch mismatch": ((q, mx.zeros((2, 2, 10, 16)), mx.zeros((2, 2, 10, 16)), {}), "batch dimensions"),
+    "heads not a multiple": ((q, mx.zeros((1, 3, 10, 16)), mx.zeros((1, 3, 10, 16)), {}), "multiple"),
+    "zero kv heads": ((q, mx.zeros((1, 0, 10, 16)), mx.zeros((1, 0, 10, 16)), {}), "multiple"),
+    "key head dim": ((q, mx.zeros((1, 2, 10, 8)), kv, {}), "head dimension"),
+    "value head dim": ((q, kv, mx.zeros((1, 2, 10, 8)), {}), "head dimension"),
+    "value length": ((q, kv, mx.zeros((1, 2, 11, 16)), {}), "same shape"),
+    "value heads": ((q, kv, mx.zeros((1, 1, 10, 16)), {}), "same shape"),
+    "head dim 0": ((mx.zeros((1, 4, 8, 0)), mx.zeros((1, 2, 10, 0)), mx.zeros((1, 2, 10, 0)), {}), "between 1 and 256"),
+    "head dim 257": ((mx.zeros((1, 1, 2, 257)), mx.zeros((1, 1, 2, 257)), mx.zeros((1, 1, 2, 257)), {}), "between 1 and 256"),
+    "int dtype": ((q.astype(mx.int32), kv.astype(mx.int32), kv.astype(mx.int32), {}), "int32"),
+    "float64": ((q.astype(mx.float64), kv.astype(mx.float64), kv.astype(mx.float64), {}), "float64"),
+    "mixed dtypes": ((q, kv.astype(mx.float16), kv, {}), "share one dtype"),
+    "mask string": ((q, kv, kv, {"mask": "upper"}), '"upper"'),
+    "mask shape": ((q, kv, kv, {"mask": mx.zeros((8, 9))}), "does not broadcast"),
+    "mask rank": ((q, kv, kv, {"mask": mx.zeros((1, 1, 1, 8, 10))}), "does not broadcast"),
+    "mask dtype": ((q, kv, kv, {"mask": mx.zeros((8, 10), dtype=mx.int32)}), "int32"),
+    "scale nan": ((q, kv, kv, {"scale": math.nan}), "scale must be a finite"),
+    "scale inf": ((q, kv, kv, {"scale": math.inf}), "scale must be a finite"),
+}
+
+
+@pytest.mark.parametrize("args, message", BAD.values(), ids=BAD.keys())
+def test_bad_input_raises_value_error(args, message):
+    queries, keys, values, kwargs = args
+    with pytest.raises(ValueError, match="flash_attention") as info:
+        flash_attention(queries, keys, values, **kwargs)
+    assert message in str(info.value)
+
+
+def test_gpu_stream_without_gpu_backend():
+    if mx.is_available(mx.gpu):
+        pytest.skip("this MLX build has a GPU backend")
+    with pytest.raises(ValueError, match="no GPU backend"):
+        flash_attention(q, kv, kv, stream=mx.gpu)
+
+
+def test_non_array_mask_is_a_type_error():
+    with pytest.raises(TypeError):
+        flash_attention(q, kv, kv, mask=[[True]])
+
+
+def test_valid_call_after_errors_still_works():
+    out = flash_attention(q, kv, kv, mask="causal")
+    assert out.shape == q.shape
