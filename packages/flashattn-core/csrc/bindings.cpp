@@ -6,6 +6,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
+#include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
 #include "flash_attention.h"
 #include "mlx/version.h"
 
@@ -22,6 +24,17 @@ NB_MODULE(_ext, m) {
   m.doc() = "FlashAttention-2 as an MLX primitive (C++ extension)";
   m.attr("mlx_version") = FLASHATTN_STR(MLX_VERSION_MAJOR) "." FLASHATTN_STR(
       MLX_VERSION_MINOR) "." FLASHATTN_STR(MLX_VERSION_PATCH);
+
+  m.def(
+      "cpu_info",
+      [] {
+        nb::dict info;
+        info["isa"] = flashattn::cpu::select_kernels().isa;
+        info["threads"] = flashattn::cpu::pool_size();
+        return info;
+      },
+      "The CPU kernels in use: instruction set (FLASHATTN_ISA narrows it) and "
+      "worker threads (FLASHATTN_NUM_THREADS sets them).");
 
   m.def(
       "flash_attention",

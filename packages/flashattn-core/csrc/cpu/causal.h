@@ -1,0 +1,35 @@
+// The causal mask as MLX defines it, bottom-right aligned: query position l
+// sees key c iff c <= l + (S - L). Integer arithmetic only, shared by the
+// planner and every kernel variant.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace flashattn::cpu {
+
+enum class TileVisibility { hidden, partial, visible };
+
+// Query positions [l_min, l_max] against keys [c0, c1).
+inline TileVisibility causal_visibility(
+    int64_t l_min,
+    int64_t l_max,
+    int64_t c0,
+    int64_t c1,
+    int64_t offset) {
+  if (c0 > l_max + offset) {
+    return TileVisibility::hidden;
+  }
+  if (c1 - 1 <= l_min + offset) {
+    return TileVisibility::visible;
+  }
+  return TileVisibility::partial;
+}
+
+// Keys [0, end) hold every key that query positions <= l_max may see.
+inline int causal_key_end(int64_t l_max, int64_t offset, int S) {
+  return int(std::clamp<int64_t>(l_max + offset + 1, 0, S));
+}
+
+} // namespace flashattn::cpu

@@ -1,0 +1,278 @@
+// One work item: a row tile of RB query rows (the query heads of one GQA
+// group, position-major) against a range of keys, FlashAttention-2 style.
+//
+//   Q_i^T <- the rows' queries, times scale * log2(e)       (E x RB)
+//   m_i = -inf, l_i = 0, o_i^T = 0
+//   for each key tile j of Bc keys in the range:
+//     K_j, V_j: read in place (float32 full tiles) or converted/padded
+//     S_ij^T = K_j Q_i^T; hide masked scores; online softmax -> P_ij^T
+//     o_i^T += V_j^T P_ij^T
+//   O_i = o_i / l_i into the output, or (m_i, l_i, o_i^T) into the plan's
+//   partials when the keys are split (merged afterwards).
+
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "../causal.h"
+#include "../kernels.h"
+#include "../problem.h"
+#include "../tiles.h"
+#include "../work.h"
+#include "convert.h"
+#include "micro_kernels.h"
+#include "online_softmax.h"
+
+#ifndef PFD
+#define PFD 2
+#endif
+#ifndef PFH
+#define PFH 0
+#endif
+namespace flashattn::cpu::FLASHATTN_ISA {
+
+template <typename Cfg, typename T>
+struct Attend {
+  static constexpr int W = Cfg::W, RV = Cfg::RV, RB = Cfg::RB;
+  static constexpr int KB = Cfg::KB, EB = Cfg::EB;
+  using S = Simd<W>;
+  using vf = typename S::vf;
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  static constexpr float kLog2e = 1.4426950408889634f;
+
+  const AttentionProblem& p;
+  WorkPlan& plan;
+  const WorkItem& item;
+  ScratchView s;
+  int rows = 0; // valid rows of this tile
+  int64_t l_first = 0, l_last = 0; // query positions of the first/last row
+
+  // Copies `count` rows (c0.. of a K or V slice) into dst (Bc x E, rows
+  // beyond count zeroed), converting to float32.
+  void pack_rows(const StridedOperand& x, int64_t c0, int count, float* dst) {
+    const T* src = static_cast<const T*>(x.data) + x.base[item.group];
+    const int E = p.E;
+    for (int c = 0; c < count; ++c) {
+      const T* row = src + (c0 + c) * x.row_stride;
+      float* d = dst + c * E;
+      int e = 0;
+      if (x.col_stride == 1) {
+        for (; e + W <= E; e += W) {
+          S::store(d + e, Convert<W, T>::load(row + e));
+        }
+      }
+      for (; e < E; ++e) {
+        d[e] = to_float(row[e * x.col_stride]);
+      }
+    }
+    for (int c = count; c < Bc; ++c) {
+      for (int e = 0; e < E; ++e) {
+        dst[c * E + e] = 0.0f;
+      }
+    }
+  }
+
+  // Asks for the key/value rows [c0, c0 + count) ahead of use: decode streams
+  // K and V from memory once, and the hardware prefetchers lose track of
+  // the KB rows a register block walks at once. Always inlined: GCC deems a
+  // function of nothing but prefetches free of effects and drops its calls.
+  __attribute__((always_inline)) inline void prefetch_rows(const StridedOperand& x, int64_t c0, int count) {
+    if (x.col_stride != 1) {
+      return;
+    }
+    const char* src = static_cast<const char*>(x.data) +
+        (x.base[item.group] + c0 * x.row_stride) * int64_t(sizeof(T));
+    const int64_t row_bytes = int64_t(p.E) * sizeof(T);
+    const int64_t stride = x.row_stride * int64_t(sizeof(T));
+    for (int c = 0; c < count; ++c) {
+      for (int64_t b = 0; b < row_bytes; b += 64) {
+        __builtin_prefetch(src + c * stride + b, 0, PFH);
+      }
+    }
+  }
+
+  void load_rows() {
+    const int ratio = p.q_kv_heads_ratio;
+    const int64_t b = item.group / p.H_kv, g = item.group % p.H_kv;
+    const int first = item.row_tile * RB;
+    rows = std::min(RB, plan.rows_per_group - first);
+    const float q_scale = p.scale * kLog2e;
+    const T* q = static_cast<const T*>(p.q.data);
+    for (int r = 0; r < RB; ++r) {
+      if (r >= rows) {
+        for (int e = 0; e < p.E; ++e) {
+          s.Qt[e * RB + r] = 0.0f;
+        }
+        s.limit[r] = 0.0f;
+        continue;
+      }
+      int64_t l = (first + r) / ratio;
+      int64_t n = b * p.H_q + g * ratio + (first + r) % ratio;
+      const T* q_row = q + p.q.base[n] + l * p.q.row_stride;
+      for (int e = 0; e < p.E; ++e) {
+        s.Qt[e * RB + r] = to_float(q_row[e * p.q.col_stride]) * q_scale;
+      }
+      s.out_off[r] = (n * p.L + l) * p.E;
+      if (p.mask_kind == MaskKind::boolean || p.mask_kind == MaskKind::additive) {
+        s.mask_off[r] = p.mask.base[n] + l * p.mask.row_stride;
+      }
+      s.limit[r] = float(l + (p.S - p.L)); // last key the causal mask shows
+    }
+    l_first = first / ratio;
+    l_last = (first + rows - 1) / ratio;
+  }
+
+  template <typename M>
+  void apply_array_mask(float* St, int64_t c0, int cols) {
+    const M* mask = static_cast<const M*>(p.mask.data);
+    const int64_t cs = p.mask.col_stride;
+    for (int r = 0; r < rows; ++r) {
+      const M* m_row = mask + s.mask_off[r] + c0 * cs;
+      for (int c = 0; c < cols; ++c) {
+        M value = m_row[c * cs];
+        if constexpr (std::is_same_v<M, bool>) {
+          if (!value) {
+            St[c * RB + r] = kNegInf;
+          }
+        } else {
+          St[c * RB + r] += to_float(value) * kLog2e;
+        }
+      }
+    }
+  }
+
+  void mask_scores(float* St, int64_t c0, int cols, TileVisibility visibility) {
+    const vf neg_inf = S::splat(kNegInf);
+    for (int c = cols; c < Bc; ++c) { // padding keys past the range
+      for (int v = 0; v < RV; ++v) {
+        S::store(St + c * RB + v * W, neg_inf);
+      }
+    }
+    switch (p.mask_kind) {
+      case MaskKind::none:
+        return;
+      case MaskKind::causal:
+        if (visibility == TileVisibility::partial) {
+          for (int c = 0; c < cols; ++c) {
+            vf key = S::splat(float(c0 + c));
+            for (int v = 0; v < RV; ++v) {
+              vf sc = S::load(St + c * RB + v * W);
+              vf limit = S::load(s.limit + v * W);
+              S::store(St + c * RB + v * W, S::select(key > limit, neg_inf, sc));
+            }
+          }
+        }
+        return;
+      case MaskKind::boolean:
+        return apply_array_mask<bool>(St, c0, cols);
+      case MaskKind::additive:
+        if (p.mask_dtype == mx::float32) {
+          return apply_array_mask<float>(St, c0, cols);
+        } else if (p.mask_dtype == mx::float16) {
+          return apply_array_mask<mx::float16_t>(St, c0, cols);
+        }
+        return apply_array_mask<mx::bfloat16_t>(St, c0, cols);
+    }
+  }
+
+  void run() {
+    const int E = p.E;
+    load_rows();
+    for (int r = 0; r < RB; ++r) {
+      s.m_i[r] = kNegInf;
+      s.l_i[r] = 0.0f;
+    }
+    for (int i = 0; i < E * RB; ++i) {
+      s.Ot[i] = 0.0f;
+    }
+    const int64_t offset = p.S - p.L;
+    for (int64_t c0 = item.key_begin; c0 < item.key_end; c0 += Bc) {
+      const int cols = int(std::min<int64_t>(Bc, item.key_end - c0));
+      auto visibility = p.mask_kind == MaskKind::causal
+          ? causal_visibility(l_first, l_last, c0, c0 + cols, offset)
+          : TileVisibility::visible;
+      if (visibility == TileVisibility::hidden) {
+        continue;
+      }
+      if (c0 + PFD * Bc < item.key_end) {
+        int next = int(std::min<int64_t>(Bc, item.key_end - c0 - PFD * Bc));
+        prefetch_rows(p.k, c0 + PFD * Bc, next);
+        prefetch_rows(p.v, c0 + PFD * Bc, next);
+      }
+      // K_j and V_j: in place when they are float32 full tiles.
+      const float *K, *V;
+      int64_t k_rs, k_cs, v_rs, v_cs;
+      if (std::is_same_v<T, float> && cols == Bc && !plan.narrow) {
+        K = static_cast<const float*>(p.k.data) + p.k.base[item.group] + c0 * p.k.row_stride;
+        V = static_cast<const float*>(p.v.data) + p.v.base[item.group] + c0 * p.v.row_stride;
+        k_rs = p.k.row_stride, k_cs = p.k.col_stride;
+        v_rs = p.v.row_stride, v_cs = p.v.col_stride;
+      } else {
+        pack_rows(p.k, c0, cols, s.K);
+        pack_rows(p.v, c0, cols, s.V);
+        K = s.K, V = s.V;
+        k_rs = v_rs = E, k_cs = v_cs = 1;
+      }
+      for (int c = 0; c < Bc; c += KB) {
+        qk_block<W, RV, KB>(s.Qt, K + c * k_rs, k_rs, k_cs, E, s.St + c * RB);
+      }
+      mask_scores(s.St, c0, cols, visibility);
+      online_softmax_update<W, RV>(s.St, s.m_i, s.l_i, s.Ot, E);
+      int e = 0;
+      for (; e + EB <= E; e += EB) {
+        pv_block<W, RV, EB>(s.St, cols, V + e * v_cs, v_rs, v_cs, s.Ot + e * RB);
+      }
+      for (; e < E; ++e) {
+        pv_block<W, RV, 1>(s.St, cols, V + e * v_cs, v_rs, v_cs, s.Ot + e * RB);
+      }
+    }
+    if (plan.splits > 1) {
+      store_partial();
+    } else {
+      store_output();
+    }
+  }
+
+  // O_i = o_i / l_i; rows that saw no visible key (l_i = 0) are zeros.
+  void store_output() {
+    T* out = static_cast<T*>(p.out);
+    for (int r = 0; r < rows; ++r) {
+      float inv = s.l_i[r] == 0.0f ? 0.0f : 1.0f / s.l_i[r];
+      T* o = out + s.out_off[r];
+      for (int e = 0; e < p.E; ++e) {
+        o[e] = static_cast<T>(s.Ot[e * RB + r] * inv);
+      }
+    }
+  }
+
+  void store_partial() {
+    float* dst = plan.partial(item);
+    for (int r = 0; r < RB; ++r) {
+      dst[r] = s.m_i[r];
+      dst[RB + r] = s.l_i[r];
+    }
+    for (int i = 0; i < p.E * RB; ++i) {
+      dst[2 * RB + i] = s.Ot[i];
+    }
+  }
+};
+
+template <typename Tiles>
+void attend_item_t(
+    const AttentionProblem& p,
+    WorkPlan& plan,
+    const WorkItem& item,
+    void* scratch) {
+  constexpr int RB = Tiles::RB;
+  ScratchView s(scratch, p.E, RB);
+  if (p.dtype == mx::float32) {
+    Attend<Tiles, float>{p, plan, item, s}.run();
+  } else if (p.dtype == mx::float16) {
+    Attend<Tiles, mx::float16_t>{p, plan, item, s}.run();
+  } else {
+    Attend<Tiles, mx::bfloat16_t>{p, plan, item, s}.run();
+  }
+}
+
+} // namespace flashattn::cpu::FLASHATTN_ISA

@@ -1,0 +1,37 @@
+// Builds one instruction set's Kernels. The including kernel_<isa>.cpp
+// defines FLASHATTN_ISA, FLASHATTN_TILES and, on x86-64, FLASHATTN_TARGET.
+
+#include <algorithm>
+#include <type_traits>
+
+#include "../kernels.h"
+
+#define FLASHATTN_CAT2(a, b) a##b
+#define FLASHATTN_CAT(a, b) FLASHATTN_CAT2(a, b)
+#define FLASHATTN_STR2(a) #a
+#define FLASHATTN_STR(a) FLASHATTN_STR2(a)
+
+#include "isa_begin.h"
+#include "attend.h"
+
+namespace flashattn::cpu::FLASHATTN_ISA {
+static void wide(const AttentionProblem& p, WorkPlan& plan, const WorkItem& it, void* s) {
+  attend_item_t<FLASHATTN_TILES::wide>(p, plan, it, s);
+}
+static void narrow(const AttentionProblem& p, WorkPlan& plan, const WorkItem& it, void* s) {
+  attend_item_t<FLASHATTN_TILES::narrow>(p, plan, it, s);
+}
+} // namespace flashattn::cpu::FLASHATTN_ISA
+
+#include "isa_end.h"
+
+namespace flashattn::cpu {
+Kernels FLASHATTN_CAT(FLASHATTN_ISA, _kernels)() {
+  return {
+      FLASHATTN_STR(FLASHATTN_ISA),
+      FLASHATTN_TILES::wide::RB,
+      FLASHATTN_TILES::narrow::RB,
+      FLASHATTN_ISA::wide,
+      FLASHATTN_ISA::narrow};
+}
+} // namespace flashattn::cpu
