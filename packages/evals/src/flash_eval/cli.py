@@ -6,6 +6,7 @@ import click
 
 from . import __version__
 from .demo import demo
+from .kernel import kernel
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,3 +16,4 @@ def main():
 
 
 main.add_command(demo)
+main.add_command(kernel)

@@ -8,6 +8,7 @@ import math
 import click
 import mlx.core as mx
 import numpy as np
+from threadpoolctl import threadpool_limits
 from rich.console import Console
 from rich.table import Table
 
@@ -41,7 +42,9 @@ def demo(length, dtype, repeats, seed):
         f"Qwen2-0.5B-shaped causal prefill: queries (1, {H_q}, {length}, {E}), "
         f"keys/values (1, {H_kv}, {length}, {E}), {dtype}, device {mx.default_device()}"
     )
-    with console.status("float64 reference"):
+    # One BLAS thread: NumPy's OpenBLAS workers spin after a call and would
+    # steal the cores from the timings that follow.
+    with console.status("float64 reference"), threadpool_limits(limits=1, user_api="blas"):
         ref = attention_reference(q, k, v, scale=scale, mask="causal")
     runs = {
         "flash_attention": lambda: flash_attention(q, k, v, scale=scale, mask="causal"),

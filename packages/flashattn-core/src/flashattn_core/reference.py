@@ -52,20 +52,27 @@ def mask_terms(mask, shape) -> tuple[np.ndarray, np.ndarray | float]:
 def attention_reference(queries, keys, values, *, scale=None, mask=None) -> np.ndarray:
     """softmax(scale * Q K^T + mask) V in float64; rows with no visible key are 0."""
     q, k, v = to_float64(queries), to_float64(keys), to_float64(values)
-    ratio = q.shape[-3] // k.shape[-3]
-    k = np.repeat(k, ratio, axis=-3)
-    v = np.repeat(v, ratio, axis=-3)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    *batch, H_q, L, E = q.shape
+    H_kv, S = k.shape[-3], k.shape[-2]
+    ratio = H_q // H_kv
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
 
-    scores = (q @ np.swapaxes(k, -1, -2)) * scale
-    visible, additive = mask_terms(mask, scores.shape)
-    scores = np.where(visible, scores + additive, -np.inf)
+    # GQA without repeating K/V: query heads as (H_kv, ratio), keys broadcast.
+    qg = q.reshape(*batch, H_kv, ratio, L, E)
+    kg, vg = k[..., :, None, :, :], v[..., :, None, :, :]
+    scores = (qg @ np.swapaxes(kg, -1, -2)) * scale
+    visible, additive = mask_terms(mask, (*batch, H_q, L, S))
+    grouped = (*batch, H_kv, ratio, L, S)
+    if np.ndim(additive):
+        additive = additive.reshape(grouped)
+    scores = np.where(visible.reshape(grouped), scores + additive, -np.inf)
 
     m = np.max(scores, axis=-1, keepdims=True)
     m = np.where(np.isneginf(m), 0.0, m)  # rows with no visible key
     p = np.exp(scores - m)
     l = np.sum(p, axis=-1, keepdims=True)
-    o = p @ v
+    o = (p @ vg).reshape(*batch, H_q, L, E)
+    l = l.reshape(*batch, H_q, L, 1)
     # l == 0 only for rows with no visible key; NaN inputs keep l = NaN.
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(l == 0, 0.0, o / l)

@@ -1,0 +1,105 @@
+"""The attention implementations a kernel benchmark compares, on one input set."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from flashattn_core import flash_attention
+
+from .shapes import KernelCase
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+@dataclass
+class Inputs:
+    case: KernelCase
+    q: mx.array
+    k: mx.array
+    v: mx.array
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.case.shape.E)
+
+    @property
+    def mask(self):
+        return "causal" if self.case.causal else None
+
+
+def make_inputs(case: KernelCase, seed: int = 0) -> Inputs:
+    s = case.shape
+    kq, kk, kv = mx.random.split(mx.random.key(seed), 3)
+    dtype = DTYPES[case.dtype]
+    q = mx.random.normal((1, s.H_q, case.L, s.E), key=kq).astype(dtype)
+    k = mx.random.normal((1, s.H_kv, case.S, s.E), key=kk).astype(dtype)
+    v = mx.random.normal((1, s.H_kv, case.S, s.E), key=kv).astype(dtype)
+    mx.eval(q, k, v)
+    return Inputs(case, q, k, v)
+
+
+@dataclass
+class Impl:
+    name: str  # short: "flash", "mlx", "torch"
+    description: str
+    on_mlx: bool  # timed with MLX's evaluation and memory counters
+    run: Callable[[], object]
+    to_numpy: Callable[[object], np.ndarray]
+
+
+def mlx_to_numpy(x: mx.array) -> np.ndarray:
+    return np.array(x.astype(mx.float32))
+
+
+def flash_impl(inp: Inputs) -> Impl:
+    return Impl(
+        "flash",
+        "flashattn_core.flash_attention",
+        True,
+        lambda: flash_attention(inp.q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
+        mlx_to_numpy,
+    )
+
+
+def mlx_impl(inp: Inputs) -> Impl:
+    return Impl(
+        "mlx",
+        f"mx.fast.scaled_dot_product_attention (MLX {mx.__version__})",
+        True,
+        lambda: mx.fast.scaled_dot_product_attention(inp.q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
+        mlx_to_numpy,
+    )
+
+
+def torch_impl(inp: Inputs) -> Impl | None:
+    """PyTorch's scaled_dot_product_attention on the CPU, when installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[inp.case.dtype]
+    q, k, v = (torch.from_numpy(mlx_to_numpy(x)).to(tdtype) for x in (inp.q, inp.k, inp.v))
+    # PyTorch's is_causal is top-left aligned; for L = S that is MLX's mask.
+    causal = inp.case.causal
+
+    def run():
+        with torch.no_grad():
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, scale=inp.scale, enable_gqa=True
+            )
+
+    description = f"torch.nn.functional.scaled_dot_product_attention (PyTorch {torch.__version__}, {torch.get_num_threads()} threads)"
+    return Impl("torch", description, False, run, lambda t: t.float().numpy())
+
+
+def torch_threads() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.get_num_threads()

@@ -1,0 +1,176 @@
+"""`flash-eval kernel`: flash_attention against MLX's SDPA (and PyTorch's, when
+installed) on the same inputs, over causal prefill and decode shapes."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+import sys
+
+import click
+import mlx.core as mx
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+import flashattn_core
+from flashattn_core.reference import attention_reference, causal_mask
+
+from . import report
+from .impls import Inputs, flash_impl, make_inputs, mlx_impl, torch_impl
+from .measure import copy_bandwidth, measure, measure_host
+from .progress import progress_bar
+from .shapes import SHAPES, KernelCase
+
+# Repetitions get fewer as calls get slower: about this many seconds per impl.
+TIME_BUDGET_S = 8.0
+
+
+def int_list(ctx, param, value: str) -> list[int]:
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}")
+    if any(x < 1 for x in out):
+        raise click.BadParameter(f"lengths must be positive, got {value!r}")
+    return out
+
+
+def name_list(choices):
+    def parse(ctx, param, value: str) -> list[str]:
+        out = [x.strip() for x in value.split(",") if x.strip()]
+        bad = [x for x in out if x not in choices]
+        if bad or not out:
+            raise click.BadParameter(f"choose from {', '.join(choices)}; got {value!r}")
+        return out
+
+    return parse
+
+
+def sampled_rows_error(inp: Inputs, out: np.ndarray, rows: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.max(np.abs(out[..., rows, :] - ref)))
+
+
+def reference_rows(inp: Inputs, max_rows: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """float64 reference on a few query rows spread over the sequence (the
+    whole L x S reference would not fit in memory at long lengths)."""
+    case = inp.case
+    rows = np.unique(np.linspace(0, case.L - 1, min(case.L, max_rows)).astype(int))
+    mask = causal_mask(case.L, case.S)[rows] if case.causal else None
+    # One BLAS thread: NumPy's OpenBLAS workers spin after a call and would
+    # steal the cores from the timings that follow.
+    with threadpool_limits(limits=1, user_api="blas"):
+        ref = attention_reference(inp.q[..., mx.array(rows), :], inp.k, inp.v, scale=inp.scale, mask=mask)
+    return rows, ref
+
+
+def unfused_bytes(case: KernelCase) -> int:
+    """What an unfused attention materialises: scores and probabilities."""
+    itemsize = 4 if case.dtype == "float32" else 2
+    return 2 * case.shape.H_q * case.L * case.S * itemsize
+
+
+def total_memory_bytes() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@click.command()
+@click.option("--shape", "shapes", default="qwen05b,hd128", show_default=True,
+              callback=name_list(list(SHAPES)), help="Head shapes (comma-separated).")
+@click.option("--prefill", default="512,2048,8192", show_default=True, callback=int_list,
+              help="Causal prefill lengths L = S (comma-separated; empty for none).")
+@click.option("--decode", default="2048,32768,131072", show_default=True, callback=int_list,
+              help="Decode key lengths S, one query (comma-separated; empty for none).")
+@click.option("--dtype", "dtypes", default="float32,bfloat16", show_default=True,
+              callback=name_list(["float32", "float16", "bfloat16"]))
+@click.option("--impl", "impls", default="flash,mlx,torch", show_default=True,
+              callback=name_list(["flash", "mlx", "torch"]),
+              help="Implementations; torch is skipped when PyTorch is not installed.")
+@click.option("-n", "--repeats", default=5, show_default=True, type=click.IntRange(1, 1000),
+              help="Timed calls per implementation (fewer for slow ones).")
+@click.option("--max-call-seconds", default=60.0, show_default=True, type=click.FloatRange(0.1),
+              help="Skip a reference whose single call would take longer than this.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
+@click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
+def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, seed, as_json, markdown, plot):
+    """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
+    cases = [
+        KernelCase(SHAPES[s], kind, n, dt)
+        for s in shapes
+        for kind, lengths in (("prefill", prefill), ("decode", decode))
+        for n in lengths
+        for dt in dtypes
+    ]
+    if not cases:
+        raise click.UsageError("no cases: give --prefill and/or --decode lengths")
+    cases.sort(key=lambda c: (c.kind, c.shape.name, c.dtype, c.length))
+    quiet = as_json or markdown or not sys.stderr.isatty()
+
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "mlx": mx.__version__,
+        "device": str(mx.default_device()),
+        "flashattn_cpu": flashattn_core.cpu_info(),
+    }
+    if any(c.kind == "decode" for c in cases) and mx.default_device() == mx.cpu:
+        machine["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
+
+    results = []
+    rate = {}  # (impl, kind) -> FLOP/s of its last case: predicts the next call
+    with progress_bar(len(cases), "kernel cases", quiet) as advance:
+        for case in cases:
+            inp = make_inputs(case, seed)
+            rows, ref = reference_rows(inp)
+            candidates = {"flash": flash_impl, "mlx": mlx_impl, "torch": torch_impl}
+            for key in impls:
+                impl = candidates[key](inp)
+                if impl is None:
+                    continue
+                machine.setdefault("impls", {})[impl.name] = impl.description
+                row = {"case": case.label, "kind": case.kind, "shape": case.shape.name,
+                       "length": case.length, "dtype": case.dtype, "impl": impl.name}
+                seen = rate.get((impl.name, case.kind))
+                predicted = case.flops / seen if seen else None
+                if key != "flash" and predicted and predicted > max_call_seconds:
+                    row["skipped"] = f"predicted {predicted:,.0f} s per call"
+                elif key == "mlx" and unfused_bytes(case) > 0.6 * total_memory_bytes():
+                    row["skipped"] = f"needs ~{unfused_bytes(case) / 2**30:.0f} GiB (unfused)"
+                if "skipped" in row:
+                    results.append(row)
+                    continue
+                time.sleep(0.3)  # let other libraries' spinning worker threads go idle
+                n = repeats if not predicted else int(min(repeats, max(1, TIME_BUDGET_S / predicted)))
+                warmup = 0 if predicted and predicted > 2.0 else 1
+                timer = measure if impl.on_mlx else measure_host
+                out, m = timer(impl.run, repeats=n, warmup=warmup)
+                err = sampled_rows_error(inp, impl.to_numpy(out), rows, ref)
+                del out
+                rate[(impl.name, case.kind)] = case.flops / m.median_s
+                row.update(
+                    median_ms=m.median_s * 1e3,
+                    repeats=n,
+                    gflops=case.flops / m.median_s / 1e9,
+                    kv_GBps=case.kv_bytes / m.median_s / 1e9,
+                    max_abs_error=err,
+                    peak_extra_mib=None if m.peak_extra_bytes is None else m.peak_extra_bytes / 2**20,
+                )
+                results.append(row)
+            del inp
+            advance()
+
+    report.add_ratios(results)
+    if as_json:
+        click.echo(json.dumps({"machine": machine, "results": results}, indent=2))
+    elif markdown:
+        click.echo(report.kernel_markdown(results, machine))
+    else:
+        report.print_kernel_table(results, machine)
+    if plot:
+        report.plot_kernel(results, plot)
+        if not as_json:
+            click.echo(f"chart written to {plot}")

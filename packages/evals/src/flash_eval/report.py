@@ -1,0 +1,116 @@
+"""Tables and charts of benchmark results."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+FLASH = "flash"
+
+
+def add_ratios(results: list[dict]) -> None:
+    """For each flash_attention row, its speed-up over every reference timed on
+    the same case (reference time / flash time)."""
+    by_case: dict[tuple, dict[str, dict]] = {}
+    for r in results:
+        by_case.setdefault((r["case"], r["dtype"]), {})[r["impl"]] = r
+    for rows in by_case.values():
+        flash = rows.get(FLASH)
+        if not flash or "median_ms" not in flash:
+            continue
+        flash["speedup"] = {
+            name: r["median_ms"] / flash["median_ms"]
+            for name, r in rows.items()
+            if name != FLASH and "median_ms" in r
+        }
+
+
+def print_kernel_table(results: list[dict], machine: dict) -> None:
+    console = Console(width=max(Console().width, 120))
+    cpu = machine.get("flashattn_cpu", {})
+    lines = [
+        f"{machine['processor']}, {machine['platform']}",
+        f"MLX {machine['mlx']} on {machine['device']}; flashattn CPU kernels: "
+        f"{cpu.get('isa')}, {cpu.get('threads')} threads",
+    ]
+    if "copy_bandwidth_GBps" in machine:
+        lines.append(f"memory: copy on all cores {machine['copy_bandwidth_GBps']:.1f} GB/s (read + write)")
+    lines += [f"{name}: {text}" for name, text in machine.get("impls", {}).items()]
+    console.print("\n".join(lines))
+    others = [name for name in machine.get("impls", {}) if name != FLASH]
+    table = Table(title_justify="left")
+    columns = ["case", "dtype", "impl", "median ms", "GFLOP/s", "K/V GB/s"]
+    columns += [f"flash vs {name}" for name in others] + ["max |err|", "peak MiB"]
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("case", "dtype", "impl") else "right", no_wrap=col == "case")
+    previous = None
+    for r in results:
+        first = (r["case"], r["dtype"]) != previous
+        previous = (r["case"], r["dtype"])
+        head = [r["case"] if first else "", r["dtype"] if first else "", r["impl"]]
+        if "skipped" in r:
+            table.add_row(*head, "skipped: " + r["skipped"], *[""] * (len(columns) - 4))
+            continue
+        ratios = [f"{r['speedup'][name]:.2f}x" if name in r.get("speedup", {}) else "" for name in others]
+        table.add_row(
+            *head,
+            f"{r['median_ms']:,.3f}",
+            f"{r['gflops']:,.1f}",
+            f"{r['kv_GBps']:,.1f}" if r["kind"] == "decode" else "",
+            *ratios,
+            f"{r['max_abs_error']:.1e}",
+            "-" if r["peak_extra_mib"] is None else f"{r['peak_extra_mib']:,.1f}",
+        )
+    console.print(table)
+
+
+def kernel_markdown(results: list[dict], machine: dict) -> str:
+    """The table as GitHub markdown, for READMEs and notes."""
+    others = [name for name in machine.get("impls", {}) if name != FLASH]
+    head = ["case", "dtype", "impl", "median ms", "GFLOP/s", "K/V GB/s"]
+    head += [f"flash vs {n}" for n in others] + ["max abs err", "peak MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cells = [r["case"], r["dtype"], r["impl"]]
+        if "skipped" in r:
+            cells += ["skipped: " + r["skipped"]] + [""] * (len(head) - 4)
+        else:
+            cells += [
+                f"{r['median_ms']:,.3f}",
+                f"{r['gflops']:,.1f}",
+                f"{r['kv_GBps']:,.1f}" if r["kind"] == "decode" else "",
+                *[f"{r['speedup'][n]:.2f}x" if n in r.get("speedup", {}) else "" for n in others],
+                f"{r['max_abs_error']:.1e}",
+                "-" if r["peak_extra_mib"] is None else f"{r['peak_extra_mib']:,.1f}",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_kernel(results: list[dict], path: str) -> None:
+    """GFLOP/s per case (prefill) and K/V GB/s (decode), one bar per impl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    impls = list(dict.fromkeys(r["impl"] for r in results))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    for ax, kind, key, unit in ((axes[0], "prefill", "gflops", "GFLOP/s"), (axes[1], "decode", "kv_GBps", "K/V GB/s")):
+        cases = list(dict.fromkeys(f"{r['case']}\n{r['dtype']}" for r in results if r["kind"] == kind))
+        width = 0.8 / max(1, len(impls))
+        for i, impl in enumerate(impls):
+            values = []
+            for c in cases:
+                hit = [r for r in results if f"{r['case']}\n{r['dtype']}" == c and r["impl"] == impl and key in r]
+                values.append(hit[0][key] if hit else 0.0)
+            ax.bar([x + i * width for x in range(len(cases))], values, width, label=impl)
+        ax.set_xticks([x + width * (len(impls) - 1) / 2 for x in range(len(cases))])
+        ax.set_xticklabels(cases, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(unit)
+        ax.set_yscale("log")
+        ax.set_title(f"{kind} (missing bar: skipped or not run)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,81 @@
+"""flash-eval kernel and demo on tiny shapes, through click's test runner."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from flash_eval.cli import main
+
+TINY = ["kernel", "--shape", "qwen05b", "--prefill", "64", "--decode", "128", "-n", "1"]
+
+
+def run(args):
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def test_kernel_json_has_every_case_and_impl():
+    result = run([*TINY, "--dtype", "float32,bfloat16", "--impl", "flash,mlx", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    rows = data["results"]
+    assert {(r["kind"], r["dtype"], r["impl"]) for r in rows} == {
+        (kind, dtype, impl)
+        for kind in ("prefill", "decode")
+        for dtype in ("float32", "bfloat16")
+        for impl in ("flash", "mlx")
+    }
+    for r in rows:
+        tol = 1e-5 if r["dtype"] == "float32" else 2e-2
+        assert r["max_abs_error"] <= tol, r
+        assert r["median_ms"] > 0 and r["gflops"] > 0
+    flash = [r for r in rows if r["impl"] == "flash"]
+    assert all("mlx" in r["speedup"] for r in flash)
+    assert data["machine"]["flashattn_cpu"]["threads"] >= 1
+    assert data["machine"]["copy_bandwidth_GBps"] > 0
+
+
+def test_kernel_table_and_plot(tmp_path):
+    png = tmp_path / "kernel.png"
+    result = run([*TINY, "--dtype", "float32", "--impl", "flash,mlx", "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert "qwen05b prefill L=64" in result.output and "flash vs mlx" in result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_kernel_markdown():
+    result = run([*TINY, "--dtype", "float32", "--impl", "flash", "--markdown"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("| case | dtype | impl |")
+
+
+def test_slow_reference_is_skipped_and_said_so():
+    result = run([*TINY, "--prefill", "64,512", "--decode", "", "--dtype", "float32",
+                  "--impl", "flash,mlx", "--max-call-seconds", "0.1", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["results"]
+    skipped = [r for r in rows if "skipped" in r]
+    assert skipped and all(r["impl"] == "mlx" and "predicted" in r["skipped"] for r in skipped)
+    assert all("median_ms" in r for r in rows if r["impl"] == "flash")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prefill", "abc"], "comma-separated integers"),
+        (["--prefill", "0"], "positive"),
+        (["--shape", "gpt5"], "choose from"),
+        (["--dtype", "int8"], "choose from"),
+        (["--prefill", "", "--decode", ""], "no cases"),
+    ],
+)
+def test_kernel_bad_options(args, message):
+    result = CliRunner().invoke(main, ["kernel", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_demo_runs():
+    result = run(["demo", "--length", "64", "-n", "1"])
+    assert result.exit_code == 0, result.output
+    assert "flash_attention" in result.output and "mx.fast SDPA" in result.output
