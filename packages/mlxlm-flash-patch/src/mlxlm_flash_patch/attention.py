@@ -1,0 +1,62 @@
+"""The attention function that stands in for mlx-lm's
+``mlx_lm.models.base.scaled_dot_product_attention`` while the patch is on.
+
+Same signature. Routes through ``flashattn_core.flash_attention``; every case
+the kernel does not take goes to mlx-lm's own function, counted and logged.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from flashattn_core import flash_attention
+
+from ._stats import count_fallback, count_flash_call
+
+
+def make_attention(original, precision: str):
+    """The replacement for mlx-lm's shared attention function.
+
+    precision "float32" (the default, as the design asks) casts queries, keys
+    and values to float32 and the result back to the queries' dtype;
+    "native" hands flash_attention the model's own dtype.
+    """
+
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+        if hasattr(cache, "bits"):
+            count_fallback("quantized_kv_cache", "keys/values are packed tuples")
+            return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        if sinks is not None:
+            count_fallback("attention_sinks")
+            return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        out_dtype = queries.dtype
+        if precision == "float32":
+            q, k, v = (x.astype(mx.float32) for x in (queries, keys, values))
+        else:
+            q, k, v = queries, keys, values
+        try:
+            out = flash_attention(q, k, v, scale=scale, mask=mask)
+        except (ValueError, TypeError) as error:
+            # Validation happens before anything is computed: nothing is lost.
+            count_fallback(_reason_of(error), str(error))
+            return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        count_flash_call()
+        return out.astype(out_dtype) if out.dtype != out_dtype else out
+
+    scaled_dot_product_attention.__doc__ = original.__doc__
+    scaled_dot_product_attention.__wrapped__ = original
+    scaled_dot_product_attention._mlxlm_flash_patch = True
+    return scaled_dot_product_attention
+
+
+def _reason_of(error: Exception) -> str:
+    text = str(error)
+    if "GPU" in text:
+        return "no_gpu_kernel"
+    if "mask" in text:
+        return "unsupported_mask"
+    if "head dimension" in text:
+        return "unsupported_head_dim"
+    if "dtype" in text or "float32, float16 or bfloat16" in text:
+        return "unsupported_dtype"
+    return "unsupported_input"

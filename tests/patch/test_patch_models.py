@@ -1,0 +1,138 @@
+"""Tiny random-weight Qwen2 and Llama models through mlx-lm with the patch
+off and on: same logits, same greedy text, through every cache mlx-lm has."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm import batch_generate, generate, stream_generate
+from mlx_lm.models.cache import make_prompt_cache
+from tiny_models import logits, tiny_model, wrapped_tokenizer
+
+import mlxlm_flash_patch
+
+TOKENS = mx.array([[5, 17, 42, 7, 99, 3, 250, 11, 64, 128, 1, 300, 77, 8, 200, 31, 45]])
+
+
+def rel(a, b):
+    a, b = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return wrapped_tokenizer()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("dtype, tol", [(mx.float32, 1e-4), (mx.bfloat16, 2e-2)])
+@pytest.mark.parametrize("precision", ["float32", "native"])
+def test_logits_agree(family, dtype, tol, precision):
+    model, _ = tiny_model(family, dtype)
+    off = logits(model, TOKENS)
+    with mlxlm_flash_patch.patched(precision):
+        on = logits(model, TOKENS)
+    assert on.dtype == off.dtype == dtype
+    assert rel(on, off) <= tol
+    s = mlxlm_flash_patch.stats()
+    assert s["flash_calls"] == 2 and not s["fallbacks"]  # two layers, one call each
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_greedy_generation_is_identical(family, tokenizer):
+    model, _ = tiny_model(family, vocab_size=len(tokenizer))
+    prompt = "The function returns"
+    off = generate(model, tokenizer, prompt, max_tokens=32)
+    off_stream = "".join(r.text for r in stream_generate(model, tokenizer, prompt, max_tokens=32))
+    with mlxlm_flash_patch.patched():
+        on = generate(model, tokenizer, prompt, max_tokens=32)
+        on_stream = "".join(r.text for r in stream_generate(model, tokenizer, prompt, max_tokens=32))
+    assert on == off and on_stream == off_stream and len(off) > 0
+    assert mlxlm_flash_patch.stats()["flash_calls"] > 0
+
+
+def test_rotating_cache_that_wraps(tokenizer):
+    # max_kv_size 24 < prompt + 40 new tokens: the window wraps, masks are arrays.
+    model, _ = tiny_model("qwen2", vocab_size=len(tokenizer))
+    prompt = "Lambda expressions and the assignment statement"
+    off = generate(model, tokenizer, prompt, max_tokens=40, max_kv_size=24)
+    with mlxlm_flash_patch.patched():
+        on = generate(model, tokenizer, prompt, max_tokens=40, max_kv_size=24)
+    assert on == off
+    s = mlxlm_flash_patch.stats()
+    assert s["flash_calls"] > 0 and not s["fallbacks"]
+
+
+def test_prompt_cache_reused_across_turns(tokenizer):
+    model, _ = tiny_model("llama", vocab_size=len(tokenizer))
+    texts = {}
+    for state in ("off", "on"):
+        with mlxlm_flash_patch.patched() if state == "on" else _nothing():
+            cache = make_prompt_cache(model)
+            first = generate(model, tokenizer, "Class definitions", max_tokens=12, prompt_cache=cache)
+            second = generate(model, tokenizer, " and then", max_tokens=12, prompt_cache=cache)
+            texts[state] = (first, second)
+    assert texts["on"] == texts["off"]
+
+
+def test_batched_generation_with_padding(tokenizer):
+    model, _ = tiny_model("qwen2", vocab_size=len(tokenizer))
+    prompts = [tokenizer.encode(p) for p in ("A", "The with statement is used to wrap", "Yield")]
+    off = batch_generate(model, tokenizer, prompts, max_tokens=16).texts
+    with mlxlm_flash_patch.patched():
+        on = batch_generate(model, tokenizer, prompts, max_tokens=16).texts
+    assert on == off
+    s = mlxlm_flash_patch.stats()
+    assert s["flash_calls"] > 0 and not s["fallbacks"]
+
+
+def test_quantized_kv_cache_falls_back_and_is_counted(tokenizer):
+    model, _ = tiny_model("qwen2", vocab_size=len(tokenizer))
+    prompt = "Exceptions are raised"
+    off = generate(model, tokenizer, prompt, max_tokens=16, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+    with mlxlm_flash_patch.patched():
+        on = generate(model, tokenizer, prompt, max_tokens=16, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+    assert on == off
+    assert mlxlm_flash_patch.stats()["fallbacks"].get("quantized_kv_cache", 0) > 0
+
+
+def test_attention_sinks_fall_back():
+    from mlx_lm.models import base
+
+    q = mx.random.normal((1, 4, 3, 16))
+    k = v = mx.random.normal((1, 2, 3, 16))
+    sinks = mx.zeros((4,))
+    expected = base.scaled_dot_product_attention(q, k, v, None, scale=0.25, mask=None, sinks=sinks)
+    with mlxlm_flash_patch.patched():
+        out = base.scaled_dot_product_attention(q, k, v, None, scale=0.25, mask=None, sinks=sinks)
+    assert mx.array_equal(out, expected)
+    assert mlxlm_flash_patch.stats()["fallbacks"] == {"attention_sinks": 1}
+
+
+def test_head_dim_the_kernel_refuses_falls_back():
+    from mlx_lm.models import base
+
+    q = mx.random.normal((1, 2, 3, 320))
+    k = v = mx.random.normal((1, 2, 3, 320))
+    expected = base.scaled_dot_product_attention(q, k, v, None, scale=0.1, mask="causal")
+    with mlxlm_flash_patch.patched():
+        out = base.scaled_dot_product_attention(q, k, v, None, scale=0.1, mask="causal")
+    assert mx.allclose(out, expected)
+    assert mlxlm_flash_patch.stats()["fallbacks"] == {"unsupported_head_dim": 1}
+
+
+def test_float32_precision_casts_back_to_model_dtype():
+    from mlx_lm.models import base
+
+    q = mx.random.normal((1, 4, 5, 16)).astype(mx.bfloat16)
+    k = v = mx.random.normal((1, 2, 5, 16)).astype(mx.bfloat16)
+    with mlxlm_flash_patch.patched():
+        out = base.scaled_dot_product_attention(q, k, v, None, scale=0.25, mask="causal")
+    assert out.dtype == mx.bfloat16
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
