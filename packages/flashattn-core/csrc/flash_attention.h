@@ -61,6 +61,13 @@ class FlashAttention : public mx::UnaryPrimitive {
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out)
       override;
 
+  // Gradients by recomputation through MLX operations (vjp.cpp).
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+
   const char* name() const override {
     return "FlashAttention";
   }

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from . import __version__
-from .demo import demo
-from .kernel import kernel
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,5 +15,29 @@ def main():
     """Measure flashattn-core and mlxlm-flash-patch against MLX's own attention."""
 
 
-main.add_command(demo)
-main.add_command(kernel)
+def _register():
+    from .demo import demo
+    from .kernel import kernel
+    from .model_cmd import model
+    from .perplexity import perplexity
+    from .throughput import throughput
+
+    for command in (demo, kernel, model, perplexity, throughput):
+        main.add_command(command)
+
+
+_register()
+
+# Model-level runs on Linux get Debian's OpenBLAS when it is installed (see
+# blas.py); the kernel benchmark keeps MLX's BLAS as installed.
+MODEL_COMMANDS = {"perplexity", "throughput"}
+
+
+def entry():
+    """The console script: main() after the BLAS check."""
+    from . import blas
+
+    argv = sys.argv[1:]
+    if argv and argv[0] in MODEL_COMMANDS:
+        blas.maybe_reexec_with_openblas(argv)
+    main(prog_name="flash-eval")

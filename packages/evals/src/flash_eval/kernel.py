@@ -19,32 +19,12 @@ from flashattn_core.reference import attention_reference, causal_mask
 from . import report
 from .impls import Inputs, flash_impl, make_inputs, mlx_impl, torch_impl
 from .measure import copy_bandwidth, measure, measure_host
+from .options import comma_list, int_list
 from .progress import progress_bar
 from .shapes import SHAPES, KernelCase
 
 # Repetitions get fewer as calls get slower: about this many seconds per impl.
 TIME_BUDGET_S = 8.0
-
-
-def int_list(ctx, param, value: str) -> list[int]:
-    try:
-        out = [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}")
-    if any(x < 1 for x in out):
-        raise click.BadParameter(f"lengths must be positive, got {value!r}")
-    return out
-
-
-def name_list(choices):
-    def parse(ctx, param, value: str) -> list[str]:
-        out = [x.strip() for x in value.split(",") if x.strip()]
-        bad = [x for x in out if x not in choices]
-        if bad or not out:
-            raise click.BadParameter(f"choose from {', '.join(choices)}; got {value!r}")
-        return out
-
-    return parse
 
 
 def sampled_rows_error(inp: Inputs, out: np.ndarray, rows: np.ndarray, ref: np.ndarray) -> float:
@@ -78,15 +58,15 @@ def total_memory_bytes() -> int:
 
 @click.command()
 @click.option("--shape", "shapes", default="qwen05b,hd128", show_default=True,
-              callback=name_list(list(SHAPES)), help="Head shapes (comma-separated).")
+              callback=comma_list(list(SHAPES)), help="Head shapes (comma-separated).")
 @click.option("--prefill", default="512,2048,8192", show_default=True, callback=int_list,
               help="Causal prefill lengths L = S (comma-separated; empty for none).")
 @click.option("--decode", default="2048,32768,131072", show_default=True, callback=int_list,
               help="Decode key lengths S, one query (comma-separated; empty for none).")
 @click.option("--dtype", "dtypes", default="float32,bfloat16", show_default=True,
-              callback=name_list(["float32", "float16", "bfloat16"]))
+              callback=comma_list(["float32", "float16", "bfloat16"]))
 @click.option("--impl", "impls", default="flash,mlx,torch", show_default=True,
-              callback=name_list(["flash", "mlx", "torch"]),
+              callback=comma_list(["flash", "mlx", "torch"]),
               help="Implementations; torch is skipped when PyTorch is not installed.")
 @click.option("-n", "--repeats", default=5, show_default=True, type=click.IntRange(1, 1000),
               help="Timed calls per implementation (fewer for slow ones).")

@@ -13,15 +13,17 @@
 namespace flashattn::cpu {
 
 // A work item's scratch, carved from one per-thread buffer:
-// Q_i^T and o_i^T (E x RB), S_ij^T (Bc x RB), K_j and V_j (Bc x E), m_i,
+// Q_i^T and o_i^T (E x RB), S_ij^T and its hidden flags (Bc x RB), K_j and
+// V_j (Bc x E), m_i,
 // l_i and the causal limits (RB), and per-row offsets (RB each).
 struct ScratchView {
   float *Qt, *Ot, *St, *K, *V, *m_i, *l_i, *limit;
+  float* hidden; // Bc x RB: 1 where a score is masked (rare NaN/Inf path)
   int64_t *out_off, *mask_off;
 
   static size_t bytes(int E, int RB) {
-    size_t floats = size_t(2) * E * RB + size_t(Bc) * RB + size_t(2) * Bc * E +
-        3 * size_t(RB);
+    size_t floats = size_t(2) * E * RB + size_t(2) * Bc * RB +
+        size_t(2) * Bc * E + 3 * size_t(RB);
     return floats * sizeof(float) + 2 * size_t(RB) * sizeof(int64_t) + 64;
   }
 
@@ -34,6 +36,7 @@ struct ScratchView {
     Qt = f, f += size_t(E) * RB;
     Ot = f, f += size_t(E) * RB;
     St = f, f += size_t(Bc) * RB;
+    hidden = f, f += size_t(Bc) * RB;
     K = f, f += size_t(Bc) * E;
     V = f, f += size_t(Bc) * E;
     m_i = f, f += RB;

@@ -2,7 +2,10 @@
 
 Same conventions as ``flash_attention``: ``(B..., H, L, E)`` layout, GQA by
 ``h // (H_q // H_kv)``, bottom-right causal masks, boolean masks (True
-attends) or additive float masks, and zeros for rows that see no key.
+attends) or additive float masks (-inf hides a key), and zeros for rows that
+see no key. Non-finite inputs: a NaN in a query row, or in a key or value the
+row can see, makes the row NaN (Inf follows IEEE arithmetic); keys and values
+a row cannot see never reach its output.
 Needs NumPy (``pip install flashattn-core[reference]``).
 """
 
@@ -60,18 +63,28 @@ def attention_reference(queries, keys, values, *, scale=None, mask=None) -> np.n
     # GQA without repeating K/V: query heads as (H_kv, ratio), keys broadcast.
     qg = q.reshape(*batch, H_kv, ratio, L, E)
     kg, vg = k[..., :, None, :, :], v[..., :, None, :, :]
-    scores = (qg @ np.swapaxes(kg, -1, -2)) * scale
-    visible, additive = mask_terms(mask, (*batch, H_q, L, S))
-    grouped = (*batch, H_kv, ratio, L, S)
-    if np.ndim(additive):
-        additive = additive.reshape(grouped)
-    scores = np.where(visible.reshape(grouped), scores + additive, -np.inf)
+    # IEEE arithmetic on non-finite inputs is the point: no warnings for it.
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = (qg @ np.swapaxes(kg, -1, -2)) * scale
+        visible, additive = mask_terms(mask, (*batch, H_q, L, S))
+        grouped = (*batch, H_kv, ratio, L, S)
+        if np.ndim(additive):
+            additive = additive.reshape(grouped)
+        scores = np.where(visible.reshape(grouped), scores + additive, -np.inf)
 
-    m = np.max(scores, axis=-1, keepdims=True)
-    m = np.where(np.isneginf(m), 0.0, m)  # rows with no visible key
-    p = np.exp(scores - m)
+        m = np.max(scores, axis=-1, keepdims=True)
+        m = np.where(np.isneginf(m), 0.0, m)  # rows with no visible key
+        p = np.exp(scores - m)
     l = np.sum(p, axis=-1, keepdims=True)
-    o = (p @ vg).reshape(*batch, H_q, L, E)
+    if np.isfinite(v).all():
+        o = p @ vg
+    else:
+        # Keys a row cannot see never reach its output, even when their
+        # values are NaN or Inf (p @ v would make 0 x NaN = NaN).
+        seen = visible.reshape(grouped)[..., None]
+        with np.errstate(invalid="ignore"):
+            o = np.where(seen, p[..., None] * vg[..., None, :, :], 0.0).sum(axis=-2)
+    o = o.reshape(*batch, H_q, L, E)
     l = l.reshape(*batch, H_q, L, 1)
     # l == 0 only for rows with no visible key; NaN inputs keep l = NaN.
     with np.errstate(invalid="ignore", divide="ignore"):

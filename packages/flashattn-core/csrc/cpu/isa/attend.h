@@ -136,13 +136,17 @@ struct Attend {
             St[c * RB + r] = kNegInf;
           }
         } else {
-          St[c * RB + r] += to_float(value) * kLog2e;
+          // An additive -inf hides the key outright, as a boolean mask does:
+          // adding it to a NaN score would keep the NaN.
+          float m = to_float(value);
+          St[c * RB + r] = m == kNegInf ? kNegInf : St[c * RB + r] + m * kLog2e;
         }
       }
     }
   }
 
-  void mask_scores(float* St, int64_t c0, int cols, TileVisibility visibility) {
+  // Hides masked scores (-inf). Returns whether the tile may hide any key.
+  bool mask_scores(float* St, int64_t c0, int cols, TileVisibility visibility) {
     const vf neg_inf = S::splat(kNegInf);
     for (int c = cols; c < Bc; ++c) { // padding keys past the range
       for (int v = 0; v < RV; ++v) {
@@ -151,7 +155,7 @@ struct Attend {
     }
     switch (p.mask_kind) {
       case MaskKind::none:
-        return;
+        return false;
       case MaskKind::causal:
         if (visibility == TileVisibility::partial) {
           for (int c = 0; c < cols; ++c) {
@@ -163,16 +167,48 @@ struct Attend {
             }
           }
         }
-        return;
+        return visibility == TileVisibility::partial;
       case MaskKind::boolean:
-        return apply_array_mask<bool>(St, c0, cols);
+        apply_array_mask<bool>(St, c0, cols);
+        return true;
       case MaskKind::additive:
         if (p.mask_dtype == mx::float32) {
-          return apply_array_mask<float>(St, c0, cols);
+          apply_array_mask<float>(St, c0, cols);
         } else if (p.mask_dtype == mx::float16) {
-          return apply_array_mask<mx::float16_t>(St, c0, cols);
+          apply_array_mask<mx::float16_t>(St, c0, cols);
+        } else {
+          apply_array_mask<mx::bfloat16_t>(St, c0, cols);
         }
-        return apply_array_mask<mx::bfloat16_t>(St, c0, cols);
+        return true;
+    }
+    return true;
+  }
+
+  static bool all_finite(const float* V, int64_t rs, int64_t cs, int rows, int E) {
+    unsigned bad = 0;
+    for (int c = 0; c < rows; ++c) {
+      for (int e = 0; e < E; ++e) {
+        unsigned bits;
+        __builtin_memcpy(&bits, V + c * rs + e * cs, sizeof(bits));
+        bad |= (bits & 0x7f800000u) == 0x7f800000u;
+      }
+    }
+    return !bad;
+  }
+
+  // o_i^T += V_j^T P_ij^T over visible keys only: the path for a tile whose
+  // values hold NaN or Inf where some row cannot see them (0 x NaN is NaN).
+  void pv_visible_only(const float* V, int64_t rs, int64_t cs, int cols) {
+    for (int c = 0; c < cols; ++c) {
+      for (int r = 0; r < RB; ++r) {
+        if (s.hidden[c * RB + r] != 0.0f) {
+          continue;
+        }
+        float pr = s.St[c * RB + r];
+        for (int e = 0; e < p.E; ++e) {
+          s.Ot[e * RB + r] += pr * V[c * rs + e * cs];
+        }
+      }
     }
   }
 
@@ -217,8 +253,20 @@ struct Attend {
       for (int c = 0; c < Bc; c += KB) {
         qk_block<W, RV, KB>(s.Qt, K + c * k_rs, k_rs, k_cs, E, s.St + c * RB);
       }
-      mask_scores(s.St, c0, cols, visibility);
+      bool may_hide = mask_scores(s.St, c0, cols, visibility);
+      // Keys a row cannot see never reach its output, even when their values
+      // are NaN or Inf (the fast P V below would turn 0 x NaN into NaN).
+      bool guard = may_hide && !all_finite(V, v_rs, v_cs, cols, E);
+      if (guard) {
+        for (int i = 0; i < Bc * RB; ++i) {
+          s.hidden[i] = s.St[i] == kNegInf ? 1.0f : 0.0f;
+        }
+      }
       online_softmax_update<W, RV>(s.St, s.m_i, s.l_i, s.Ot, E);
+      if (guard) {
+        pv_visible_only(V, v_rs, v_cs, cols);
+        continue;
+      }
       int e = 0;
       for (; e + EB <= E; e += EB) {
         pv_block<W, RV, EB>(s.St, cols, V + e * v_cs, v_rs, v_cs, s.Ot + e * RB);

@@ -1,0 +1,106 @@
+// Gradients of FlashAttention by recomputation through MLX operations, in
+// float32, so that mx.grad / mx.value_and_grad (and mlx-lm's fine-tuning)
+// work through flash_attention. This path materialises the L x S
+// probabilities of the backward pass; a FlashAttention-2 backward kernel
+// would not.
+//
+// With P = softmax(scale Q K^T + mask) over visible keys and O = P V:
+//   dV = P^T dO         dP = dO V^T         D = rowsum(dO * O)
+//   dS = P * (dP - D)   dQ = scale dS K     dK = scale dS^T Q
+// An additive mask receives dS; a boolean one has no gradient.
+
+#include <limits>
+#include <optional>
+
+#include "flash_attention.h"
+
+namespace flashattn {
+
+namespace {
+
+mx::Shape grouped(const mx::array& q, int H_kv) {
+  // (B..., H_q, L, X) -> (B..., H_kv, ratio, L, X)
+  mx::Shape shape(q.shape().begin(), q.shape().end() - 3);
+  int H_q = q.shape(-3);
+  shape.push_back(H_kv);
+  shape.push_back(H_q / H_kv);
+  shape.push_back(q.shape(-2));
+  shape.push_back(q.shape(-1));
+  return shape;
+}
+
+} // namespace
+
+std::vector<mx::array> FlashAttention::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>& outputs) {
+  auto s = stream();
+  const auto f32 = mx::float32;
+  const auto& q = primals[0];
+  const auto& k = primals[1];
+  const int H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2);
+
+  // Query heads grouped by the KV head they read; keys broadcast over them.
+  auto qg = mx::reshape(mx::astype(q, f32, s), grouped(q, H_kv), s);
+  auto kg = mx::expand_dims(mx::astype(k, f32, s), -3, s);
+  auto vg = mx::expand_dims(mx::astype(primals[2], f32, s), -3, s);
+  auto scores = mx::multiply(
+      mx::matmul(qg, mx::swapaxes(kg, -1, -2, s), s), mx::array(scale_, f32), s);
+  auto score_shape = scores.shape();
+
+  auto neg_inf = mx::array(-std::numeric_limits<float>::infinity(), f32);
+  std::optional<mx::array> visible;
+  if (mask_kind_ == MaskKind::causal) {
+    auto rows = mx::reshape(mx::arange(L, mx::int32, s), {L, 1}, s);
+    auto cols = mx::reshape(mx::arange(S, mx::int32, s), {1, S}, s);
+    visible = mx::less_equal(cols, mx::add(rows, mx::array(S - L), s), s);
+  } else if (mask_kind_ == MaskKind::boolean) {
+    visible = mx::reshape(primals[3], score_shape, s);
+  } else if (mask_kind_ == MaskKind::additive) {
+    auto add = mx::reshape(mx::astype(primals[3], f32, s), score_shape, s);
+    visible = mx::not_equal(add, neg_inf, s);
+    scores = mx::add(scores, add, s);
+  }
+  if (visible) {
+    scores = mx::where(*visible, scores, neg_inf, s);
+  }
+  auto m = mx::max(scores, -1, /* keepdims */ true, s);
+  m = mx::where(mx::isneginf(m, s), mx::array(0.0f), m, s);
+  auto p = mx::exp(mx::subtract(scores, m, s), s);
+  auto l = mx::sum(p, -1, true, s);
+  auto zero = mx::array(0.0f);
+  // Rows that see no key have P = 0 (and O = 0), as in the forward pass.
+  auto P = mx::where(mx::equal(l, zero, s), zero, mx::divide(p, l, s), s);
+
+  auto dO = mx::reshape(mx::astype(cotangents[0], f32, s), grouped(q, H_kv), s);
+  auto O = mx::reshape(mx::astype(outputs[0], f32, s), grouped(q, H_kv), s);
+  auto dP = mx::matmul(dO, mx::swapaxes(vg, -1, -2, s), s);
+  auto D = mx::sum(mx::multiply(dO, O, s), -1, true, s);
+  auto dS = mx::multiply(P, mx::subtract(dP, D, s), s);
+  auto scale = mx::array(scale_, f32);
+
+  std::vector<mx::array> grads;
+  for (int arg : argnums) {
+    const auto& primal = primals[arg];
+    if (arg == 0) {
+      auto dQ = mx::multiply(mx::matmul(dS, kg, s), scale, s);
+      grads.push_back(mx::astype(mx::reshape(dQ, q.shape(), s), q.dtype(), s));
+    } else if (arg == 1) {
+      auto dK = mx::matmul(mx::swapaxes(dS, -1, -2, s), qg, s);
+      dK = mx::multiply(mx::sum(dK, -3, false, s), scale, s);
+      grads.push_back(mx::astype(dK, k.dtype(), s));
+    } else if (arg == 2) {
+      auto dV = mx::sum(mx::matmul(mx::swapaxes(P, -1, -2, s), dO, s), -3, false, s);
+      grads.push_back(mx::astype(dV, primal.dtype(), s));
+    } else if (mask_kind_ == MaskKind::additive) {
+      grads.push_back(mx::astype(mx::reshape(dS, primal.shape(), s), primal.dtype(), s));
+    } else {
+      grads.push_back(mx::zeros_like(primal, s)); // boolean masks
+    }
+  }
+  return grads;
+}
+
+} // namespace flashattn

@@ -1,0 +1,105 @@
+"""Hostile values: NaN and Inf in the inputs, extreme scales, degenerate sizes.
+
+Semantics (the reference implements them too): a NaN in a query row, or in a
+key or value that row can see, makes the row NaN; Inf follows IEEE
+arithmetic; keys and values a row cannot see never reach its output."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from attention_cases import TOLERANCE, Case, make_inputs
+
+from flashattn_core import flash_attention
+from flashattn_core.reference import attention_reference, causal_mask, relative_error
+
+
+def same_nan_pattern_and_close(out, ref, tol=2e-5):
+    out = np.array(out.astype(mx.float32), dtype=np.float64)
+    assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN in different places"
+    assert np.array_equal(np.isinf(out), np.isinf(ref)), "Inf in different places"
+    finite = np.isfinite(ref)
+    assert relative_error(out[finite], ref[finite]) <= tol
+
+
+def poisoned(seed=0, L=70, S=150, E=16):
+    case = Case(batch=(1,), heads=(4, 2), L=L, S=S, E=E)
+    q, k, v, _ = make_inputs(case, seed=seed)
+    return np.array(q), np.array(k), np.array(v)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("mask", ["causal", "bool", "additive", None])
+def test_non_finite_inputs_follow_the_reference(where, value, mask):
+    q, k, v = poisoned()
+    L, S = q.shape[-2], k.shape[-2]
+    target = {"q": q, "k": k, "v": v}[where]
+    # One poisoned row early (seen by most queries), one late (hidden from
+    # most under causal), in one head.
+    target[0, 1, 3, 5] = value
+    target[0, 0, target.shape[-2] - 2, 0] = value
+    m = None
+    if mask == "causal":
+        m = "causal"
+    elif mask == "bool":
+        vis = causal_mask(L, S) & (np.arange(S) % 3 != 1)
+        m = mx.array(vis)
+    elif mask == "additive":
+        add = np.where(causal_mask(L, S), 0.5, -np.inf).astype(np.float32)
+        add[:, 3] = -np.inf  # the early key is hidden from every row
+        m = mx.array(add)
+    args = [mx.array(x) for x in (q, k, v)]
+    out = flash_attention(*args, mask=m)
+    same_nan_pattern_and_close(out, attention_reference(*args, mask=m))
+
+
+def test_nan_in_a_hidden_value_does_not_leak():
+    q, k, v = poisoned(L=64, S=64)
+    v[0, :, 63, :] = np.nan  # the last key: under causal only the last row sees it
+    out = np.array(flash_attention(mx.array(q), mx.array(k), mx.array(v), mask="causal"))
+    assert np.isnan(out[0, :, 63]).all()
+    assert not np.isnan(out[0, :, :63]).any()
+
+
+def test_all_minus_inf_additive_row_gives_zeros():
+    q, k, v = poisoned(L=10, S=20)
+    add = np.zeros((10, 20), dtype=np.float32)
+    add[4] = -np.inf
+    out = np.array(flash_attention(mx.array(q), mx.array(k), mx.array(v), mask=mx.array(add)))
+    assert np.all(out[..., 4, :] == 0) and not np.isnan(out).any()
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-30, 1e-6, 1e3, 1e6, -2.0])
+def test_extreme_scales(scale):
+    case = Case(batch=(2,), heads=(4, 2), L=33, S=65, E=32, mask="causal")
+    q, k, v, mask = make_inputs(case)
+    out = flash_attention(q, k, v, scale=scale, mask=mask)
+    ref = attention_reference(q, k, v, scale=scale, mask=mask)
+    assert not np.isnan(np.array(out)).any()
+    # With scale 1e6 the softmax is one-hot: exact up to rounding of V.
+    assert relative_error(out, ref) <= 2e-5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_head_dim_one(dtype):
+    case = Case(batch=(3,), heads=(6, 3), L=40, S=41, E=1, mask="causal", dtype=dtype)
+    q, k, v, mask = make_inputs(case)
+    out = flash_attention(q, k, v, mask=mask)
+    assert relative_error(out, attention_reference(q, k, v, mask=mask)) <= TOLERANCE[dtype]
+
+
+def test_many_batch_heads_tiny_queries():
+    case = Case(batch=(16, 8), heads=(32, 8), L=1, S=3, E=8)
+    q, k, v, _ = make_inputs(case)
+    out = flash_attention(q, k, v)
+    assert relative_error(out, attention_reference(q, k, v)) <= 2e-5
+
+
+@pytest.mark.parametrize("shape_q, shape_kv", [((0, 4, 5, 8), (0, 2, 7, 8)), ((2, 0, 5, 8), (2, 0, 7, 8)),
+                                               ((2, 4, 0, 8), (2, 2, 7, 8)), ((2, 4, 5, 8), (2, 2, 0, 8))])
+def test_empty_dimensions(shape_q, shape_kv):
+    out = flash_attention(mx.ones(shape_q), mx.ones(shape_kv), mx.ones(shape_kv), mask="causal")
+    assert out.shape == shape_q
+    assert np.all(np.array(out) == 0)

