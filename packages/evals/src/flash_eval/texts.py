@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -41,26 +42,35 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+@contextmanager
+def _offline():
+    """datasets and huggingface_hub in offline mode (the cache only) for the
+    duration: they read the environment once, at import, so their flags are
+    set directly."""
+    import datasets
+    import huggingface_hub.constants as hub
+
+    saved = (datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE = saved
+
+
 def wikitext() -> Text:
-    """wikitext-2-raw-v1, test split, from the hub or the datasets cache; rows
-    joined with blank lines as in Hugging Face's perplexity guide."""
+    """wikitext-2-raw-v1, test split, from the hub or, when the hub cannot be
+    reached, the datasets cache; rows joined with blank lines as in Hugging
+    Face's perplexity guide."""
     import datasets
 
     reachable = _hub_reachable()
-    previous = os.environ.get("HF_DATASETS_OFFLINE")
-    if not reachable:
-        os.environ["HF_DATASETS_OFFLINE"] = "1"  # the cache only, no slow retries
     try:
-        rows = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")["text"]
+        with nullcontext() if reachable else _offline():
+            rows = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")["text"]
     except Exception as e:
         where = "the Hugging Face hub" if reachable else "the datasets cache (the hub is unreachable)"
         raise TextError(f"WikiText could not be loaded from {where}: {type(e).__name__}: {e}") from None
-    finally:
-        if not reachable:
-            if previous is None:
-                os.environ.pop("HF_DATASETS_OFFLINE", None)
-            else:
-                os.environ["HF_DATASETS_OFFLINE"] = previous
     return Text("wikitext-2-raw-v1 test (Hugging Face datasets)", "\n\n".join(rows))
 
 
