@@ -8,7 +8,10 @@
 #include <type_traits>
 #include <variant>
 
+#include "cuda/dispatch.h"
 #include "flash_attention.h"
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/backend/metal/metal.h"
 #include "mlx/device.h"
 
 namespace flashattn {
@@ -185,20 +188,31 @@ mx::Device requested_device(const mx::StreamOrDevice& s) {
       s);
 }
 
-// A stream on a GPU that this MLX build lacks, or whose kernels are not
-// written yet, is refused here rather than failing at evaluation time.
-void check_device(const mx::Device& device) {
+enum class Backend { cpu, cuda };
+
+// Where the call runs. A GPU that this MLX build lacks, or whose kernels this
+// build does not have, is refused here rather than at evaluation time.
+Backend backend_for(const mx::Device& device) {
   if (device.type != mx::Device::gpu) {
-    return;
+    return Backend::cpu;
   }
   if (!mx::is_available(device)) {
     fail(
         "stream is on the GPU, but this MLX build has no GPU backend "
         "(on Linux install mlx[cuda13] for NVIDIA GPUs); use stream=mx.cpu");
   }
+  if (mx::cu::is_available()) {
+    if (!cuda::kernels_available()) {
+      fail(
+          "this build of flashattn-core has no CUDA kernels (nvcc was not "
+          "found when it was built); rebuild it with nvcc on the PATH, or use "
+          "stream=mx.cpu");
+    }
+    return Backend::cuda;
+  }
   fail(
-      "this build of flashattn-core has no kernels for this GPU backend yet; "
-      "use stream=mx.cpu");
+      "this build of flashattn-core has no kernels for this GPU backend "
+      "(Metal) yet; use stream=mx.cpu");
 }
 
 } // namespace
@@ -222,13 +236,17 @@ mx::array flash_attention(
     os << "scale must be a finite number; got " << softmax_scale;
     fail(os.str());
   }
-  check_device(requested_device(s));
+  Backend backend = backend_for(requested_device(s));
   auto stream = mx::to_stream(s);
 
   // Empty problems are defined without running a kernel: no queries give an
   // empty output, no keys give zeros (an empty weighted sum).
   if (queries.size() == 0 || keys.shape(-2) == 0) {
     return mx::zeros(queries.shape(), queries.dtype(), stream);
+  }
+
+  if (backend == Backend::cuda) {
+    return cuda::flash_attention(queries, keys, values, softmax_scale, mask_kind, mask_arr, stream);
   }
 
   std::vector<mx::array> inputs = {queries, keys, values};
@@ -251,7 +269,7 @@ bool FlashAttention::is_equivalent(const mx::Primitive& other) const {
 void FlashAttention::eval_gpu(
     const std::vector<mx::array>& inputs,
     mx::array& out) {
-  // check_device refuses GPU streams before a FlashAttention node is built.
+  // backend_for routes GPU streams elsewhere before a FlashAttention node is built.
   throw std::runtime_error(
       "flash_attention: no GPU kernel in this build of flashattn-core");
 }

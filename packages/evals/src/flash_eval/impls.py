@@ -45,11 +45,12 @@ def make_inputs(case: KernelCase, seed: int = 0) -> Inputs:
 
 @dataclass
 class Impl:
-    name: str  # short: "flash", "mlx", "torch"
+    name: str  # short: "flash", "mlx", "torch", "torch-flash", "torch-cudnn"
     description: str
     on_mlx: bool  # timed with MLX's evaluation and memory counters
     run: Callable[[], object]
     to_numpy: Callable[[object], np.ndarray]
+    sync: Callable[[], None] = lambda: None
 
 
 def mlx_to_numpy(x: mx.array) -> np.ndarray:
@@ -76,25 +77,51 @@ def mlx_impl(inp: Inputs) -> Impl:
     )
 
 
-def torch_impl(inp: Inputs) -> Impl | None:
-    """PyTorch's scaled_dot_product_attention on the CPU, when installed."""
+def torch_impls(inp: Inputs) -> list[Impl]:
+    """PyTorch's scaled_dot_product_attention, when installed: on the CPU when
+    MLX runs there; on CUDA, its flash and cuDNN backends separately."""
     try:
         import torch
     except ImportError:
-        return None
+        return []
     tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[inp.case.dtype]
-    q, k, v = (torch.from_numpy(mlx_to_numpy(x)).to(tdtype) for x in (inp.q, inp.k, inp.v))
+    on_gpu = mx.default_device() == mx.gpu
+    if on_gpu and not torch.cuda.is_available():
+        return []
+    device = "cuda" if on_gpu else "cpu"
+    q, k, v = (torch.from_numpy(mlx_to_numpy(x)).to(device=device, dtype=tdtype) for x in (inp.q, inp.k, inp.v))
     # PyTorch's is_causal is top-left aligned; for L = S that is MLX's mask.
     causal = inp.case.causal
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
 
-    def run():
-        with torch.no_grad():
-            return torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=causal, scale=inp.scale, enable_gqa=True
-            )
+    def make(backend):
+        def run():
+            with torch.no_grad():
+                if backend is None:
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, is_causal=causal, scale=inp.scale, enable_gqa=True)
+                from torch.nn.attention import sdpa_kernel
 
-    description = f"torch.nn.functional.scaled_dot_product_attention (PyTorch {torch.__version__}, {torch.get_num_threads()} threads)"
-    return Impl("torch", description, False, run, lambda t: t.float().numpy())
+                with sdpa_kernel(backend):
+                    # The fused backends take no GQA: repeat K/V heads outside
+                    # the timing (as a caller of them would have to).
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        q, kr, vr, is_causal=causal, scale=inp.scale)
+        return run
+
+    version = torch.__version__
+    if not on_gpu:
+        text = f"torch.nn.functional.scaled_dot_product_attention (PyTorch {version}, {torch.get_num_threads()} threads)"
+        return [Impl("torch", text, False, make(None), lambda t: t.float().cpu().numpy(), sync)]
+    from torch.nn.attention import SDPBackend
+
+    ratio = q.shape[-3] // k.shape[-3]
+    kr, vr = k.repeat_interleave(ratio, dim=-3), v.repeat_interleave(ratio, dim=-3)
+    return [
+        Impl(f"torch-{name}", f"PyTorch {version} SDPA, {name} backend (K/V heads repeated for GQA)", False,
+             make(backend), lambda t: t.float().cpu().numpy(), sync)
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
+    ]
 
 
 def torch_threads() -> int | None:

@@ -17,8 +17,8 @@ import flashattn_core
 from flashattn_core.reference import attention_reference, causal_mask
 
 from . import report
-from .impls import Inputs, flash_impl, make_inputs, mlx_impl, torch_impl
-from .measure import copy_bandwidth, measure, measure_host
+from .impls import Inputs, flash_impl, make_inputs, mlx_impl, torch_impls
+from .measure import copy_bandwidth, device_copy_bandwidth, measure, measure_host
 from .options import comma_list, int_list
 from .progress import progress_bar
 from .shapes import SHAPES, KernelCase
@@ -97,7 +97,10 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, se
         "device": str(mx.default_device()),
         "flashattn_cpu": flashattn_core.cpu_info(),
     }
-    if any(c.kind == "decode" for c in cases) and mx.default_device() == mx.cpu:
+    if mx.default_device() == mx.gpu:
+        machine["gpu"] = mx.device_info().get("device_name", "GPU") if hasattr(mx, "device_info") else "GPU"
+        machine["copy_bandwidth_GBps"] = device_copy_bandwidth() / 1e9
+    elif any(c.kind == "decode" for c in cases):
         machine["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
 
     results = []
@@ -106,11 +109,8 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, se
         for case in cases:
             inp = make_inputs(case, seed)
             rows, ref = reference_rows(inp)
-            candidates = {"flash": flash_impl, "mlx": mlx_impl, "torch": torch_impl}
-            for key in impls:
-                impl = candidates[key](inp)
-                if impl is None:
-                    continue
+            candidates = {"flash": lambda i: [flash_impl(i)], "mlx": lambda i: [mlx_impl(i)], "torch": torch_impls}
+            for key, impl in ((key, impl) for key in impls for impl in candidates[key](inp)):
                 machine.setdefault("impls", {})[impl.name] = impl.description
                 row = {"case": case.label, "kind": case.kind, "shape": case.shape.name,
                        "length": case.length, "dtype": case.dtype, "impl": impl.name}
@@ -126,13 +126,21 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, se
                 time.sleep(0.3)  # let other libraries' spinning worker threads go idle
                 n = repeats if not predicted else int(min(repeats, max(1, TIME_BUDGET_S / predicted)))
                 warmup = 0 if predicted and predicted > 2.0 else 1
-                timer = measure if impl.on_mlx else measure_host
-                out, m = timer(impl.run, repeats=n, warmup=warmup)
+                try:
+                    if impl.on_mlx:
+                        out, m = measure(impl.run, repeats=n, warmup=warmup)
+                    else:
+                        out, m = measure_host(impl.run, repeats=n, warmup=warmup, sync=impl.sync)
+                except RuntimeError as e:  # e.g. a PyTorch backend that refuses float32
+                    row["skipped"] = f"refused: {str(e).splitlines()[0][:80]}"
+                    results.append(row)
+                    continue
                 err = sampled_rows_error(inp, impl.to_numpy(out), rows, ref)
                 del out
                 rate[(impl.name, case.kind)] = case.flops / m.median_s
                 row.update(
                     median_ms=m.median_s * 1e3,
+                    times_ms=[t * 1e3 for t in m.times_s],
                     repeats=n,
                     gflops=case.flops / m.median_s / 1e9,
                     kv_GBps=case.kv_bytes / m.median_s / 1e9,

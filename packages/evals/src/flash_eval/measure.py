@@ -23,8 +23,16 @@ class Measurement:
         return statistics.median(self.times_s)
 
 
+# On a GPU one call can be shorter than the launch and graph overhead around
+# it: calls that take less than this are timed in batches, their outputs
+# evaluated together, and the time divided by the batch.
+BATCH_BELOW_S = 0.002
+MAX_BATCH = 20
+
+
 def measure(fn: Callable[[], mx.array], repeats: int = 3, warmup: int = 1) -> tuple[mx.array, Measurement]:
-    """Run fn (which returns a lazy MLX array) to completion repeatedly."""
+    """Run fn (which returns a lazy MLX array) to completion repeatedly; the
+    peak-memory figure comes from single calls."""
     out = None
     for _ in range(warmup):
         out = fn()
@@ -32,30 +40,63 @@ def measure(fn: Callable[[], mx.array], repeats: int = 3, warmup: int = 1) -> tu
         del out
     times = []
     peak = 0
-    for _ in range(repeats):
+    batch = 1
+    for i in range(repeats):
         mx.synchronize()
-        mx.reset_peak_memory()
-        before = mx.get_active_memory()
+        if batch == 1:
+            mx.reset_peak_memory()
+            before = mx.get_active_memory()
         start = time.perf_counter()
-        out = fn()
-        mx.eval(out)
+        outs = [fn() for _ in range(batch)]
+        mx.eval(outs)
         mx.synchronize()
-        times.append(time.perf_counter() - start)
-        peak = max(peak, mx.get_peak_memory() - before)
+        elapsed = (time.perf_counter() - start) / batch
+        if batch == 1:
+            peak = max(peak, mx.get_peak_memory() - before)
+        times.append(elapsed)
+        out = outs[-1]
+        del outs
+        if i == 0 and mx.default_device() == mx.gpu and elapsed < BATCH_BELOW_S:
+            batch = min(MAX_BATCH, max(2, int(BATCH_BELOW_S / max(elapsed, 1e-6))))
     return out, Measurement(times, peak)
 
 
-def measure_host(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> tuple[object, Measurement]:
-    """Time a synchronous call (e.g. PyTorch on the CPU); no MLX memory figure."""
+def measure_host(fn: Callable[[], object], repeats: int = 3, warmup: int = 1,
+                 sync: Callable[[], None] = lambda: None) -> tuple[object, Measurement]:
+    """Time another library's calls (e.g. PyTorch); sync() waits for its
+    device. No MLX memory figure. Short calls are batched as in measure()."""
     out = None
     for _ in range(warmup):
         out = fn()
+    sync()
     times = []
-    for _ in range(repeats):
+    batch = 1
+    for i in range(repeats):
         start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
+        for _ in range(batch):
+            out = fn()
+        sync()
+        elapsed = (time.perf_counter() - start) / batch
+        times.append(elapsed)
+        if i == 0 and elapsed < BATCH_BELOW_S:
+            batch = min(MAX_BATCH, max(2, int(BATCH_BELOW_S / max(elapsed, 1e-6))))
     return out, Measurement(times, None)
+
+
+def device_copy_bandwidth(nbytes: int = 1 << 31, repeats: int = 5) -> float:
+    """Read + write bytes per second of a large copy on MLX's default device."""
+    x = mx.ones((nbytes // 4,), dtype=mx.float32)
+    mx.eval(x)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        mx.synchronize()
+        start = time.perf_counter()
+        y = mx.add(x, 0.0)
+        mx.eval(y)
+        mx.synchronize()
+        best = min(best, time.perf_counter() - start)
+        del y
+    return 2 * x.nbytes / best
 
 
 def copy_bandwidth(nbytes: int = 1 << 29, threads: int | None = None, repeats: int = 5) -> float:

@@ -29,7 +29,7 @@ def print_kernel_table(results: list[dict], machine: dict) -> None:
     console = Console(width=max(Console().width, 120))
     cpu = machine.get("flashattn_cpu", {})
     lines = [
-        f"{machine['processor']}, {machine['platform']}",
+        f"{machine.get('gpu', machine['processor'])}, {machine['platform']}",
         f"MLX {machine['mlx']} on {machine['device']}; flashattn CPU kernels: "
         f"{cpu.get('isa')}, {cpu.get('threads')} threads",
     ]

@@ -1,0 +1,192 @@
+// Which CUDA kernel runs, and its launch: the one place that decides.
+//
+//   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill
+//   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill
+//   everything else (decode, other head dims): the generic kernel, with the
+//   keys split across blocks and merged when there are few query rows
+//
+// Inputs reach the kernels row-contiguous (MLX copies strided views first).
+// A mask keeps its own shape: the kernels address it through per-(batch,
+// query head) base offsets and row/column strides that are 0 where it
+// broadcasts, so a broadcast mask is never materialised.
+
+#include "cuda/dispatch.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "cuda/ptx_registry.h"
+#include "mlx/fast.h"
+
+namespace flashattn::cuda {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kThreads = 128;
+constexpr int kPrefillRows = 64;  // Br of the prefill kernels
+constexpr int kMinPrefillL = 9;   // below: the decode path
+// Warps that keep a large GPU busy; decode splits its keys until there are
+// about this many.
+constexpr int kTargetWarps = 4096;
+constexpr int kMinKeysPerSplit = 256;
+
+const char* dtype_name(mx::Dtype t) {
+  if (t == mx::float32) return "float32";
+  if (t == mx::float16) return "float16";
+  return "bfloat16";
+}
+
+const std::string& ptx_of(const std::string& kernel) {
+  const std::string* ptx = find_ptx(kernel);
+  if (!ptx) {
+    throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
+  }
+  return *ptx;
+}
+
+using Scalar = std::variant<bool, int, float>;
+
+// The mask as the kernels read it: (data, per-(b, h_q) base offsets, row
+// stride, column stride); dummies when there is no array mask.
+struct MaskArgs {
+  mx::array data = mx::zeros({1}, mx::uint8);
+  mx::array base = mx::zeros({1}, mx::int64);
+  int row_stride = 0, col_stride = 0;
+};
+
+MaskArgs mask_args(const mx::array& q, MaskKind kind, const std::optional<mx::array>& mask, mx::Stream s) {
+  MaskArgs args;
+  if (kind != MaskKind::boolean && kind != MaskKind::additive) {
+    return args;
+  }
+  const int nd = q.ndim();
+  mx::Shape shape(nd - mask->ndim(), 1);
+  shape.insert(shape.end(), mask->shape().begin(), mask->shape().end());
+  args.data = mx::reshape(kind == MaskKind::boolean ? *mask : mx::astype(*mask, mx::float32, s), shape, s);
+  // Strides of the mask laid out row-contiguously in its own shape, zeroed
+  // on broadcast axes. The kernel receives it row-contiguous.
+  std::vector<int64_t> strides(nd, 0);
+  int64_t acc = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    strides[d] = shape[d] == 1 ? 0 : acc;
+    acc *= shape[d];
+  }
+  args.row_stride = static_cast<int>(strides[nd - 2]);
+  args.col_stride = static_cast<int>(strides[nd - 1]);
+  // Base offset of every (B..., H_q) slice of the (B..., H_q, L, S) target.
+  int64_t count = 1;
+  for (int d = 0; d < nd - 2; ++d) count *= q.shape(d);
+  std::vector<int64_t> base(count);
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t rem = i, off = 0;
+    for (int d = nd - 3; d >= 0; --d) {
+      off += (rem % q.shape(d)) * strides[d];
+      rem /= q.shape(d);
+    }
+    base[i] = off;
+  }
+  args.base = mx::array(base.data(), {static_cast<int>(count)}, mx::int64);
+  return args;
+}
+
+int prefill_smem_bytes(mx::Dtype t, int E) {
+  if (t == mx::float32) {
+    return (2 * kPrefillRows * (E + 4) + kPrefillRows * (E + 8)) * 4;
+  }
+  return 3 * kPrefillRows * (E + 8) * 2;
+}
+
+bool has_prefill_kernel(mx::Dtype t, int E) {
+  if (t == mx::float32) return E == 64 || E == 80 || E == 96 || E == 128;
+  return E == 64 || E == 80 || E == 96 || E == 128 || E == 256;
+}
+
+}  // namespace
+
+const std::string* find_ptx(const std::string& kernel) {
+  static std::once_flag once;
+  static std::unordered_map<std::string, const std::string*> index;
+  std::call_once(once, [] {
+    for (const auto& m : ptx_modules()) {
+      for (const auto& k : m.kernels) index[k] = &m.ptx;
+    }
+  });
+  auto it = index.find(kernel);
+  return it == index.end() ? nullptr : it->second;
+}
+
+bool kernels_available() {
+  return !ptx_modules().empty();
+}
+
+mx::array flash_attention(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    MaskKind mask_kind,
+    const std::optional<mx::array>& mask,
+    mx::Stream s) {
+  const int nd = q.ndim();
+  const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
+  int64_t batch = 1;
+  for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
+  const std::string dt = dtype_name(q.dtype());
+  const int kind = static_cast<int>(mask_kind);
+  const float scale_log2 = scale * kLog2e;
+  MaskArgs m = mask_args(q, mask_kind, mask, s);
+  // FLASHATTN_CUDA_POISON=1 (tests) fills outputs with NaN before the
+  // kernels run, so an element a kernel forgets to write cannot pass.
+  static const bool poison = std::getenv("FLASHATTN_CUDA_POISON") != nullptr;
+  const std::optional<float> init = poison ? std::optional<float>(std::nanf("")) : std::nullopt;
+  std::vector<mx::array> inputs = {q, k, v, m.data, m.base};
+
+  if (L >= kMinPrefillL && has_prefill_kernel(q.dtype(), E) && batch <= 65535 && H_q <= 65535) {
+    const std::string name = "fa_prefill_" + dt + "_" + std::to_string(E);
+    const int tiles = (L + kPrefillRows - 1) / kPrefillRows;
+    std::vector<Scalar> scalars = {H_q, H_kv, L, S, kind, m.row_stride, m.col_stride, scale_log2};
+    return mx::fast::precompiled_cuda_kernel(
+        name, ptx_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
+        {tiles * kThreads, H_q, static_cast<int>(batch)}, {kThreads, 1, 1},
+        prefill_smem_bytes(q.dtype(), E), init, /* ensure_row_contiguous */ true, s)[0];
+  }
+
+  // Generic kernel: one warp per query row; split the keys when rows are few.
+  const int64_t rows = batch * H_q * L;
+  const int ept = (E + 31) / 32;
+  int splits = 1;
+  if (rows < kTargetWarps && S >= 2 * kMinKeysPerSplit) {
+    splits = static_cast<int>(std::min<int64_t>((kTargetWarps + rows - 1) / rows, S / kMinKeysPerSplit));
+  }
+  const int keys_per_split = (S + splits - 1) / splits;
+  const int64_t threads = ((rows * 32 + kThreads - 1) / kThreads) * kThreads;
+  if (threads > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument("flash_attention: too many query rows for one CUDA launch");
+  }
+  std::vector<Scalar> scalars = {static_cast<int>(batch), H_q, H_kv, L, S, E, kind,
+                                 m.row_stride, m.col_stride, keys_per_split, scale_log2};
+  const std::string suffix = dt + "_" + std::to_string(ept);
+  if (splits == 1) {
+    const std::string name = "fa_generic_" + suffix;
+    return mx::fast::precompiled_cuda_kernel(
+        name, ptx_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
+        {static_cast<int>(threads), 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
+  }
+  const std::string name = "fa_generic_split_" + suffix;
+  const int r = static_cast<int>(rows);
+  auto parts = mx::fast::precompiled_cuda_kernel(
+      name, ptx_of(name), inputs, {{splits, r, E}, {splits, r, 2}}, {mx::float32, mx::float32},
+      scalars, {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0, init, true, s);
+  const std::string merge = "fa_merge_" + dt;
+  return mx::fast::precompiled_cuda_kernel(
+      merge, ptx_of(merge), parts, {q.shape()}, {q.dtype()}, {r, E, splits},
+      {static_cast<int>(threads), 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
+}
+
+}  // namespace flashattn::cuda

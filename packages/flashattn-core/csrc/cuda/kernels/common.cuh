@@ -1,0 +1,56 @@
+// Device helpers shared by every CUDA kernel: dtype conversion, warp
+// reductions, masks. The kernels see row-contiguous (B..., H, rows, E) inputs
+// (MLX copies strided views before launch) and a mask made contiguous in its
+// own shape, addressed through per-(batch, query head) base offsets and its
+// row / column strides (0 on broadcast axes).
+
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define FA_NEG_INF (-__int_as_float(0x7f800000))
+#define FA_LOG2E 1.4426950408889634f
+
+namespace fa {
+
+enum MaskKind { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// The mask's contribution to one score, in the log2 domain: -inf hides.
+struct Mask {
+  int kind;
+  const void* data;
+  const int64_t* base;  // per (batch x query head)
+  int row_stride, col_stride;
+  int offset;           // S - L, for causal
+
+  __device__ __forceinline__ int64_t row_base(int64_t n, int l) const {
+    return base[n] + (int64_t)l * row_stride;
+  }
+  // For boolean / additive masks; rb = row_base(...).
+  __device__ __forceinline__ float term(int64_t rb, int c) const {
+    if (kind == kBool) {
+      return static_cast<const uint8_t*>(data)[rb + (int64_t)c * col_stride] ? 0.0f : FA_NEG_INF;
+    }
+    float a = static_cast<const float*>(data)[rb + (int64_t)c * col_stride];
+    return a == FA_NEG_INF ? FA_NEG_INF : a * FA_LOG2E;
+  }
+};
+
+}  // namespace fa

@@ -1,0 +1,160 @@
+// The generic kernel: any head dim up to 256, any dtype, every mask; also
+// the decode path (few query rows, keys split across blocks: FlashDecoding)
+// and the merge of split partials.
+//
+// One warp per query row; lane i holds head-dim elements i, i + 32, ...
+// (EPT = ceil(E / 32) of them). Keys are walked one at a time: score by a
+// warp reduction, online softmax in registers, o += p v. Keys a row cannot
+// see are skipped outright, so they never reach its output (even NaN).
+//
+//   grid.x: query rows (B x H_q x L) / warps per block; grid.y: key splits
+
+#include "unit.cuh"
+
+namespace fa {
+
+template <typename T, int EPT, bool kPartial>
+__device__ __forceinline__ void generic_attend(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const void* mask_data, const int64_t* __restrict__ mask_base,
+    T* __restrict__ out, float* __restrict__ o_part, float* __restrict__ ml_part,
+    int B, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs, int mask_cs,
+    int keys_per_split, float scale_log2) {
+  const int64_t rows = (int64_t)B * H_q * L;
+  const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int split = blockIdx.y;
+  const int l = (int)(row % L);
+  const int64_t n = row / L;  // b * H_q + h
+  const int h = (int)(n % H_q);
+  const int64_t b = n / H_q;
+  const int64_t n_kv = b * H_kv + h / (H_q / H_kv);
+  const T* q_row = q + row * E;
+  const T* k_head = k + n_kv * (int64_t)S * E;
+  const T* v_head = v + n_kv * (int64_t)S * E;
+
+  float qv[EPT], o[EPT];
+#pragma unroll
+  for (int i = 0; i < EPT; ++i) {
+    int e = lane + 32 * i;
+    qv[i] = e < E ? to_f(q_row[e]) * scale_log2 : 0.0f;
+    o[i] = 0.0f;
+  }
+  Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  int c_begin = split * keys_per_split;
+  int c_end = min(S, c_begin + keys_per_split);
+  if (mask_kind == kCausal) c_end = min(c_end, l + S - L + 1);
+  const int64_t rb = (mask_kind == kBool || mask_kind == kAdditive) ? mask.row_base(n, l) : 0;
+
+  float m = FA_NEG_INF, l_sum = 0.0f;
+  for (int c = c_begin; c < c_end; ++c) {
+    float add = 0.0f;
+    if (mask_kind == kBool || mask_kind == kAdditive) {
+      add = mask.term(rb, c);
+      if (add == FA_NEG_INF) continue;  // hidden: never reaches the output
+    }
+    const T* k_row = k_head + (int64_t)c * E;
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+      int e = lane + 32 * i;
+      if (e < E) dot += qv[i] * to_f(k_row[e]);
+    }
+    float s = warp_sum(dot) + add;
+    // fmaxf drops a NaN score; exp2 of it below still carries the NaN.
+    float m_new = fmaxf(m, s);
+    float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
+    float alpha = exp2f(m - m_use);
+    float p = exp2f(s - m_use);
+    l_sum = l_sum * alpha + p;
+    const T* v_row = v_head + (int64_t)c * E;
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+      int e = lane + 32 * i;
+      o[i] = o[i] * alpha + (e < E ? p * to_f(v_row[e]) : 0.0f);
+    }
+    m = m_new;
+  }
+
+  if (kPartial) {
+    const int64_t slot = (int64_t)split * rows + row;
+    if (lane == 0) {
+      ml_part[slot * 2] = m;
+      ml_part[slot * 2 + 1] = l_sum;
+    }
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+      int e = lane + 32 * i;
+      if (e < E) o_part[slot * E + e] = o[i];
+    }
+  } else {
+    // Rows that saw no visible key (l = 0) are zeros, never NaN.
+    float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+      int e = lane + 32 * i;
+      if (e < E) out[row * E + e] = from_f<T>(o[i] * inv);
+    }
+  }
+}
+
+// out = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s
+template <typename T>
+__device__ __forceinline__ void merge_splits(
+    const float* __restrict__ o_part, const float* __restrict__ ml_part, T* __restrict__ out,
+    int rows, int E, int splits) {
+  const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float m = FA_NEG_INF;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, ml_part[((int64_t)s * rows + row) * 2]);
+  float m_use = m == FA_NEG_INF ? 0.0f : m;
+  float l_sum = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const int64_t slot = (int64_t)s * rows + row;
+    l_sum += exp2f(ml_part[slot * 2] - m_use) * ml_part[slot * 2 + 1];
+  }
+  float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+  for (int e = lane; e < E; e += 32) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const int64_t slot = (int64_t)s * rows + row;
+      acc += exp2f(ml_part[slot * 2] - m_use) * o_part[slot * E + e];
+    }
+    out[row * E + e] = from_f<T>(acc * inv);
+  }
+}
+
+}  // namespace fa
+
+// extern "C" entry points of one unit (-DFA_DTYPE, -DFA_EPT):
+//   fa_generic_<dtype>_<EPT>, fa_generic_split_<dtype>_<EPT>; with
+//   -DFA_MERGE instead: fa_merge_<dtype>.
+// Arguments: inputs, then outputs, then scalars, as MLX passes them.
+#if defined(FA_EPT)
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_, FA_TNAME, _, FA_EPT, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
+    FA_T* out, int B, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
+    int mask_cs, int keys_per_split, float scale_log2) {
+  fa::generic_attend<FA_T, FA_EPT, false>(q, k, v, mask, mask_base, out, nullptr, nullptr, B,
+                                          H_q, H_kv, L, S, E, mask_kind, mask_rs, mask_cs,
+                                          keys_per_split, scale_log2);
+}
+
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_split_, FA_TNAME, _, FA_EPT, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
+    float* o_part, float* ml_part, int B, int H_q, int H_kv, int L, int S, int E,
+    int mask_kind, int mask_rs, int mask_cs, int keys_per_split, float scale_log2) {
+  fa::generic_attend<FA_T, FA_EPT, true>(q, k, v, mask, mask_base, nullptr, o_part, ml_part,
+                                         B, H_q, H_kv, L, S, E, mask_kind, mask_rs, mask_cs,
+                                         keys_per_split, scale_log2);
+}
+#endif
+
+#if defined(FA_MERGE)
+extern "C" __global__ void __launch_bounds__(128) FA_CAT3(fa_merge_, FA_TNAME, )(
+    const float* o_part, const float* ml_part, FA_T* out, int rows, int E, int splits) {
+  fa::merge_splits<FA_T>(o_part, ml_part, out, rows, E, splits);
+}
+#endif

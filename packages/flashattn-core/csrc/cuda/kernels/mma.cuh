@@ -1,0 +1,155 @@
+// Tensor-core building blocks (sm_80 and up, as PTX): shared-memory copies,
+// ldmatrix, mma.sync, and the online-softmax step on mma accumulators.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 / m16n8k8), with g = lane / 4 and
+// t = lane % 4: a C tile (16 x 8) holds rows g and g + 8, columns 2t, 2t + 1.
+
+#pragma once
+
+#include "common.cuh"
+
+namespace fa {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; zeros when !valid.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// c += a (16 x 16, row) * b (16 x 8, col), float accumulators.
+template <typename T>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float* c, const uint32_t* a, uint32_t b0,
+                                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a (16 x 8, row) * b (8 x 8, col), TF32 operands held in 32-bit registers.
+__device__ __forceinline__ void mma1688_tf32(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x = hi + lo with hi, lo TF32: the 3xTF32 split (hi*hi + hi*lo + lo*hi
+// recovers float32 accuracy on TF32 tensor cores).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+  float rest = x - __uint_as_float(hi);
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(rest));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Masks the scores of one warp's 16 rows x NB*8 keys (accumulator layout),
+// scales them into the log2 domain, and runs the online-softmax step:
+// s becomes P, m_i / l_i are updated, o (NO accumulator tiles) rescaled.
+// Row ra = first row + g, rb = ra + 8 (positions in the sequence); keys from c0.
+template <int NB, int NO>
+__device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4], float* m_i,
+                                             float* l_i, const Mask& mask, int64_t n, int ra,
+                                             int S, int c0, float scale_log2, bool need_mask,
+                                             int lane) {
+  const int t = lane & 3;
+  if (need_mask) {
+    const bool array_mask = mask.kind == kBool || mask.kind == kAdditive;
+    int64_t rb_a = 0, rb_b = 0;
+    if (array_mask) {
+      rb_a = mask.row_base(n, ra);
+      rb_b = mask.row_base(n, ra + 8);
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = c0 + nb * 8 + 2 * t + (i & 1);
+        const int r = ra + (i >> 1) * 8;
+        float term = 0.0f;
+        if (c >= S || (mask.kind == kCausal && c > r + mask.offset)) {
+          term = FA_NEG_INF;
+        } else if (array_mask) {
+          term = mask.term(i >> 1 ? rb_b : rb_a, c);
+        }
+        s[nb][i] = term == FA_NEG_INF ? FA_NEG_INF : s[nb][i] * scale_log2 + term;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[nb][i] *= scale_log2;
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = FA_NEG_INF;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * rr], s[nb][2 * rr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_i[rr], mx);
+    const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;  // nothing seen yet: exp2(-inf) = 0
+    const float alpha = exp2f(m_i[rr] - m_use);
+    m_i[rr] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float p = exp2f(s[nb][2 * rr + i] - m_use);
+        s[nb][2 * rr + i] = p;
+        sum += p;
+      }
+    }
+    l_i[rr] = l_i[rr] * alpha + sum;  // this thread's part; the quad sums at the end
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb) {
+      o[eb][2 * rr] *= alpha;
+      o[eb][2 * rr + 1] *= alpha;
+    }
+  }
+}
+
+}  // namespace fa

@@ -1,0 +1,194 @@
+// FlashAttention-2 forward on tensor cores for float16 / bfloat16 inputs
+// (mma.sync m16n8k16, float32 accumulation), one unit per (dtype, E).
+//
+// A block of 4 warps takes Br = 64 query rows of one (batch, query head);
+// warp w owns rows 16w..16w+15. Key/value tiles of Bc = 64 rows stream
+// through shared memory (cp.async):
+//
+//   S = Q_i K_j^T     ldmatrix Q (A, row) and K (B, col = K row-major)
+//   mask, online softmax on the accumulators (rows g and g + 8 per thread)
+//   O += P V          P re-packed from the S accumulators as the A operand,
+//                     V through ldmatrix.trans
+//
+// Shared rows are padded by 16 bytes, which keeps ldmatrix free of bank
+// conflicts for every E. Causal masks skip hidden tiles; the heaviest row
+// tiles launch first. A tile that hides some keys whose values hold NaN or
+// Inf takes a scalar P V over visible keys only (0 x NaN would leak them).
+
+#include "mma.cuh"
+#include "unit.cuh"
+
+namespace fa {
+
+constexpr int kBr = 64, kBc = 64, kWarps = 4;
+
+template <typename T, int E>
+struct PrefillSmem {
+  static constexpr int LD = E + 8;  // elements per padded row
+  T q[kBr * LD];
+  T k[kBc * LD];  // after S = Q K^T, also P's staging on the rare non-finite path
+  T v[kBc * LD];
+};
+
+template <typename T, int E>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int count, int tid) {
+  constexpr int LD = E + 8, CHUNKS = E / 8;
+  for (int idx = tid; idx < kBr * CHUNKS; idx += kWarps * 32) {
+    const int r = idx / CHUNKS, c8 = idx % CHUNKS;
+    const bool valid = r < count;
+    cp_async16(dst + r * LD + c8 * 8, valid ? src + (int64_t)(first + r) * E + c8 * 8 : src, valid);
+  }
+}
+
+template <typename T, int E>
+__device__ __forceinline__ bool tile_has_nonfinite(const T* tile, int count, int tid) {
+  constexpr int LD = E + 8;
+  bool bad = false;
+  for (int idx = tid; idx < count * E; idx += kWarps * 32) {
+    bad |= !isfinite(to_f(tile[(idx / E) * LD + idx % E]));
+  }
+  return __syncthreads_or(bad);
+}
+
+template <typename T, int E>
+__device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __restrict__ k,
+                                        const T* __restrict__ v, const void* mask_data,
+                                        const int64_t* __restrict__ mask_base, T* __restrict__ out,
+                                        int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
+                                        int mask_cs, float scale_log2) {
+  constexpr int LD = E + 8, KS = E / 16, NB = kBc / 8, NO = E / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<PrefillSmem<T, E>*>(smem_raw);
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int tile = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) first
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t n = b * H_q + h, n_kv = b * H_kv + h / (H_q / H_kv);
+  const int l0 = tile * kBr;
+  const T* q_head = q + n * (int64_t)L * E;
+  const T* k_head = k + n_kv * (int64_t)S * E;
+  const T* v_head = v + n_kv * (int64_t)S * E;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+
+  load_tile<T, E>(sm.q, q_head, l0, min(kBr, L - l0), tid);
+  cp_async_commit();
+
+  int kv_end = S;
+  if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + kBr, L) - 1 + (S - L) + 1));
+  const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
+
+  float o[NO][4] = {};
+  float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+
+  for (int c0 = 0; c0 < kv_end; c0 += kBc) {
+    const int count = min(kBc, S - c0);
+    load_tile<T, E>(sm.k, k_head, c0, count, tid);
+    load_tile<T, E>(sm.v, v_head, c0, count, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+    float s[NB][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, &sm.q[(w * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8]);
+#pragma unroll
+      for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, &sm.k[(nb2 * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8]);
+        mma16816<T>(s[2 * nb2], a, bk[0], bk[1]);
+        mma16816<T>(s[2 * nb2 + 1], a, bk[2], bk[3]);
+      }
+    }
+    const bool partial_causal = mask_kind == kCausal && c0 + kBc - 1 > l0 + (S - L);
+    const bool need_mask = c0 + kBc > S || partial_causal || array_mask;
+    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, S, c0, scale_log2, need_mask, lane);
+
+    if (need_mask && tile_has_nonfinite<T, E>(sm.v, count, tid)) {
+      // Rare: P V over visible keys only (0 x NaN would leak hidden values).
+      // Every warp is past its S = Q K^T (the barrier in the test above), so
+      // P is staged where K was.
+      T* p_stage = sm.k + w * 16 * kBc;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          p_stage[(g + (i >> 1) * 8) * kBc + nb * 8 + 2 * t + (i & 1)] = from_f<T>(s[nb][i]);
+      __syncwarp();
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int r = ra + rr * 8;
+        const int64_t rbase = array_mask ? mask.row_base(n, r) : 0;
+        for (int c = 0; c < count; ++c) {
+          const int key = c0 + c;
+          if (mask_kind == kCausal && key > r + mask.offset) continue;
+          if (array_mask && mask.term(rbase, key) == FA_NEG_INF) continue;
+          const float p = to_f(p_stage[(g + rr * 8) * kBc + c]);
+#pragma unroll
+          for (int eb = 0; eb < NO; ++eb) {
+            o[eb][2 * rr] += p * to_f(sm.v[c * LD + eb * 8 + 2 * t]);
+            o[eb][2 * rr + 1] += p * to_f(sm.v[c * LD + eb * 8 + 2 * t + 1]);
+          }
+        }
+      }
+      __syncthreads();
+      continue;
+    }
+
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int eb2 = 0; eb2 < E / 16; ++eb2) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, &sm.v[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + eb2 * 16 + (lane >> 4) * 8]);
+        mma16816<T>(o[2 * eb2], a, bv[0], bv[1]);
+        mma16816<T>(o[2 * eb2 + 1], a, bv[2], bv[3]);
+      }
+    }
+    __syncthreads();  // the next tile overwrites K and V
+  }
+
+  // O = o / l; rows that saw no visible key (l = 0) are zeros.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l_sum = l_i[rr];
+    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
+    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
+    const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+    const int r = ra + rr * 8;
+    if (r >= L) continue;
+    T* dst = out + (n * (int64_t)L + r) * E;
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb) {
+      dst[eb * 8 + 2 * t] = from_f<T>(o[eb][2 * rr] * inv);
+      dst[eb * 8 + 2 * t + 1] = from_f<T>(o[eb][2 * rr + 1] * inv);
+    }
+  }
+}
+
+}  // namespace fa
+
+// fa_prefill_<dtype>_<E>: grid (row tiles x 128, H_q, batch), 128 threads,
+// dynamic shared memory sizeof(PrefillSmem).
+#if !defined(FA_E)
+#error "define FA_E"
+#endif
+#if FA_DTYPE == 0
+#error "prefill_f16.cu takes float16 or bfloat16; float32 has prefill_tf32.cu"
+#endif
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
+    FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    float scale_log2) {
+  fa::prefill<FA_T, FA_E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs,
+                          mask_cs, scale_log2);
+}

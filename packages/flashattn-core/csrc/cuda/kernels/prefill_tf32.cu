@@ -1,0 +1,200 @@
+// FlashAttention-2 forward for float32 inputs at float32 accuracy, on TF32
+// tensor cores with the 3xTF32 split (mma.sync m16n8k8): every operand x is
+// split into TF32 parts hi + lo and each product is hi*hi + hi*lo + lo*hi,
+// which recovers float32's accuracy (~1e-6) at 3x the tensor work, still far
+// above float32 FMA speed. One unit per E.
+//
+// Same blocking as prefill_f16.cu: 4 warps x 16 query rows, key/value tiles
+// of 64 through shared memory. Float32 rows are padded (Q, K by 4 floats,
+// V by 8) so the scalar fragment loads below hit 32 different banks. P moves
+// from the accumulator layout to the A-operand layout by quad shuffles.
+
+#include "mma.cuh"
+#include "unit.cuh"
+
+namespace fa {
+
+constexpr int kBr32 = 64, kBc32 = 64, kWarps32 = 4;
+
+template <int E>
+struct Tf32Smem {
+  static constexpr int LDQ = E + 4, LDV = E + 8;
+  float q[kBr32 * LDQ];
+  float k[kBc32 * LDQ];
+  float v[kBc32 * LDV];
+};
+
+template <int E, int LDT>
+__device__ __forceinline__ void load_tile32(float* dst, const float* src, int first, int count, int tid) {
+  constexpr int CHUNKS = E / 4;
+  for (int idx = tid; idx < kBr32 * CHUNKS; idx += kWarps32 * 32) {
+    const int r = idx / CHUNKS, c4 = idx % CHUNKS;
+    const bool valid = r < count;
+    cp_async16(dst + r * LDT + c4 * 4, valid ? src + (int64_t)(first + r) * E + c4 * 4 : src, valid);
+  }
+}
+
+template <int E>
+__device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const float* __restrict__ k,
+                                             const float* __restrict__ v, const void* mask_data,
+                                             const int64_t* __restrict__ mask_base,
+                                             float* __restrict__ out, int H_q, int H_kv, int L, int S,
+                                             int mask_kind, int mask_rs, int mask_cs, float scale_log2) {
+  using Smem = Tf32Smem<E>;
+  constexpr int LDQ = Smem::LDQ, LDV = Smem::LDV, NB = kBc32 / 8, NO = E / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<Smem*>(smem_raw);
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int tile = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t n = b * H_q + h, n_kv = b * H_kv + h / (H_q / H_kv);
+  const int l0 = tile * kBr32;
+  const float* k_head = k + n_kv * (int64_t)S * E;
+  const float* v_head = v + n_kv * (int64_t)S * E;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+
+  load_tile32<E, LDQ>(sm.q, q + n * (int64_t)L * E, l0, min(kBr32, L - l0), tid);
+  cp_async_commit();
+
+  int kv_end = S;
+  if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + kBr32, L) - 1 + (S - L) + 1));
+  const int ra = l0 + w * 16 + g;
+  const float* qw = sm.q + (w * 16) * LDQ;
+
+  float o[NO][4] = {};
+  float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+  const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
+
+  for (int c0 = 0; c0 < kv_end; c0 += kBc32) {
+    const int count = min(kBc32, S - c0);
+    load_tile32<E, LDQ>(sm.k, k_head, c0, count, tid);
+    load_tile32<E, LDV>(sm.v, v_head, c0, count, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+
+    float s[NB][4] = {};
+#pragma unroll 2
+    for (int kk = 0; kk < E / 8; ++kk) {
+      uint32_t ah[4], al[4];
+      split_tf32(qw[g * LDQ + kk * 8 + t], ah[0], al[0]);
+      split_tf32(qw[(g + 8) * LDQ + kk * 8 + t], ah[1], al[1]);
+      split_tf32(qw[g * LDQ + kk * 8 + t + 4], ah[2], al[2]);
+      split_tf32(qw[(g + 8) * LDQ + kk * 8 + t + 4], ah[3], al[3]);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        uint32_t bh0, bl0, bh1, bl1;
+        split_tf32(sm.k[(nb * 8 + g) * LDQ + kk * 8 + t], bh0, bl0);
+        split_tf32(sm.k[(nb * 8 + g) * LDQ + kk * 8 + t + 4], bh1, bl1);
+        mma1688_tf32(s[nb], al, bh0, bh1);
+        mma1688_tf32(s[nb], ah, bl0, bl1);
+        mma1688_tf32(s[nb], ah, bh0, bh1);
+      }
+    }
+    const bool partial_causal = mask_kind == kCausal && c0 + kBc32 - 1 > l0 + (S - L);
+    const bool need_mask = c0 + kBc32 > S || partial_causal || array_mask;
+    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, S, c0, scale_log2, need_mask, lane);
+
+    // Rare path: values that are NaN / Inf where some row cannot see them.
+    bool guard = false;
+    if (need_mask) {
+      bool bad = false;
+      for (int idx = tid; idx < count * E; idx += kWarps32 * 32) bad |= !isfinite(sm.v[(idx / E) * LDV + idx % E]);
+      guard = __syncthreads_or(bad);
+    }
+
+    // On the rare path each warp sums P V over visible keys into a 16 x E
+    // buffer where K was (no warp reads K any more after the barrier).
+    float* delta = sm.k + w * 16 * E;
+    if (guard) {
+      __syncthreads();
+      for (int i = lane; i < 16 * E; i += 32) delta[i] = 0.0f;
+      __syncwarp();
+    }
+#pragma unroll
+    for (int kb = 0; kb < NB; ++kb) {
+      // P (keys 8kb..8kb+7) from the accumulator layout to the A layout.
+      float x[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x[i] = __shfl_sync(0xffffffffu, s[kb][i], src1);
+        x[4 + i] = __shfl_sync(0xffffffffu, s[kb][i], src2);
+      }
+      const int odd = t & 1;
+      const float p0 = odd ? x[1] : x[0], p1 = odd ? x[3] : x[2];  // rows g, g + 8; key t
+      const float p2 = odd ? x[5] : x[4], p3 = odd ? x[7] : x[6];  // key t + 4
+      if (guard) {
+        const float ps[2][2] = {{p0, p1}, {p2, p3}};
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int r = ra + rr * 8;
+          const int64_t rbase = array_mask ? mask.row_base(n, r) : 0;
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int c = kb * 8 + t + 4 * j, key = c0 + c;
+            bool visible = key < S && !(mask_kind == kCausal && key > r + mask.offset);
+            if (visible && array_mask) visible = mask.term(rbase, key) != FA_NEG_INF;
+            if (!visible) continue;
+            for (int e = 0; e < E; ++e) atomicAdd(&delta[(g + 8 * rr) * E + e], ps[j][rr] * sm.v[c * LDV + e]);
+          }
+        }
+        continue;
+      }
+      uint32_t ah[4], al[4];
+      split_tf32(p0, ah[0], al[0]);
+      split_tf32(p1, ah[1], al[1]);
+      split_tf32(p2, ah[2], al[2]);
+      split_tf32(p3, ah[3], al[3]);
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) {
+        uint32_t bh0, bl0, bh1, bl1;
+        split_tf32(sm.v[(kb * 8 + t) * LDV + eb * 8 + g], bh0, bl0);
+        split_tf32(sm.v[(kb * 8 + t + 4) * LDV + eb * 8 + g], bh1, bl1);
+        mma1688_tf32(o[eb], al, bh0, bh1);
+        mma1688_tf32(o[eb], ah, bl0, bl1);
+        mma1688_tf32(o[eb], ah, bh0, bh1);
+      }
+    }
+    if (guard) {
+      __syncwarp();
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[eb][i] += delta[(g + (i >> 1) * 8) * E + eb * 8 + 2 * t + (i & 1)];
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l_sum = l_i[rr];
+    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
+    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
+    const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+    const int r = ra + rr * 8;
+    if (r >= L) continue;
+    float* dst = out + (n * (int64_t)L + r) * E;
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb) {
+      *reinterpret_cast<float2*>(dst + eb * 8 + 2 * t) = make_float2(o[eb][2 * rr] * inv, o[eb][2 * rr + 1] * inv);
+    }
+  }
+}
+
+}  // namespace fa
+
+#if !defined(FA_E)
+#error "define FA_E"
+#endif
+#if FA_DTYPE != 0
+#error "prefill_tf32.cu takes float32"
+#endif
+extern "C" __global__ void __launch_bounds__(128) FA_CAT3(fa_prefill_float32_, FA_E, )(
+    const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
+    float* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    float scale_log2) {
+  fa::prefill_tf32<FA_E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs,
+                         mask_cs, scale_log2);
+}
