@@ -157,7 +157,7 @@ MaskKind check_mask(
         dtype_str(m.dtype()));
   }
   bool broadcastable = m.ndim() <= target.size();
-  for (int d = 1; broadcastable && d <= m.ndim(); ++d) {
+  for (int d = 1; broadcastable && d <= int(m.ndim()); ++d) {
     int have = m.shape(-d), want = target[target.size() - d];
     broadcastable = have == want || have == 1;
   }
