@@ -87,19 +87,21 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // Masks the scores of one warp's 16 rows x NB*8 keys (accumulator layout),
 // scales them into the log2 domain, and runs the online-softmax step:
 // s becomes P, m_i / l_i are updated, o (NO accumulator tiles) rescaled.
-// Row ra = first row + g, rb = ra + 8 (positions in the sequence); keys from c0.
+// Row ra = first row + g, rb = ra + 8 (positions in the sequence); keys from
+// c0. Rows at or past L (the last tile's padding) are fully hidden: their
+// mask rows do not exist.
 template <int NB, int NO>
 __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4], float* m_i,
                                              float* l_i, const Mask& mask, int64_t n, int ra,
-                                             int S, int c0, float scale_log2, bool need_mask,
-                                             int lane) {
+                                             int L, int S, int c0, float scale_log2,
+                                             bool need_mask, int lane) {
   const int t = lane & 3;
   if (need_mask) {
     const bool array_mask = mask.kind == kBool || mask.kind == kAdditive;
     int64_t rb_a = 0, rb_b = 0;
     if (array_mask) {
-      rb_a = mask.row_base(n, ra);
-      rb_b = mask.row_base(n, ra + 8);
+      rb_a = ra < L ? mask.row_base(n, ra) : 0;
+      rb_b = ra + 8 < L ? mask.row_base(n, ra + 8) : 0;
     }
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
@@ -108,7 +110,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
         const int c = c0 + nb * 8 + 2 * t + (i & 1);
         const int r = ra + (i >> 1) * 8;
         float term = 0.0f;
-        if (c >= S || (mask.kind == kCausal && c > r + mask.offset)) {
+        if (c >= S || r >= L || (mask.kind == kCausal && c > r + mask.offset)) {
           term = FA_NEG_INF;
         } else if (array_mask) {
           term = mask.term(i >> 1 ? rb_b : rb_a, c);

@@ -105,7 +105,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
     }
     const bool partial_causal = mask_kind == kCausal && c0 + kBc - 1 > l0 + (S - L);
     const bool need_mask = c0 + kBc > S || partial_causal || array_mask;
-    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, S, c0, scale_log2, need_mask, lane);
+    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
 
     if (need_mask && tile_has_nonfinite<T, E>(sm.v, count, tid)) {
       // Rare: P V over visible keys only (0 x NaN would leak hidden values).
@@ -121,6 +121,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const int r = ra + rr * 8;
+        if (r >= L) continue;  // padding rows: never stored
         const int64_t rbase = array_mask ? mask.row_base(n, r) : 0;
         for (int c = 0; c < count; ++c) {
           const int key = c0 + c;

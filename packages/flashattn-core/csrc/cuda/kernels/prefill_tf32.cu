@@ -95,7 +95,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
     }
     const bool partial_causal = mask_kind == kCausal && c0 + kBc32 - 1 > l0 + (S - L);
     const bool need_mask = c0 + kBc32 > S || partial_causal || array_mask;
-    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, S, c0, scale_log2, need_mask, lane);
+    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
 
     // Rare path: values that are NaN / Inf where some row cannot see them.
     bool guard = false;
@@ -130,7 +130,8 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           const int r = ra + rr * 8;
-          const int64_t rbase = array_mask ? mask.row_base(n, r) : 0;
+          if (r >= L) continue;  // padding rows: never stored
+        const int64_t rbase = array_mask ? mask.row_base(n, r) : 0;
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const int c = kb * 8 + t + 4 * j, key = c0 + c;
