@@ -42,6 +42,19 @@ mx::array flash_attention(
     std::optional<mx::array> mask_arr,
     mx::StreamOrDevice s = {});
 
+// Gradients of softmax(scale Q K^T + mask) V with respect to the primals
+// {queries, keys, values[, mask]} named in argnums, by recomputation through
+// MLX operations (vjp.cpp). A mask primal may be in its own broadcastable
+// shape; its gradient comes back in that shape.
+std::vector<mx::array> attention_vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>& outputs,
+    float scale,
+    MaskKind mask_kind,
+    mx::Stream stream);
+
 ///////////////////////////////////////////////////////////////////////////////
 // Primitive
 ///////////////////////////////////////////////////////////////////////////////

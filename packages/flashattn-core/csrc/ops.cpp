@@ -13,6 +13,7 @@
 #include "mlx/backend/cuda/cuda.h"
 #include "mlx/backend/metal/metal.h"
 #include "mlx/device.h"
+#include "mlx/transforms.h"
 
 namespace flashattn {
 
@@ -246,7 +247,24 @@ mx::array flash_attention(
   }
 
   if (backend == Backend::cuda) {
-    return cuda::flash_attention(queries, keys, values, softmax_scale, mask_kind, mask_arr, stream);
+    // MLX's custom-kernel primitive has no gradient: attach ours.
+    bool has_mask = mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive;
+    auto forward = [=](const std::vector<mx::array>& in) {
+      std::optional<mx::array> m;
+      if (has_mask) m = in[3];
+      return std::vector<mx::array>{
+          cuda::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream)};
+    };
+    auto backward = [=](const std::vector<mx::array>& primals,
+                        const std::vector<mx::array>& cotangents,
+                        const std::vector<mx::array>& outputs) {
+      std::vector<int> argnums(primals.size());
+      for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
+      return attention_vjp(primals, cotangents, argnums, outputs, softmax_scale, mask_kind, stream);
+    };
+    std::vector<mx::array> in = {queries, keys, values};
+    if (has_mask) in.push_back(*mask_arr);
+    return mx::custom_vjp(forward, backward)(in)[0];
   }
 
   std::vector<mx::array> inputs = {queries, keys, values};

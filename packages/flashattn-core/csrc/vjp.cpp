@@ -31,12 +31,25 @@ mx::Shape grouped(const mx::array& q, int H_kv) {
 
 } // namespace
 
-std::vector<mx::array> FlashAttention::vjp(
+// Sums g over the axes where `shape` broadcasts (size 1, or missing in front).
+mx::array sum_to_shape(mx::array g, const mx::Shape& shape, mx::Stream s) {
+  int lead = g.ndim() - static_cast<int>(shape.size());
+  std::vector<int> axes;
+  for (int d = 0; d < g.ndim(); ++d) {
+    if (d < lead || (shape[d - lead] == 1 && g.shape(d) != 1)) axes.push_back(d);
+  }
+  if (!axes.empty()) g = mx::sum(g, axes, /* keepdims */ true, s);
+  return mx::reshape(g, shape, s);
+}
+
+std::vector<mx::array> attention_vjp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& cotangents,
     const std::vector<int>& argnums,
-    const std::vector<mx::array>& outputs) {
-  auto s = stream();
+    const std::vector<mx::array>& outputs,
+    float scale_,
+    MaskKind mask_kind_,
+    mx::Stream s) {
   const auto f32 = mx::float32;
   const auto& q = primals[0];
   const auto& k = primals[1];
@@ -51,15 +64,21 @@ std::vector<mx::array> FlashAttention::vjp(
   auto score_shape = scores.shape();
 
   auto neg_inf = mx::array(-std::numeric_limits<float>::infinity(), f32);
-  std::optional<mx::array> visible;
+  std::optional<mx::array> visible, mask_full;
   if (mask_kind_ == MaskKind::causal) {
     auto rows = mx::reshape(mx::arange(L, mx::int32, s), {L, 1}, s);
     auto cols = mx::reshape(mx::arange(S, mx::int32, s), {1, S}, s);
     visible = mx::less_equal(cols, mx::add(rows, mx::array(S - L), s), s);
-  } else if (mask_kind_ == MaskKind::boolean) {
-    visible = mx::reshape(primals[3], score_shape, s);
+  } else if (mask_kind_ == MaskKind::boolean || mask_kind_ == MaskKind::additive) {
+    // The mask may come in its own (broadcastable) shape.
+    mx::Shape target(q.shape().begin(), q.shape().end() - 1);
+    target.push_back(S);
+    mask_full = mx::broadcast_to(primals[3], target, s);
+  }
+  if (mask_kind_ == MaskKind::boolean) {
+    visible = mx::reshape(*mask_full, score_shape, s);
   } else if (mask_kind_ == MaskKind::additive) {
-    auto add = mx::reshape(mx::astype(primals[3], f32, s), score_shape, s);
+    auto add = mx::reshape(mx::astype(*mask_full, f32, s), score_shape, s);
     visible = mx::not_equal(add, neg_inf, s);
     scores = mx::add(scores, add, s);
   }
@@ -95,12 +114,21 @@ std::vector<mx::array> FlashAttention::vjp(
       auto dV = mx::sum(mx::matmul(mx::swapaxes(P, -1, -2, s), dO, s), -3, false, s);
       grads.push_back(mx::astype(dV, primal.dtype(), s));
     } else if (mask_kind_ == MaskKind::additive) {
-      grads.push_back(mx::astype(mx::reshape(dS, primal.shape(), s), primal.dtype(), s));
+      auto dM = mx::reshape(dS, mask_full->shape(), s);
+      grads.push_back(mx::astype(sum_to_shape(dM, primal.shape(), s), primal.dtype(), s));
     } else {
       grads.push_back(mx::zeros_like(primal, s)); // boolean masks
     }
   }
   return grads;
+}
+
+std::vector<mx::array> FlashAttention::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>& outputs) {
+  return attention_vjp(primals, cotangents, argnums, outputs, scale_, mask_kind_, stream());
 }
 
 } // namespace flashattn
