@@ -1,9 +1,13 @@
 // The flash_attention operation: every check happens here, before the lazy
 // array exists, so bad input becomes a Python ValueError at the call site
 // rather than a failure deep inside mx.eval.
+//
+// Messages are built with std::to_string, not iostreams: a toolchain that
+// links parts of libstdc++ statically (seen on the GPU machines) crashed
+// formatting numbers through an ostream whose locale was never set up.
 
 #include <cmath>
-#include <sstream>
+#include <string>
 #include <stdexcept>
 #include <type_traits>
 #include <variant>
@@ -22,13 +26,11 @@ namespace {
 constexpr int kMaxHeadDim = 256;
 
 std::string shape_str(const mx::Shape& shape) {
-  std::ostringstream os;
-  os << "(";
+  std::string out = "(";
   for (size_t i = 0; i < shape.size(); ++i) {
-    os << (i ? ", " : "") << shape[i];
+    out += (i ? ", " : "") + std::to_string(shape[i]);
   }
-  os << (shape.size() == 1 ? ",)" : ")");
-  return os.str();
+  return out + (shape.size() == 1 ? ",)" : ")");
 }
 
 std::string dtype_str(mx::Dtype t) {
@@ -38,10 +40,8 @@ std::string dtype_str(mx::Dtype t) {
   if (t == mx::float64) return "float64";
   if (t == mx::bool_) return "bool";
   if (t == mx::complex64) return "complex64";
-  std::ostringstream os;
-  os << (mx::issubdtype(t, mx::signedinteger) ? "int" : "uint")
-     << 8 * mx::size_of(t);
-  return os.str();
+  return std::string(mx::issubdtype(t, mx::signedinteger) ? "int" : "uint") +
+      std::to_string(8 * mx::size_of(t));
 }
 
 [[noreturn]] void fail(const std::string& msg) {
@@ -63,10 +63,10 @@ void check_ranks_and_shapes(
   }
   for (auto [name, a] : {std::pair{"keys", &k}, std::pair{"values", &v}}) {
     if (a->ndim() != q.ndim()) {
-      std::ostringstream os;
-      os << name << " must have the rank of queries (" << q.ndim()
-         << ", shape (B..., H_kv, S, E)); got shape " << shape_str(a->shape());
-      fail(os.str());
+      fail(
+          std::string(name) + " must have the rank of queries (" +
+          std::to_string(q.ndim()) + ", shape (B..., H_kv, S, E)); got shape " +
+          shape_str(a->shape()));
     }
   }
   int nd = q.ndim();
@@ -80,18 +80,16 @@ void check_ranks_and_shapes(
   }
   int E = q.shape(-1);
   if (E < 1 || E > kMaxHeadDim) {
-    std::ostringstream os;
-    os << "head dimension must be between 1 and " << kMaxHeadDim
-       << "; queries have shape " << shape_str(q.shape()) << " (E = " << E
-       << ")";
-    fail(os.str());
+    fail(
+        "head dimension must be between 1 and " + std::to_string(kMaxHeadDim) +
+        "; queries have shape " + shape_str(q.shape()) + " (E = " +
+        std::to_string(E) + ")");
   }
   if (k.shape(-1) != E || v.shape(-1) != E) {
-    std::ostringstream os;
-    os << "keys and values must have the queries' head dimension E = " << E
-       << "; got keys " << shape_str(k.shape()) << ", values "
-       << shape_str(v.shape());
-    fail(os.str());
+    fail(
+        "keys and values must have the queries' head dimension E = " +
+        std::to_string(E) + "; got keys " + shape_str(k.shape()) +
+        ", values " + shape_str(v.shape()));
   }
   if (k.shape(-3) != v.shape(-3) || k.shape(-2) != v.shape(-2)) {
     fail(
@@ -101,12 +99,11 @@ void check_ranks_and_shapes(
   }
   int H_q = q.shape(-3), H_kv = k.shape(-3);
   if (H_kv == 0 ? H_q != 0 : H_q % H_kv != 0) {
-    std::ostringstream os;
-    os << "the number of query heads (" << H_q
-       << ") must be a multiple of the number of key/value heads (" << H_kv
-       << "); queries " << shape_str(q.shape()) << ", keys "
-       << shape_str(k.shape());
-    fail(os.str());
+    fail(
+        "the number of query heads (" + std::to_string(H_q) +
+        ") must be a multiple of the number of key/value heads (" +
+        std::to_string(H_kv) + "); queries " + shape_str(q.shape()) +
+        ", keys " + shape_str(k.shape()));
   }
 }
 
@@ -233,9 +230,7 @@ mx::array flash_attention(
   float softmax_scale =
       scale.value_or(1.0f / std::sqrt(static_cast<float>(queries.shape(-1))));
   if (!std::isfinite(softmax_scale)) {
-    std::ostringstream os;
-    os << "scale must be a finite number; got " << softmax_scale;
-    fail(os.str());
+    fail("scale must be a finite number; got " + std::to_string(softmax_scale));
   }
   Backend backend = backend_for(requested_device(s));
   auto stream = mx::to_stream(s);
