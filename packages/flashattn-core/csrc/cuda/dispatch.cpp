@@ -1,9 +1,11 @@
 // Which CUDA kernel runs, and its launch: the one place that decides.
 //
+//   L <= 8, ratio x L <= 16 query rows per KV head, E in {64, 96, 128}:
+//       decode (FlashDecoding: keys split across blocks, then merged)
 //   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill
 //   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill
-//   everything else (decode, other head dims): the generic kernel, with the
-//   keys split across blocks and merged when there are few query rows
+//   everything else: the generic kernel (keys split and merged when the
+//       query rows are few)
 //
 // Inputs reach the kernels row-contiguous (MLX copies strided views first).
 // A mask keeps its own shape: the kernels address it through per-(batch,
@@ -12,6 +14,7 @@
 
 #include "cuda/dispatch.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -53,15 +56,15 @@ const std::string& ptx_of(const std::string& kernel) {
 using Scalar = std::variant<bool, int, float>;
 
 // The mask as the kernels read it: (data, per-(b, h_q) base offsets, row
-// stride, column stride); dummies when there is no array mask.
+// stride, column stride). Without an array mask the kernels never read
+// either pointer, so the queries stand in (no extra arrays, no extra work).
 struct MaskArgs {
-  mx::array data = mx::zeros({1}, mx::uint8);
-  mx::array base = mx::zeros({1}, mx::int64);
+  mx::array data, base;
   int row_stride = 0, col_stride = 0;
 };
 
 MaskArgs mask_args(const mx::array& q, MaskKind kind, const std::optional<mx::array>& mask, mx::Stream s) {
-  MaskArgs args;
+  MaskArgs args{q, q};
   if (kind != MaskKind::boolean && kind != MaskKind::additive) {
     return args;
   }
@@ -96,10 +99,19 @@ MaskArgs mask_args(const mx::array& q, MaskKind kind, const std::optional<mx::ar
 }
 
 int prefill_smem_bytes(mx::Dtype t, int E) {
-  if (t == mx::float32) {
+  if (t == mx::float32) {  // Q, K (rows padded by 4 floats), V (by 8)
     return (2 * kPrefillRows * (E + 4) + kPrefillRows * (E + 8)) * 4;
   }
-  return 3 * kPrefillRows * (E + 8) * 2;
+  return 5 * kPrefillRows * (E + 8) * 2;  // Q and two K/V buffers
+}
+
+constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128;
+constexpr int kMaxSplits = 1024;
+// Blocks that keep a large GPU busy in decode.
+constexpr int kDecodeTargetBlocks = 512;
+
+bool has_decode_kernel(int E) {
+  return E == 64 || E == 96 || E == 128;
 }
 
 bool has_prefill_kernel(mx::Dtype t, int E) {
@@ -147,6 +159,36 @@ mx::array flash_attention(
   const std::optional<float> init = poison ? std::optional<float>(std::nanf("")) : std::nullopt;
   std::vector<mx::array> inputs = {q, k, v, m.data, m.base};
 
+  const int rows_per_group = (H_q / H_kv) * L;
+  if (L < kMinPrefillL && rows_per_group <= kDecodeMaxRows && has_decode_kernel(E) && batch <= 65535 &&
+      H_kv <= 65535) {
+    const int64_t groups = batch * H_kv;
+    int splits = static_cast<int>(std::clamp<int64_t>(
+        (kDecodeTargetBlocks + groups - 1) / groups, 1, (S + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep));
+    splits = std::min(splits, kMaxSplits);
+    int keys_per_split = (S + splits - 1) / splits;
+    keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
+    splits = (S + keys_per_split - 1) / keys_per_split;
+    std::vector<Scalar> scalars = {H_q, H_kv, L, S, kind, m.row_stride, m.col_stride, keys_per_split, scale_log2};
+    const std::tuple<int, int, int> grid = {splits * kThreads, H_kv, static_cast<int>(batch)};
+    const std::string suffix = dt + "_" + std::to_string(E);
+    if (splits == 1) {
+      const std::string name = "fa_decode_" + suffix;
+      return mx::fast::precompiled_cuda_kernel(
+          name, ptx_of(name), inputs, {q.shape()}, {q.dtype()}, scalars, grid, {kThreads, 1, 1}, 0,
+          init, true, s)[0];
+    }
+    const int rows = static_cast<int>(batch * H_q * L);
+    const std::string name = "fa_decode_split_" + suffix;
+    auto parts = mx::fast::precompiled_cuda_kernel(
+        name, ptx_of(name), inputs, {{splits, rows, E}, {splits, rows, 2}}, {mx::float32, mx::float32},
+        scalars, grid, {kThreads, 1, 1}, 0, init, true, s);
+    const std::string merge = "fa_merge_" + dt;
+    return mx::fast::precompiled_cuda_kernel(
+        merge, ptx_of(merge), parts, {q.shape()}, {q.dtype()}, {rows, E, splits}, {rows * kThreads, 1, 1},
+        {kThreads, 1, 1}, 0, init, true, s)[0];
+  }
+
   if (L >= kMinPrefillL && has_prefill_kernel(q.dtype(), E) && batch <= 65535 && H_q <= 65535) {
     const std::string name = "fa_prefill_" + dt + "_" + std::to_string(E);
     const int tiles = (L + kPrefillRows - 1) / kPrefillRows;
@@ -163,6 +205,7 @@ mx::array flash_attention(
   int splits = 1;
   if (rows < kTargetWarps && S >= 2 * kMinKeysPerSplit) {
     splits = static_cast<int>(std::min<int64_t>((kTargetWarps + rows - 1) / rows, S / kMinKeysPerSplit));
+    splits = std::min(splits, kMaxSplits);
   }
   const int keys_per_split = (S + splits - 1) / splits;
   const int64_t threads = ((rows * 32 + kThreads - 1) / kThreads) * kThreads;
@@ -186,7 +229,7 @@ mx::array flash_attention(
   const std::string merge = "fa_merge_" + dt;
   return mx::fast::precompiled_cuda_kernel(
       merge, ptx_of(merge), parts, {q.shape()}, {q.dtype()}, {r, E, splits},
-      {static_cast<int>(threads), 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
+      {r * kThreads, 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
 }
 
 }  // namespace flashattn::cuda

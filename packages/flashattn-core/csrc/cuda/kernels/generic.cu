@@ -99,29 +99,50 @@ __device__ __forceinline__ void generic_attend(
   }
 }
 
-// out = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s
+// out = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s.
+// One block per query row: the split weights go to shared memory once, then
+// the threads take the head dim.
+constexpr int kMaxSplits = 1024;
+
+__device__ __forceinline__ float block_reduce(float x, bool is_max, float* scratch) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = is_max ? fmaxf(x, y) : x + y;
+  }
+  if (lane == 0) scratch[w] = x;
+  __syncthreads();
+  x = is_max ? FA_NEG_INF : 0.0f;
+  for (int i = 0; i < nw; ++i) x = is_max ? fmaxf(x, scratch[i]) : x + scratch[i];
+  __syncthreads();
+  return x;
+}
+
 template <typename T>
 __device__ __forceinline__ void merge_splits(
     const float* __restrict__ o_part, const float* __restrict__ ml_part, T* __restrict__ out,
     int rows, int E, int splits) {
-  const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
+  __shared__ float weight[kMaxSplits];
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
   if (row >= rows) return;
   float m = FA_NEG_INF;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, ml_part[((int64_t)s * rows + row) * 2]);
-  float m_use = m == FA_NEG_INF ? 0.0f : m;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, ml_part[((int64_t)s * rows + row) * 2]);
+  m = block_reduce(m, true, scratch);
+  const float m_use = m == FA_NEG_INF ? 0.0f : m;
   float l_sum = 0.0f;
-  for (int s = 0; s < splits; ++s) {
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
     const int64_t slot = (int64_t)s * rows + row;
-    l_sum += exp2f(ml_part[slot * 2] - m_use) * ml_part[slot * 2 + 1];
+    const float wgt = exp2f(ml_part[slot * 2] - m_use);
+    weight[s] = wgt;
+    l_sum += wgt * ml_part[slot * 2 + 1];
   }
-  float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
-  for (int e = lane; e < E; e += 32) {
+  l_sum = block_reduce(l_sum, false, scratch);  // its barrier also publishes weight[]
+  const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
     float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const int64_t slot = (int64_t)s * rows + row;
-      acc += exp2f(ml_part[slot * 2] - m_use) * o_part[slot * E + e];
-    }
+    for (int s = 0; s < splits; ++s) acc += weight[s] * o_part[((int64_t)s * rows + row) * E + e];
     out[row * E + e] = from_f<T>(acc * inv);
   }
 }

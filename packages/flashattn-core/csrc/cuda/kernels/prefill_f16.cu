@@ -10,8 +10,9 @@
 //   O += P V          P re-packed from the S accumulators as the A operand,
 //                     V through ldmatrix.trans
 //
-// Shared rows are padded by 16 bytes, which keeps ldmatrix free of bank
-// conflicts for every E. Causal masks skip hidden tiles; the heaviest row
+// Key/value tiles are double-buffered: tile j + 1 is in flight while tile j
+// is computed. Q fragments stay in registers for E <= 128. Shared rows are
+// padded by 16 bytes, which keeps ldmatrix free of bank conflicts for every E. Causal masks skip hidden tiles; the heaviest row
 // tiles launch first. A tile that hides some keys whose values hold NaN or
 // Inf takes a scalar P V over visible keys only (0 x NaN would leak them).
 
@@ -26,8 +27,8 @@ template <typename T, int E>
 struct PrefillSmem {
   static constexpr int LD = E + 8;  // elements per padded row
   T q[kBr * LD];
-  T k[kBc * LD];  // after S = Q K^T, also P's staging on the rare non-finite path
-  T v[kBc * LD];
+  T k[2][kBc * LD];  // after S = Q K^T, also P's staging on the rare non-finite path
+  T v[2][kBc * LD];
 };
 
 template <typename T, int E>
@@ -71,34 +72,56 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
   const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
 
-  load_tile<T, E>(sm.q, q_head, l0, min(kBr, L - l0), tid);
-  cp_async_commit();
-
+  constexpr bool kQInRegs = E <= 128;
   int kv_end = S;
   if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + kBr, L) - 1 + (S - L) + 1));
+  const int n_tiles = (kv_end + kBc - 1) / kBc;
   const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
+
+  load_tile<T, E>(sm.q, q_head, l0, min(kBr, L - l0), tid);
+  cp_async_commit();
+  if (n_tiles > 0) {
+    load_tile<T, E>(sm.k[0], k_head, 0, min(kBc, S), tid);
+    load_tile<T, E>(sm.v[0], v_head, 0, min(kBc, S), tid);
+  }
+  cp_async_commit();
 
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+  uint32_t qf[kQInRegs ? KS : 1][4];
 
-  for (int c0 = 0; c0 < kv_end; c0 += kBc) {
+  for (int j = 0; j < n_tiles; ++j) {
+    const int c0 = j * kBc, buf = j & 1;
     const int count = min(kBc, S - c0);
-    load_tile<T, E>(sm.k, k_head, c0, count, tid);
-    load_tile<T, E>(sm.v, v_head, c0, count, tid);
-    cp_async_commit();
-    cp_async_wait_all();
+    if (j + 1 < n_tiles) {  // the next tile flies while this one is computed
+      const int c1 = c0 + kBc, n1 = min(kBc, S - c1);
+      load_tile<T, E>(sm.k[buf ^ 1], k_head, c1, n1, tid);
+      load_tile<T, E>(sm.v[buf ^ 1], v_head, c1, n1, tid);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait_all();
+    }
     __syncthreads();
+    const T* sk = sm.k[buf];
+    const T* sv = sm.v[buf];
+    if (kQInRegs && j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+        ldmatrix_x4(qf[kQInRegs ? kk : 0], &sm.q[(w * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8]);
+    }
 
     // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
     float s[NB][4] = {};
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, &sm.q[(w * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8]);
+      uint32_t a_smem[4];
+      if (!kQInRegs) ldmatrix_x4(a_smem, &sm.q[(w * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8]);
+      const uint32_t* a = kQInRegs ? qf[kQInRegs ? kk : 0] : a_smem;
 #pragma unroll
       for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, &sm.k[(nb2 * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8]);
+        ldmatrix_x4(bk, &sk[(nb2 * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8]);
         mma16816<T>(s[2 * nb2], a, bk[0], bk[1]);
         mma16816<T>(s[2 * nb2 + 1], a, bk[2], bk[3]);
       }
@@ -107,11 +130,11 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
     const bool need_mask = c0 + kBc > S || partial_causal || array_mask;
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
 
-    if (need_mask && tile_has_nonfinite<T, E>(sm.v, count, tid)) {
+    if (need_mask && tile_has_nonfinite<T, E>(sv, count, tid)) {
       // Rare: P V over visible keys only (0 x NaN would leak hidden values).
       // Every warp is past its S = Q K^T (the barrier in the test above), so
       // P is staged where K was.
-      T* p_stage = sm.k + w * 16 * kBc;
+      T* p_stage = sm.k[buf] + w * 16 * kBc;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -130,8 +153,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
           const float p = to_f(p_stage[(g + rr * 8) * kBc + c]);
 #pragma unroll
           for (int eb = 0; eb < NO; ++eb) {
-            o[eb][2 * rr] += p * to_f(sm.v[c * LD + eb * 8 + 2 * t]);
-            o[eb][2 * rr + 1] += p * to_f(sm.v[c * LD + eb * 8 + 2 * t + 1]);
+            o[eb][2 * rr] += p * to_f(sv[c * LD + eb * 8 + 2 * t]);
+            o[eb][2 * rr + 1] += p * to_f(sv[c * LD + eb * 8 + 2 * t + 1]);
           }
         }
       }
@@ -150,13 +173,15 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 #pragma unroll
       for (int eb2 = 0; eb2 < E / 16; ++eb2) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, &sm.v[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + eb2 * 16 + (lane >> 4) * 8]);
+        ldmatrix_x4_trans(bv, &sv[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + eb2 * 16 + (lane >> 4) * 8]);
         mma16816<T>(o[2 * eb2], a, bv[0], bv[1]);
         mma16816<T>(o[2 * eb2 + 1], a, bv[2], bv[3]);
       }
     }
-    __syncthreads();  // the next tile overwrites K and V
+    __syncthreads();  // the load issued next overwrites this buffer
   }
+
+  cp_async_wait_all();  // nothing may be in flight at exit (no key tiles: Q only)
 
   // O = o / l; rows that saw no visible key (l = 0) are zeros.
 #pragma unroll

@@ -1,0 +1,216 @@
+// Decode (FlashDecoding): few query rows per KV head against many keys.
+//
+// A block of 4 warps takes one (batch, KV head) group, all its R = ratio x L
+// query rows (R <= 16, rows ordered head-major: r = hh * L + l), and one split
+// of the keys; the splits are merged by fa_merge_* (or normalised here when
+// there is one split). Each warp walks chunks of 32 keys:
+//
+//   QK: lane j scores key j of the chunk against all R rows (K row read once,
+//       16-byte loads; the rows' queries are broadcast from shared memory)
+//   online softmax per row across the warp (shuffles)
+//   PV: lanes split the head dim; P of the chunk is broadcast from shared
+//       memory, each V row read once, coalesced
+//
+// Keys a row cannot see get P = 0 and are skipped in P V (never 0 x NaN).
+
+#include "unit.cuh"
+
+namespace fa {
+
+constexpr int kDecWarps = 4, kMaxRows = 16;
+
+template <typename T>
+struct Vec16;  // 16 bytes of T, as floats
+template <>
+struct Vec16<float> {
+  static constexpr int N = 4;
+  __device__ static void load(const float* p, float* out) {
+    float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  }
+};
+template <typename H>
+struct Vec16Half {
+  static constexpr int N = 8;
+  __device__ static void load(const H* p, float* out) {
+    uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const H* h = reinterpret_cast<const H*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = to_f(h[i]);
+  }
+};
+template <>
+struct Vec16<__half> : Vec16Half<__half> {};
+template <>
+struct Vec16<__nv_bfloat16> : Vec16Half<__nv_bfloat16> {};
+
+template <typename T, int E>
+struct DecodeSmem {
+  // The queries (scaled into the log2 domain) while keys are walked, then
+  // the per-warp outputs while the warps are combined.
+  union {
+    float q[kMaxRows][E];
+    float o[kDecWarps][kMaxRows][E];
+  };
+  float p[kDecWarps][kMaxRows][32];  // P of each warp's current chunk
+  float m[kDecWarps][kMaxRows], l[kDecWarps][kMaxRows];
+};
+
+template <typename T, int E>
+__device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restrict__ k,
+                                       const T* __restrict__ v, const void* mask_data,
+                                       const int64_t* __restrict__ mask_base, T* __restrict__ out,
+                                       float* __restrict__ o_part, float* __restrict__ ml_part,
+                                       int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
+                                       int mask_cs, int keys_per_split, float scale_log2) {
+  constexpr int EL = E / 32;  // head-dim elements per lane in P V (E % 32 == 0)
+  using V16 = Vec16<T>;
+  __shared__ DecodeSmem<T, E> sm;
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+  const int split = blockIdx.x, g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int ratio = H_q / H_kv, R = ratio * L;
+  const int64_t n_kv = b * H_kv + g;
+  const T* k_head = k + n_kv * (int64_t)S * E;
+  const T* v_head = v + n_kv * (int64_t)S * E;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+  // Row r of the group: query head g * ratio + r / L, position r % L.
+  auto row_n = [&](int r) { return b * H_q + (int64_t)g * ratio + r / L; };
+
+  for (int i = tid; i < R * E; i += kDecWarps * 32) {
+    const int r = i / E, e = i % E;
+    sm.q[r][e] = to_f(q[(row_n(r) * L + r % L) * E + e]) * scale_log2;
+  }
+  __syncthreads();
+
+  const int c_begin = split * keys_per_split;
+  const int c_end = min(S, c_begin + keys_per_split);
+  float m_i[kMaxRows], l_i[kMaxRows], o[kMaxRows][EL];
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r) {
+    m_i[r] = FA_NEG_INF, l_i[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < EL; ++i) o[r][i] = 0.0f;
+  }
+
+  for (int c0 = c_begin + w * 32; c0 < c_end; c0 += kDecWarps * 32) {
+    const int c = c0 + lane;
+    float s[kMaxRows];
+#pragma unroll
+    for (int r = 0; r < kMaxRows; ++r) s[r] = 0.0f;
+    if (c < c_end) {
+      const T* k_row = k_head + (int64_t)c * E;
+      for (int e0 = 0; e0 < E; e0 += V16::N) {
+        float kv[V16::N];
+        V16::load(k_row + e0, kv);
+#pragma unroll
+        for (int r = 0; r < kMaxRows; ++r) {
+          if (r < R) {
+#pragma unroll
+            for (int i = 0; i < V16::N; ++i) s[r] += sm.q[r][e0 + i] * kv[i];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRows; ++r) {
+      if (r >= R) break;
+      const int l = r % L;
+      bool hidden = c >= c_end || (mask_kind == kCausal && c > l + S - L);
+      if (!hidden && array_mask) {
+        const float t = mask.term(mask.row_base(row_n(r), l), c);
+        hidden = t == FA_NEG_INF;
+        s[r] += t;
+      }
+      if (hidden) s[r] = FA_NEG_INF;
+      float mx = s[r];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m_i[r], mx);
+      const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
+      const float alpha = exp2f(m_i[r] - m_use);
+      const float p = exp2f(s[r] - m_use);
+      sm.p[w][r][lane] = p;
+      const float sum = warp_sum(p);
+      l_i[r] = l_i[r] * alpha + sum;
+      m_i[r] = m_new;
+#pragma unroll
+      for (int i = 0; i < EL; ++i) o[r][i] *= alpha;
+    }
+    __syncwarp();
+    const int keys = min(32, c_end - c0);
+    for (int j = 0; j < keys; ++j) {
+      const T* v_row = v_head + (int64_t)(c0 + j) * E;
+      float vv[EL];
+#pragma unroll
+      for (int i = 0; i < EL; ++i) vv[i] = to_f(v_row[lane + 32 * i]);
+#pragma unroll
+      for (int r = 0; r < kMaxRows; ++r) {
+        if (r >= R) break;
+        const float p = sm.p[w][r][j];
+        if (p != 0.0f) {  // hidden keys (p = 0) never reach the output
+#pragma unroll
+          for (int i = 0; i < EL; ++i) o[r][i] += p * vv[i];
+        }
+      }
+    }
+    __syncwarp();
+  }
+
+  // Combine the 4 warps: m = max, weights 2^(m_w - m).
+  __syncthreads();  // every warp is done with the queries: their space holds o now
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r) {
+    if (r >= R) break;
+    if (lane == 0) sm.m[w][r] = m_i[r], sm.l[w][r] = l_i[r];
+#pragma unroll
+    for (int i = 0; i < EL; ++i) sm.o[w][r][lane + 32 * i] = o[r][i];
+  }
+  __syncthreads();
+  for (int i = tid; i < R * E; i += kDecWarps * 32) {
+    const int r = i / E, e = i % E;
+    float m = FA_NEG_INF;
+#pragma unroll
+    for (int ww = 0; ww < kDecWarps; ++ww) m = fmaxf(m, sm.m[ww][r]);
+    const float m_use = m == FA_NEG_INF ? 0.0f : m;
+    float l_sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < kDecWarps; ++ww) {
+      const float wgt = exp2f(sm.m[ww][r] - m_use);
+      l_sum += wgt * sm.l[ww][r];
+      acc += wgt * sm.o[ww][r][e];
+    }
+    const int64_t row = row_n(r) * L + r % L;
+    if (o_part == nullptr) {
+      out[row * E + e] = from_f<T>(l_sum == 0.0f ? 0.0f : acc / l_sum);
+    } else {
+      const int64_t rows = (int64_t)gridDim.z * H_q * L;
+      const int64_t slot = (int64_t)split * rows + row;
+      o_part[slot * E + e] = acc;
+      if (e == 0) ml_part[slot * 2] = m, ml_part[slot * 2 + 1] = l_sum;
+    }
+  }
+}
+
+}  // namespace fa
+
+// fa_decode_<dtype>_<E>: grid (splits x 128, H_kv, batch), 128 threads;
+// fa_decode_split_<dtype>_<E> writes partials for fa_merge_<dtype>.
+#if !defined(FA_E)
+#error "define FA_E"
+#endif
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
+    FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    int keys_per_split, float scale_log2) {
+  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, nullptr, nullptr, H_q, H_kv, L, S,
+                         mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2);
+}
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_split_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
+    float* o_part, float* ml_part, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
+    int mask_cs, int keys_per_split, float scale_log2) {
+  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, nullptr, o_part, ml_part, H_q, H_kv, L, S,
+                         mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2);
+}
