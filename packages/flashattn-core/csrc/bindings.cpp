@@ -8,6 +8,7 @@
 
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
+#include "cuda/ptx_registry.h"
 #include "flash_attention.h"
 #include "mlx/version.h"
 
@@ -35,6 +36,18 @@ NB_MODULE(_ext, m) {
       },
       "The CPU kernels in use: instruction set (FLASHATTN_ISA narrows it) and "
       "worker threads (FLASHATTN_NUM_THREADS sets them).");
+
+  m.def(
+      "cuda_kernels",
+      [] {
+        nb::dict out;
+        for (const auto& m : flashattn::cuda::ptx_modules()) {
+          out[m.kernel.c_str()] = m.image.size();
+        }
+        return out;
+      },
+      "The embedded CUDA kernels and their module sizes in bytes (empty when "
+      "the build had no nvcc).");
 
   m.def(
       "flash_attention",

@@ -35,7 +35,7 @@ mx::Shape grouped(const mx::array& q, int H_kv) {
 mx::array sum_to_shape(mx::array g, const mx::Shape& shape, mx::Stream s) {
   int lead = g.ndim() - static_cast<int>(shape.size());
   std::vector<int> axes;
-  for (int d = 0; d < g.ndim(); ++d) {
+  for (int d = 0; d < static_cast<int>(g.ndim()); ++d) {
     if (d < lead || (shape[d - lead] == 1 && g.shape(d) != 1)) axes.push_back(d);
   }
   if (!axes.empty()) g = mx::sum(g, axes, /* keepdims */ true, s);

@@ -125,9 +125,7 @@ const std::string* find_ptx(const std::string& kernel) {
   static std::once_flag once;
   static std::unordered_map<std::string, const std::string*> index;
   std::call_once(once, [] {
-    for (const auto& m : ptx_modules()) {
-      for (const auto& k : m.kernels) index[k] = &m.ptx;
-    }
+    for (const auto& m : ptx_modules()) index[m.kernel] = &m.image;
   });
   auto it = index.find(kernel);
   return it == index.end() ? nullptr : it->second;

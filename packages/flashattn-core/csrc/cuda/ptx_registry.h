@@ -1,6 +1,7 @@
-// The CUDA kernels compiled to PTX at build time (when nvcc was there) and
-// embedded in the extension, one small module per kernel unit: MLX hashes and
-// copies a kernel's module on every launch.
+// The CUDA kernels compiled at build time (when nvcc was there) and embedded
+// in the extension, one small module per kernel (a compressed fatbin: PTX for
+// compute_80 and sm_90 machine code): MLX hashes and copies a kernel's module
+// on every launch.
 
 #pragma once
 
@@ -10,14 +11,14 @@
 namespace flashattn::cuda {
 
 struct PtxModule {
-  std::vector<std::string> kernels;  // the extern "C" entry points it defines
-  std::string ptx;
+  std::string kernel;  // the extern "C" entry point it defines
+  std::string image;   // what cuModuleLoadData takes (fatbin)
 };
 
 // Every embedded module (empty when the build had no nvcc).
 const std::vector<PtxModule>& ptx_modules();
 
-// The module defining `kernel`, or nullptr.
+// The image of `kernel`'s module, or nullptr.
 const std::string* find_ptx(const std::string& kernel);
 
 }  // namespace flashattn::cuda

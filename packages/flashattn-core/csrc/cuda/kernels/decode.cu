@@ -197,9 +197,10 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 
 // fa_decode_<dtype>_<E>: grid (splits x 128, H_kv, batch), 128 threads;
 // fa_decode_split_<dtype>_<E> writes partials for fa_merge_<dtype>.
-#if !defined(FA_E)
-#error "define FA_E"
+#if !defined(FA_E) || !defined(FA_PARTIAL)
+#error "define FA_E and FA_PARTIAL"
 #endif
+#if FA_PARTIAL == 0
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
@@ -207,6 +208,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_, FA_TNAME, 
   fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, nullptr, nullptr, H_q, H_kv, L, S,
                          mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2);
 }
+#else
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_split_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     float* o_part, float* ml_part, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
@@ -214,3 +216,4 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_split_, FA_T
   fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, nullptr, o_part, ml_part, H_q, H_kv, L, S,
                          mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2);
 }
+#endif

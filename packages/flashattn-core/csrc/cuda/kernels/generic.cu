@@ -149,11 +149,11 @@ __device__ __forceinline__ void merge_splits(
 
 }  // namespace fa
 
-// extern "C" entry points of one unit (-DFA_DTYPE, -DFA_EPT):
-//   fa_generic_<dtype>_<EPT>, fa_generic_split_<dtype>_<EPT>; with
-//   -DFA_MERGE instead: fa_merge_<dtype>.
+// The extern "C" entry point of one unit (-DFA_DTYPE and -DFA_EPT with
+// -DFA_PARTIAL=0|1, or -DFA_MERGE): fa_generic_<dtype>_<EPT>,
+// fa_generic_split_<dtype>_<EPT> or fa_merge_<dtype>.
 // Arguments: inputs, then outputs, then scalars, as MLX passes them.
-#if defined(FA_EPT)
+#if defined(FA_EPT) && FA_PARTIAL == 0
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_, FA_TNAME, _, FA_EPT, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int B, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
@@ -162,7 +162,9 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_, FA_TNAME,
                                           H_q, H_kv, L, S, E, mask_kind, mask_rs, mask_cs,
                                           keys_per_split, scale_log2);
 }
+#endif
 
+#if defined(FA_EPT) && FA_PARTIAL == 1
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_split_, FA_TNAME, _, FA_EPT, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     float* o_part, float* ml_part, int B, int H_q, int H_kv, int L, int S, int E,

@@ -1,0 +1,25 @@
+"""The CUDA kernels are compiled and embedded whenever the build had nvcc
+(CI has it; a GPU is only needed to run them: tests/gpu)."""
+
+import shutil
+
+import pytest
+
+import flashattn_core
+
+DTYPES = ["float32", "float16", "bfloat16"]
+EXPECTED = (
+    {f"fa_generic{s}_{d}_{e}" for d in DTYPES for e in range(1, 9) for s in ("", "_split")}
+    | {f"fa_merge_{d}" for d in DTYPES}
+    | {f"fa_decode{s}_{d}_{e}" for d in DTYPES for e in (64, 96, 128) for s in ("", "_split")}
+    | {f"fa_prefill_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 80, 96, 128, 256)}
+    | {f"fa_prefill_float32_{e}" for e in (64, 80, 96, 128)}
+)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA compiler) is not installed here")
+def test_every_dispatchable_kernel_is_embedded():
+    kernels = flashattn_core.cuda_kernels()
+    assert EXPECTED <= set(kernels), sorted(EXPECTED - set(kernels))
+    # Small modules: MLX copies and hashes one on every launch.
+    assert max(kernels.values()) < 256 * 1024
