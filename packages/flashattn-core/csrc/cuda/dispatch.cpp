@@ -32,7 +32,12 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 128;
-constexpr int kPrefillRows = 64;  // Br of the prefill kernels
+constexpr int kPrefillRows32 = 64;  // Br of the float32 prefill kernel
+
+// Warps (16 query rows each) of the float16 / bfloat16 prefill kernel.
+int prefill_warps(int E) {
+  return E <= 64 ? 8 : 4;
+}
 constexpr int kMinPrefillL = 9;   // below: the decode path
 // Warps that keep a large GPU busy; decode splits its keys until there are
 // about this many.
@@ -98,14 +103,25 @@ MaskArgs mask_args(const mx::array& q, MaskKind kind, const std::optional<mx::ar
   return args;
 }
 
-int prefill_smem_bytes(mx::Dtype t, int E) {
-  if (t == mx::float32) {  // Q, K (rows padded by 4 floats), V (by 8)
-    return (2 * kPrefillRows * (E + 4) + kPrefillRows * (E + 8)) * 4;
-  }
-  return 5 * kPrefillRows * (E + 8) * 2;  // Q and two K/V buffers
+int prefill_rows(mx::Dtype t, int E) {
+  return t == mx::float32 ? kPrefillRows32 : 16 * prefill_warps(E);
 }
 
-constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128;
+int prefill_threads(mx::Dtype t, int E) {
+  return t == mx::float32 ? kThreads : 32 * prefill_warps(E);
+}
+
+int prefill_smem_bytes(mx::Dtype t, int E) {
+  if (t == mx::float32) {  // Q, K (rows padded by 4 floats), V (by 8)
+    return (2 * kPrefillRows32 * (E + 4) + kPrefillRows32 * (E + 8)) * 4;
+  }
+  constexpr int kBc = 64;  // Q, then two buffers of K and V
+  return (prefill_rows(t, E) + 4 * kBc) * (E + 8) * 2;
+}
+
+// Decode splits hold at least this many keys (4 chunks of 32 per warp): fewer,
+// fuller blocks stream K/V as fast, and the merge has fewer partials to read.
+constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeysPerSplit = 512;
 constexpr int kMaxSplits = 1024;
 // Blocks that keep a large GPU busy in decode.
 constexpr int kDecodeTargetBlocks = 512;
@@ -162,7 +178,7 @@ mx::array flash_attention(
       H_kv <= 65535) {
     const int64_t groups = batch * H_kv;
     int splits = static_cast<int>(std::clamp<int64_t>(
-        (kDecodeTargetBlocks + groups - 1) / groups, 1, (S + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep));
+        (kDecodeTargetBlocks + groups - 1) / groups, 1, (S + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit));
     splits = std::min(splits, kMaxSplits);
     int keys_per_split = (S + splits - 1) / splits;
     keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
@@ -189,11 +205,12 @@ mx::array flash_attention(
 
   if (L >= kMinPrefillL && has_prefill_kernel(q.dtype(), E) && batch <= 65535 && H_q <= 65535) {
     const std::string name = "fa_prefill_" + dt + "_" + std::to_string(E);
-    const int tiles = (L + kPrefillRows - 1) / kPrefillRows;
+    const int rows = prefill_rows(q.dtype(), E), threads = prefill_threads(q.dtype(), E);
+    const int tiles = (L + rows - 1) / rows;
     std::vector<Scalar> scalars = {H_q, H_kv, L, S, kind, m.row_stride, m.col_stride, scale_log2};
     return mx::fast::precompiled_cuda_kernel(
         name, ptx_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
-        {tiles * kThreads, H_q, static_cast<int>(batch)}, {kThreads, 1, 1},
+        {tiles * threads, H_q, static_cast<int>(batch)}, {threads, 1, 1},
         prefill_smem_bytes(q.dtype(), E), init, /* ensure_row_contiguous */ true, s)[0];
   }
 

@@ -123,9 +123,12 @@ template <typename T>
 __device__ __forceinline__ void merge_splits(
     const float* __restrict__ o_part, const float* __restrict__ ml_part, T* __restrict__ out,
     int rows, int E, int splits) {
+  constexpr int kWarps = 4, kMaxEL = 8;  // E <= 256
   __shared__ float weight[kMaxSplits];
   __shared__ float scratch[32];
+  __shared__ float part[kWarps][kMaxEL * 32];
   const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   if (row >= rows) return;
   float m = FA_NEG_INF;
   for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, ml_part[((int64_t)s * rows + row) * 2]);
@@ -139,11 +142,24 @@ __device__ __forceinline__ void merge_splits(
     l_sum += wgt * ml_part[slot * 2 + 1];
   }
   l_sum = block_reduce(l_sum, false, scratch);  // its barrier also publishes weight[]
+  // Each warp sums a quarter of the splits (coalesced over the head dim),
+  // then the quarters are added.
+  float acc[kMaxEL] = {};
+  for (int s = w; s < splits; s += kWarps) {
+    const float* src = o_part + ((int64_t)s * rows + row) * E;
+    const float wgt = weight[s];
+#pragma unroll
+    for (int i = 0; i < kMaxEL; ++i) {
+      const int e = lane + 32 * i;
+      if (e < E) acc[i] += wgt * src[e];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxEL; ++i) part[w][lane + 32 * i] = acc[i];
+  __syncthreads();
   const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) acc += weight[s] * o_part[((int64_t)s * rows + row) * E + e];
-    out[row * E + e] = from_f<T>(acc * inv);
+    out[row * E + e] = from_f<T>((part[0][e] + part[1][e] + part[2][e] + part[3][e]) * inv);
   }
 }
 

@@ -1,8 +1,9 @@
 // FlashAttention-2 forward on tensor cores for float16 / bfloat16 inputs
 // (mma.sync m16n8k16, float32 accumulation), one unit per (dtype, E).
 //
-// A block of 4 warps takes Br = 64 query rows of one (batch, query head);
-// warp w owns rows 16w..16w+15. Key/value tiles of Bc = 64 rows stream
+// A block of W warps takes Br = 16 W query rows of one (batch, query head);
+// warp w owns rows 16w..16w+15 (W = 8 for E = 64, 4 above, where registers
+// run short). Every K/V tile loaded serves all W warps. Key/value tiles of Bc = 64 rows stream
 // through shared memory (cp.async):
 //
 //   S = Q_i K_j^T     ldmatrix Q (A, row) and K (B, col = K row-major)
@@ -21,20 +22,27 @@
 
 namespace fa {
 
-constexpr int kBr = 64, kBc = 64, kWarps = 4;
+constexpr int kBc = 64;
+
+template <int E>
+__host__ __device__ constexpr int prefill_warps() {
+  return E <= 64 ? 8 : 4;
+}
 
 template <typename T, int E>
 struct PrefillSmem {
+  static constexpr int kWarps = prefill_warps<E>(), kBr = 16 * kWarps;
   static constexpr int LD = E + 8;  // elements per padded row
   T q[kBr * LD];
   T k[2][kBc * LD];  // after S = Q K^T, also P's staging on the rare non-finite path
   T v[2][kBc * LD];
 };
 
+// rows x E elements from src rows first.., rows past count zero-filled.
 template <typename T, int E>
-__device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int count, int tid) {
-  constexpr int LD = E + 8, CHUNKS = E / 8;
-  for (int idx = tid; idx < kBr * CHUNKS; idx += kWarps * 32) {
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int rows, int count, int tid) {
+  constexpr int LD = E + 8, CHUNKS = E / 8, THREADS = prefill_warps<E>() * 32;
+  for (int idx = tid; idx < rows * CHUNKS; idx += THREADS) {
     const int r = idx / CHUNKS, c8 = idx % CHUNKS;
     const bool valid = r < count;
     cp_async16(dst + r * LD + c8 * 8, valid ? src + (int64_t)(first + r) * E + c8 * 8 : src, valid);
@@ -43,9 +51,9 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int c
 
 template <typename T, int E>
 __device__ __forceinline__ bool tile_has_nonfinite(const T* tile, int count, int tid) {
-  constexpr int LD = E + 8;
+  constexpr int LD = E + 8, THREADS = prefill_warps<E>() * 32;
   bool bad = false;
-  for (int idx = tid; idx < count * E; idx += kWarps * 32) {
+  for (int idx = tid; idx < count * E; idx += THREADS) {
     bad |= !isfinite(to_f(tile[(idx / E) * LD + idx % E]));
   }
   return __syncthreads_or(bad);
@@ -58,6 +66,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
                                         int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                         int mask_cs, float scale_log2) {
   constexpr int LD = E + 8, KS = E / 16, NB = kBc / 8, NO = E / 8;
+  constexpr int kBr = PrefillSmem<T, E>::kBr;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrefillSmem<T, E>*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -78,11 +87,11 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   const int n_tiles = (kv_end + kBc - 1) / kBc;
   const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
 
-  load_tile<T, E>(sm.q, q_head, l0, min(kBr, L - l0), tid);
+  load_tile<T, E>(sm.q, q_head, l0, kBr, min(kBr, L - l0), tid);
   cp_async_commit();
   if (n_tiles > 0) {
-    load_tile<T, E>(sm.k[0], k_head, 0, min(kBc, S), tid);
-    load_tile<T, E>(sm.v[0], v_head, 0, min(kBc, S), tid);
+    load_tile<T, E>(sm.k[0], k_head, 0, kBc, min(kBc, S), tid);
+    load_tile<T, E>(sm.v[0], v_head, 0, kBc, min(kBc, S), tid);
   }
   cp_async_commit();
 
@@ -95,8 +104,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
     const int count = min(kBc, S - c0);
     if (j + 1 < n_tiles) {  // the next tile flies while this one is computed
       const int c1 = c0 + kBc, n1 = min(kBc, S - c1);
-      load_tile<T, E>(sm.k[buf ^ 1], k_head, c1, n1, tid);
-      load_tile<T, E>(sm.v[buf ^ 1], v_head, c1, n1, tid);
+      load_tile<T, E>(sm.k[buf ^ 1], k_head, c1, kBc, n1, tid);
+      load_tile<T, E>(sm.v[buf ^ 1], v_head, c1, kBc, n1, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -203,15 +212,15 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 
 }  // namespace fa
 
-// fa_prefill_<dtype>_<E>: grid (row tiles x 128, H_q, batch), 128 threads,
-// dynamic shared memory sizeof(PrefillSmem).
+// fa_prefill_<dtype>_<E>: grid (row tiles x threads, H_q, batch), 32 x
+// prefill_warps<E>() threads, dynamic shared memory sizeof(PrefillSmem).
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
 #if FA_DTYPE == 0
 #error "prefill_f16.cu takes float16 or bfloat16; float32 has prefill_tf32.cu"
 #endif
-extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(fa::prefill_warps<FA_E>() * 32) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2) {
