@@ -157,4 +157,27 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
   }
 }
 
+// O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l
+// summed over the quad that shares a row. Rows that saw no visible key
+// (l = 0) are zeros; rows past L (the last tile's padding) are not written.
+template <typename T, int NO>
+__device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float* l_i, T* out,
+                                           int64_t n, int L, int E, int ra, int t) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l_sum = l_i[rr];
+    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
+    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
+    const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+    const int r = ra + rr * 8;
+    if (r >= L) continue;
+    T* dst = out + (n * (int64_t)L + r) * E;
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb) {
+      dst[eb * 8 + 2 * t] = from_f<T>(o[eb][2 * rr] * inv);
+      dst[eb * 8 + 2 * t + 1] = from_f<T>(o[eb][2 * rr + 1] * inv);
+    }
+  }
+}
+
 }  // namespace fa

@@ -192,22 +192,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 
   cp_async_wait_all();  // nothing may be in flight at exit (no key tiles: Q only)
 
-  // O = o / l; rows that saw no visible key (l = 0) are zeros.
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float l_sum = l_i[rr];
-    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
-    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
-    const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
-    const int r = ra + rr * 8;
-    if (r >= L) continue;
-    T* dst = out + (n * (int64_t)L + r) * E;
-#pragma unroll
-    for (int eb = 0; eb < NO; ++eb) {
-      dst[eb * 8 + 2 * t] = from_f<T>(o[eb][2 * rr] * inv);
-      dst[eb * 8 + 2 * t + 1] = from_f<T>(o[eb][2 * rr + 1] * inv);
-    }
-  }
+  store_rows<T, NO>(o, l_i, out, n, L, E, ra, t);
 }
 
 }  // namespace fa

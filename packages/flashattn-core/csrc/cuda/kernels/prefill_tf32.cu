@@ -168,20 +168,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
     __syncthreads();
   }
 
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float l_sum = l_i[rr];
-    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
-    l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
-    const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
-    const int r = ra + rr * 8;
-    if (r >= L) continue;
-    float* dst = out + (n * (int64_t)L + r) * E;
-#pragma unroll
-    for (int eb = 0; eb < NO; ++eb) {
-      *reinterpret_cast<float2*>(dst + eb * 8 + 2 * t) = make_float2(o[eb][2 * rr] * inv, o[eb][2 * rr + 1] * inv);
-    }
-  }
+  store_rows<float, NO>(o, l_i, out, n, L, E, ra, t);
 }
 
 }  // namespace fa
