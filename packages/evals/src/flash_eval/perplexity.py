@@ -26,7 +26,8 @@ import numpy as np
 
 import mlxlm_flash_patch
 
-from . import blas
+from . import blas, distributed
+from .distributed import Ranks
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list
 from .progress import progress_bar
@@ -77,35 +78,47 @@ def window_nll(model, tokens: np.ndarray, w: Window) -> np.ndarray:
     return np.array(nll[w.scored_from - 1 :])  # target j predicts token j + 1
 
 
-def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool) -> dict:
+FALLBACK_REASONS = ("quantized_kv_cache", "attention_sinks", "no_gpu_kernel", "unsupported_head_dim",
+                    "unsupported_mask", "unsupported_dtype", "unsupported_input")
+
+
+def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks: Ranks) -> dict:
+    """This rank's windows (every size-th one), then the sums of all ranks."""
+    mine = plan[ranks.rank :: ranks.size]
     mlxlm_flash_patch.reset_stats()
     ctx = mlxlm_flash_patch.patched(precision) if patch == "on" else _Off()
-    nll = []
+    nll = [np.zeros(0)]
+    ranks.barrier()
     mx.synchronize()
     mx.reset_peak_memory()
     start = time.perf_counter()
-    with ctx, progress_bar(len(plan), f"patch {patch}", quiet) as advance:
-        for w in plan:
+    with ctx, progress_bar(len(mine), f"patch {patch}", quiet or not ranks.is_main) as advance:
+        for w in mine:
             nll.append(window_nll(lm.model, tokens, w))
             advance()
     seconds = time.perf_counter() - start
     nll = np.concatenate(nll).astype(np.float64)
-    mean = float(nll.mean())
-    se = float(nll.std(ddof=1) / math.sqrt(nll.size)) if nll.size > 1 else float("nan")
-    ppl = math.exp(mean)
     stats = mlxlm_flash_patch.stats()
+    fallbacks = [stats["fallbacks"].get(r, 0) for r in FALLBACK_REASONS]
+    n, total, squares, processed, calls, *falls = ranks.sum64(
+        [nll.size, nll.sum(), np.square(nll).sum(), sum(w.length for w in mine), stats["flash_calls"], *fallbacks])
+    seconds, peak = ranks.max([seconds, mx.get_peak_memory() / 1e9])
+    mean = total / n
+    var = (squares - n * mean * mean) / (n - 1) if n > 1 else float("nan")
+    se = math.sqrt(max(var, 0.0) / n) if n > 1 else float("nan")
+    ppl = math.exp(mean)
     return {
         "patch": patch,
         "perplexity": ppl,
         "perplexity_se": ppl * se,
         "mean_nll": mean,
-        "tokens_scored": int(nll.size),
-        "tokens_processed": int(sum(w.length for w in plan)),
-        "seconds": seconds,
-        "tokens_per_second": sum(w.length for w in plan) / seconds,
-        "peak_memory_gb": mx.get_peak_memory() / 1e9,
-        "flash_calls": stats["flash_calls"],
-        "fallbacks": stats["fallbacks"],
+        "tokens_scored": int(round(n)),
+        "tokens_processed": int(round(processed)),
+        "seconds": float(seconds),
+        "tokens_per_second": float(processed / seconds),
+        "peak_memory_gb": float(peak),  # the largest of any rank
+        "flash_calls": int(round(calls)),
+        "fallbacks": {r: int(round(c)) for r, c in zip(FALLBACK_REASONS, falls) if c},
     }
 
 
@@ -142,13 +155,22 @@ class _Off:
               help="The patch's precision (float32 casts as the design asks).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, precision, as_json):
-    """Perplexity with the patch off and on, side by side."""
-    quiet = as_json
+    """Perplexity with the patch off and on, side by side.
+
+    Under mlx.launch the windows are split across the processes and only
+    rank 0 prints.
+    """
+    ranks = distributed.init()
+    quiet = as_json or not ranks.is_main
     stride = stride or context
     if stride > context:
         raise click.BadParameter(f"stride {stride} is larger than the context {context}", param_hint="--stride")
     try:
         text = load_text(dataset)
+        if ranks.size > 1 and model_spec == EMBEDDED:  # one process provisions, the others reuse it
+            if ranks.is_main:
+                load_model(model_spec, dtype, quiet)
+            ranks.barrier()
         lm = load_model(model_spec, dtype, quiet)
     except (TextError, ModelError) as e:
         raise click.ClickException(str(e))
@@ -160,13 +182,14 @@ def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, pre
     n = min(budget, len(tokens))
     plan = windows(n, context, stride)
 
-    results = [run_setting(lm, tokens, plan, p, precision, quiet) for p in patches]
+    results = [run_setting(lm, tokens, plan, p, precision, quiet, ranks) for p in patches]
     report = {
         "model": {"name": lm.name, "path": lm.path, "dtype": str(_model_dtype(lm)), "parameters": lm.parameters},
         "text": {"name": text.name, "note": text.note, "characters": len(text.content),
                  "tokens": int(len(tokens)), "tokens_used": int(n)},
         "protocol": _protocol(context, stride, plan),
         "device": str(mx.default_device()),
+        "processes": ranks.size,
         "blas": blas.summary(),
         "precision": precision,
         "results": results,
@@ -179,6 +202,8 @@ def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, pre
             "relative": (on["perplexity"] - off["perplexity"]) / off["perplexity"],
             "speed_ratio_on_over_off": on["tokens_per_second"] / off["tokens_per_second"],
         }
+    if not ranks.is_main:
+        return
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -212,7 +237,8 @@ def _print(report: dict) -> None:
     if t["note"]:
         console.print(f"[yellow]note: {t['note']}[/yellow]")
     console.print(f"protocol: {report['protocol']}")
-    console.print(f"device: {report['device']}; BLAS: {report['blas']}; patch precision: {report['precision']}")
+    procs = f"; {report['processes']} processes (mx.distributed)" if report["processes"] > 1 else ""
+    console.print(f"device: {report['device']}{procs}; BLAS: {report['blas']}; patch precision: {report['precision']}")
     table = Table()
     for col in ("patch", "perplexity", "± SE", "tokens scored", "tokens/s", "peak memory", "attention calls"):
         table.add_column(col, justify="left" if col == "patch" else "right")

@@ -12,7 +12,7 @@ import mlx.core as mx
 
 import mlxlm_flash_patch
 
-from . import blas
+from . import blas, distributed
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list, int_list
 from .perplexity import _Off
@@ -48,9 +48,20 @@ def one_run(lm, prompt: list[int], generation_tokens: int, prefill_step_size: in
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
 def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials, prefill_step_size,
                patches, precision, seed, as_json, plot):
-    """Prompt and generation tokens/s, patch off vs on."""
+    """Prompt and generation tokens/s, patch off vs on.
+
+    Under mlx.launch every process runs the benchmark on its own device (data
+    parallel); rank 0 reports the tokens/s of all processes together and the
+    largest peak memory.
+    """
+    ranks = distributed.init()
+    quiet = as_json or not ranks.is_main
     try:
-        lm = load_model(model_spec, dtype, as_json)
+        if ranks.size > 1 and model_spec == EMBEDDED:
+            if ranks.is_main:
+                load_model(model_spec, dtype, quiet)
+            ranks.barrier()
+        lm = load_model(model_spec, dtype, quiet)
     except ModelError as e:
         raise click.ClickException(str(e))
     lm.tokenizer._eos_token_ids = {}  # always generate -g tokens, as mlx_lm.benchmark does
@@ -60,7 +71,7 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
 
     results = []
     total = len(patches) * (1 + len(prompt_lengths) * num_trials)
-    with progress_bar(total, "throughput", as_json) as advance:
+    with progress_bar(total, "throughput", quiet) as advance:
         for patch in patches:  # warm-up once per setting
             with _fresh(patch, precision):
                 one_run(lm, prompts[min(prompt_lengths)][:64], 8, prefill_step_size)
@@ -69,6 +80,7 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
             for patch in patches:
                 mlxlm_flash_patch.reset_stats()
                 trials = []
+                ranks.barrier()
                 with _fresh(patch, precision):
                     for _ in range(num_trials):
                         trials.append(one_run(lm, prompts[p], generation_tokens, prefill_step_size))
@@ -76,11 +88,16 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
                 stats = mlxlm_flash_patch.stats()
                 row = {"prompt_tokens": p, "generation_tokens": generation_tokens, "patch": patch,
                        "trials": trials, "flash_calls": stats["flash_calls"], "fallbacks": stats["fallbacks"]}
-                row.update({k: sum(t[k] for t in trials) / len(trials) for k in KEYS})
+                mean = {k: sum(t[k] for t in trials) / len(trials) for k in KEYS}
+                tps = ranks.sum64([mean["prompt_tps"], mean["generation_tps"], stats["flash_calls"]])
+                row.update(prompt_tps=float(tps[0]), generation_tps=float(tps[1]), flash_calls=int(round(tps[2])),
+                           peak_memory=float(ranks.max([mean["peak_memory"]])[0]))
                 results.append(row)
     _add_ratios(results)
     report = {"model": {"name": lm.name, "path": lm.path}, "device": str(mx.default_device()),
-              "blas": blas.summary(), "precision": precision, "results": results}
+              "processes": ranks.size, "blas": blas.summary(), "precision": precision, "results": results}
+    if not ranks.is_main:
+        return
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -109,7 +126,8 @@ def _print(report):
     from rich.table import Table
 
     console = Console(width=max(Console().width, 120))
-    console.print(f"model: {report['model']['name']}; device: {report['device']}; BLAS: {report['blas']}; "
+    procs = f" x {report['processes']} processes (tokens/s summed)" if report["processes"] > 1 else ""
+    console.print(f"model: {report['model']['name']}; device: {report['device']}{procs}; BLAS: {report['blas']}; "
                   f"patch precision: {report['precision']}")
     table = Table()
     cols = ("prompt", "patch", "prompt tok/s", "generation tok/s", "peak memory", "on/off prompt",
