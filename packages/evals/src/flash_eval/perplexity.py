@@ -85,8 +85,12 @@ FALLBACK_REASONS = ("quantized_kv_cache", "attention_sinks", "no_gpu_kernel", "u
 def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks: Ranks) -> dict:
     """This rank's windows (every size-th one), then the sums of all ranks."""
     mine = plan[ranks.rank :: ranks.size]
+    setting = lambda: mlxlm_flash_patch.patched(precision) if patch == "on" else _Off()
+    with setting():  # warm-up, untimed: lazy weight loading, kernel loading, allocator
+        if mine:
+            window_nll(lm.model, tokens, mine[0])
     mlxlm_flash_patch.reset_stats()
-    ctx = mlxlm_flash_patch.patched(precision) if patch == "on" else _Off()
+    ctx = setting()
     nll = [np.zeros(0)]
     ranks.barrier()
     mx.synchronize()
