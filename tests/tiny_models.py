@@ -8,7 +8,6 @@ import pydoc_data.topics
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 FAMILIES = {

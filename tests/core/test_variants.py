@@ -29,7 +29,7 @@ VARIANTS = [
 @pytest.mark.parametrize("env", VARIANTS)
 def test_suite_under_variant(env):
     run_env = {**os.environ, **env, "PYTHONDONTWRITEBYTECODE": "1"}
-    check = f"import flashattn_core as f; info = f.cpu_info(); print(info)"
+    check = "import flashattn_core as f; info = f.cpu_info(); print(info)"
     info = subprocess.run([sys.executable, "-c", check], env=run_env, capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
     if "FLASHATTN_ISA" in env:

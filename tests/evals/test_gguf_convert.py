@@ -5,7 +5,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from synthetic_gguf import CONFIG, SPECIALS, TEMPLATE, write_gguf
+from synthetic_gguf import CONFIG, SPECIALS, write_gguf
 
 from flash_eval.gguf_convert import ConversionError, convert_gguf, hf_name
 

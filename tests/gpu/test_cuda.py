@@ -2,7 +2,6 @@
 the CUDA build of MLX makes the GPU the default device): long sequences,
 every kernel variant, strided and broadcast inputs, decode splits."""
 
-import math
 
 import mlx.core as mx
 import numpy as np

@@ -1,6 +1,5 @@
 """enable / disable / patched: what is swapped, what is restored."""
 
-import importlib
 import subprocess
 import sys
 import threading

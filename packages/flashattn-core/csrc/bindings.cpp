@@ -8,7 +8,7 @@
 
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
-#include "cuda/ptx_registry.h"
+#include "cuda/kernel_images.h"
 #include "flash_attention.h"
 #include "mlx/version.h"
 
@@ -41,7 +41,7 @@ NB_MODULE(_ext, m) {
       "cuda_kernels",
       [] {
         nb::dict out;
-        for (const auto& m : flashattn::cuda::ptx_modules()) {
+        for (const auto& m : flashattn::cuda::kernel_images()) {
           out[m.kernel.c_str()] = m.image.size();
         }
         return out;

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
-import numpy as np
 
 # GGUF tensor names -> mlx-lm (Hugging Face) parameter names.
 GLOBAL_NAMES = {

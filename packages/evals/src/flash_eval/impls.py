@@ -122,11 +122,3 @@ def torch_impls(inp: Inputs) -> list[Impl]:
              make(backend), lambda t: t.float().cpu().numpy(), sync)
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
     ]
-
-
-def torch_threads() -> int | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.get_num_threads()

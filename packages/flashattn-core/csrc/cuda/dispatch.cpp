@@ -23,7 +23,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "cuda/ptx_registry.h"
+#include "cuda/kernel_images.h"
 #include "mlx/fast.h"
 
 namespace flashattn::cuda {
@@ -50,12 +50,12 @@ const char* dtype_name(mx::Dtype t) {
   return "bfloat16";
 }
 
-const std::string& ptx_of(const std::string& kernel) {
-  const std::string* ptx = find_ptx(kernel);
-  if (!ptx) {
+const std::string& image_of(const std::string& kernel) {
+  const std::string* image = find_image(kernel);
+  if (!image) {
     throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
   }
-  return *ptx;
+  return *image;
 }
 
 using Scalar = std::variant<bool, int, float>;
@@ -137,18 +137,18 @@ bool has_prefill_kernel(mx::Dtype t, int E) {
 
 }  // namespace
 
-const std::string* find_ptx(const std::string& kernel) {
+const std::string* find_image(const std::string& kernel) {
   static std::once_flag once;
   static std::unordered_map<std::string, const std::string*> index;
   std::call_once(once, [] {
-    for (const auto& m : ptx_modules()) index[m.kernel] = &m.image;
+    for (const auto& m : kernel_images()) index[m.kernel] = &m.image;
   });
   auto it = index.find(kernel);
   return it == index.end() ? nullptr : it->second;
 }
 
 bool kernels_available() {
-  return !ptx_modules().empty();
+  return !kernel_images().empty();
 }
 
 mx::array flash_attention(
@@ -189,17 +189,17 @@ mx::array flash_attention(
     if (splits == 1) {
       const std::string name = "fa_decode_" + suffix;
       return mx::fast::precompiled_cuda_kernel(
-          name, ptx_of(name), inputs, {q.shape()}, {q.dtype()}, scalars, grid, {kThreads, 1, 1}, 0,
+          name, image_of(name), inputs, {q.shape()}, {q.dtype()}, scalars, grid, {kThreads, 1, 1}, 0,
           init, true, s)[0];
     }
     const int rows = static_cast<int>(batch * H_q * L);
     const std::string name = "fa_decode_split_" + suffix;
     auto parts = mx::fast::precompiled_cuda_kernel(
-        name, ptx_of(name), inputs, {{splits, rows, E}, {splits, rows, 2}}, {mx::float32, mx::float32},
+        name, image_of(name), inputs, {{splits, rows, E}, {splits, rows, 2}}, {mx::float32, mx::float32},
         scalars, grid, {kThreads, 1, 1}, 0, init, true, s);
     const std::string merge = "fa_merge_" + dt;
     return mx::fast::precompiled_cuda_kernel(
-        merge, ptx_of(merge), parts, {q.shape()}, {q.dtype()}, {rows, E, splits}, {rows * kThreads, 1, 1},
+        merge, image_of(merge), parts, {q.shape()}, {q.dtype()}, {rows, E, splits}, {rows * kThreads, 1, 1},
         {kThreads, 1, 1}, 0, init, true, s)[0];
   }
 
@@ -209,7 +209,7 @@ mx::array flash_attention(
     const int tiles = (L + rows - 1) / rows;
     std::vector<Scalar> scalars = {H_q, H_kv, L, S, kind, m.row_stride, m.col_stride, scale_log2};
     return mx::fast::precompiled_cuda_kernel(
-        name, ptx_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
+        name, image_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
         {tiles * threads, H_q, static_cast<int>(batch)}, {threads, 1, 1},
         prefill_smem_bytes(q.dtype(), E), init, /* ensure_row_contiguous */ true, s)[0];
   }
@@ -233,17 +233,17 @@ mx::array flash_attention(
   if (splits == 1) {
     const std::string name = "fa_generic_" + suffix;
     return mx::fast::precompiled_cuda_kernel(
-        name, ptx_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
+        name, image_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
         {static_cast<int>(threads), 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
   }
   const std::string name = "fa_generic_split_" + suffix;
   const int r = static_cast<int>(rows);
   auto parts = mx::fast::precompiled_cuda_kernel(
-      name, ptx_of(name), inputs, {{splits, r, E}, {splits, r, 2}}, {mx::float32, mx::float32},
+      name, image_of(name), inputs, {{splits, r, E}, {splits, r, 2}}, {mx::float32, mx::float32},
       scalars, {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0, init, true, s);
   const std::string merge = "fa_merge_" + dt;
   return mx::fast::precompiled_cuda_kernel(
-      merge, ptx_of(merge), parts, {q.shape()}, {q.dtype()}, {r, E, splits},
+      merge, image_of(merge), parts, {q.shape()}, {q.dtype()}, {r, E, splits},
       {r * kThreads, 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
 }
 

@@ -70,11 +70,9 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrefillSmem<T, E>*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int tile = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) first
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int64_t n = b * H_q + h, n_kv = b * H_kv + h / (H_q / H_kv);
-  const int l0 = tile * kBr;
+  const PrefillBlock blk(kBr, H_q, H_kv, L, S, mask_kind);
+  const int64_t n = blk.n, n_kv = blk.n_kv;
+  const int l0 = blk.l0, kv_end = blk.kv_end;
   const T* q_head = q + n * (int64_t)L * E;
   const T* k_head = k + n_kv * (int64_t)S * E;
   const T* v_head = v + n_kv * (int64_t)S * E;
@@ -82,8 +80,6 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
 
   constexpr bool kQInRegs = E <= 128;
-  int kv_end = S;
-  if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + kBr, L) - 1 + (S - L) + 1));
   const int n_tiles = (kv_end + kBc - 1) / kBc;
   const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
 

@@ -45,11 +45,9 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int tile = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int64_t n = b * H_q + h, n_kv = b * H_kv + h / (H_q / H_kv);
-  const int l0 = tile * kBr32;
+  const PrefillBlock blk(kBr32, H_q, H_kv, L, S, mask_kind);
+  const int64_t n = blk.n, n_kv = blk.n_kv;
+  const int l0 = blk.l0, kv_end = blk.kv_end;
   const float* k_head = k + n_kv * (int64_t)S * E;
   const float* v_head = v + n_kv * (int64_t)S * E;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
@@ -58,8 +56,6 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   load_tile32<E, LDQ>(sm.q, q + n * (int64_t)L * E, l0, min(kBr32, L - l0), tid);
   cp_async_commit();
 
-  int kv_end = S;
-  if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + kBr32, L) - 1 + (S - L) + 1));
   const int ra = l0 + w * 16 + g;
   const float* qw = sm.q + (w * 16) * LDQ;
 

@@ -10,15 +10,15 @@
 
 namespace flashattn::cuda {
 
-struct PtxModule {
+struct KernelImage {
   std::string kernel;  // the extern "C" entry point it defines
   std::string image;   // what cuModuleLoadData takes (fatbin)
 };
 
 // Every embedded module (empty when the build had no nvcc).
-const std::vector<PtxModule>& ptx_modules();
+const std::vector<KernelImage>& kernel_images();
 
 // The image of `kernel`'s module, or nullptr.
-const std::string* find_ptx(const std::string& kernel);
+const std::string* find_image(const std::string& kernel);
 
 }  // namespace flashattn::cuda

@@ -1,10 +1,10 @@
 // The registry of a build without nvcc: no CUDA kernels.
-#include "cuda/ptx_registry.h"
+#include "cuda/kernel_images.h"
 
 namespace flashattn::cuda {
 
-const std::vector<PtxModule>& ptx_modules() {
-  static const std::vector<PtxModule> none;
+const std::vector<KernelImage>& kernel_images() {
+  static const std::vector<KernelImage> none;
   return none;
 }
 
