@@ -5,11 +5,14 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
 #include "cuda/kernel_images.h"
 #include "flash_attention.h"
+#include "metal/emulated.h"
+#include "metal/kernels.h"
 #include "mlx/version.h"
 
 namespace nb = nanobind;
@@ -20,6 +23,27 @@ namespace mx = mlx::core;
 #define FLASHATTN_STR(x) FLASHATTN_STR2(x)
 
 using MaskArg = std::variant<std::monostate, std::string, mx::array>;
+
+namespace {
+
+// MLX's (mode, array) form of the Python mask argument.
+std::pair<std::string, std::optional<mx::array>> split_mask(const MaskArg& mask) {
+  if (auto* s = std::get_if<std::string>(&mask)) return {*s, std::nullopt};
+  if (auto* a = std::get_if<mx::array>(&mask)) return {"array", *a};
+  return {"", std::nullopt};
+}
+
+flashattn::metal::Variant variant_named(const std::string& name) {
+  using flashattn::metal::Variant;
+  if (name == "auto") return Variant::automatic;
+  if (name == "rows") return Variant::rows;
+  if (name == "decode") return Variant::decode;
+  if (name == "matrix") return Variant::matrix;
+  throw std::invalid_argument(
+      "kernel must be \"auto\", \"rows\", \"decode\" or \"matrix\"; got \"" + name + "\"");
+}
+
+} // namespace
 
 NB_MODULE(_ext, m) {
   m.doc() = "FlashAttention-2 as an MLX primitive (C++ extension)";
@@ -57,14 +81,7 @@ NB_MODULE(_ext, m) {
          std::optional<float> scale,
          const MaskArg& mask,
          mx::StreamOrDevice stream) {
-        std::string mode;
-        std::optional<mx::array> mask_arr;
-        if (auto* s = std::get_if<std::string>(&mask)) {
-          mode = *s;
-        } else if (auto* a = std::get_if<mx::array>(&mask)) {
-          mode = "array";
-          mask_arr = *a;
-        }
+        auto [mode, mask_arr] = split_mask(mask);
         return flashattn::flash_attention(
             queries, keys, values, scale, mode, mask_arr, stream);
       },
@@ -97,4 +114,77 @@ Args:
 Returns:
     array: ``(B..., H_q, L, E)`` in the dtype of ``queries``. Rows that see
     no key are zeros.)");
+
+  // For tests: the Metal kernels' sources and the emulated path
+  // (tests/metal_emulator builds the emulator and passes its entry point).
+  m.def(
+      "_metal_kernels",
+      [] {
+        nb::dict out;
+        out["source"] = flashattn::metal::metal_source();
+        nb::list kernels;
+        for (const auto& k : flashattn::metal::metal_kernels()) {
+          nb::dict d;
+          d["name"] = k.name;
+          d["inputs"] = k.inputs;
+          d["outputs"] = k.outputs;
+          d["body"] = k.body;
+          kernels.append(d);
+        }
+        out["kernels"] = kernels;
+        nb::list instances;
+        for (const auto& inst : flashattn::metal::instances()) {
+          nb::dict d;
+          d["kernel"] = inst.kernel;
+          d["name"] = flashattn::metal::instance_name(inst.kernel, inst.template_args);
+          nb::list targs;
+          for (const auto& [name, value] : inst.template_args) {
+            std::string kind = std::holds_alternative<mx::Dtype>(value)
+                ? "typename"
+                : (std::holds_alternative<int>(value) ? "int" : "bool");
+            targs.append(nb::make_tuple(name, kind));
+          }
+          d["template_params"] = targs;
+          d["input_types"] = inst.input_types;
+          d["output_types"] = inst.output_types;
+          instances.append(d);
+        }
+        out["instances"] = instances;
+        return out;
+      },
+      "The Metal source, kernels (names, arguments, bodies) and every instance "
+      "the dispatch launches.");
+
+  m.def(
+      "_metal_emulated",
+      [](const mx::array& queries,
+         const mx::array& keys,
+         const mx::array& values,
+         std::optional<float> scale,
+         const MaskArg& mask,
+         uintptr_t emulator,
+         const std::string& kernel,
+         int splits,
+         int lane_order,
+         unsigned long long seed) {
+        auto [mode, mask_arr] = split_mask(mask);
+        flashattn::metal::Emulation emulation{
+            reinterpret_cast<FaEmuRun>(emulator), lane_order, seed};
+        return flashattn::flash_attention_metal_emulated(
+            queries, keys, values, scale, mode, mask_arr, emulation,
+            {variant_named(kernel), splits});
+      },
+      "queries"_a,
+      "keys"_a,
+      "values"_a,
+      nb::kw_only(),
+      "scale"_a = nb::none(),
+      "mask"_a = nb::none(),
+      "emulator"_a,
+      "kernel"_a = "auto",
+      "splits"_a = 0,
+      "lane_order"_a = 2,
+      "seed"_a = 0,
+      "flash_attention through the Metal dispatch and kernels, run by the "
+      "emulator whose entry point address is `emulator` (tests only).");
 }

@@ -7,6 +7,7 @@
 // formatting numbers through an ostream whose locale was never set up.
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <stdexcept>
 #include <type_traits>
@@ -14,6 +15,8 @@
 
 #include "cuda/dispatch.h"
 #include "flash_attention.h"
+#include "metal/emulated.h"
+#include "metal/launch_metal.h"
 #include "mlx/backend/cuda/cuda.h"
 #include "mlx/backend/metal/metal.h"
 #include "mlx/device.h"
@@ -186,7 +189,7 @@ mx::Device requested_device(const mx::StreamOrDevice& s) {
       s);
 }
 
-enum class Backend { cpu, cuda };
+enum class Backend { cpu, cuda, metal };
 
 // Where the call runs. A GPU that this MLX build lacks, or whose kernels this
 // build does not have, is refused here rather than at evaluation time.
@@ -208,9 +211,65 @@ Backend backend_for(const mx::Device& device) {
     }
     return Backend::cuda;
   }
-  fail(
-      "this build of flashattn-core has no kernels for this GPU backend "
-      "(Metal) yet; use stream=mx.cpu");
+  return Backend::metal;
+}
+
+// What every call settles before choosing a backend.
+struct Checked {
+  float scale;
+  MaskKind mask_kind;
+  mx::Shape mask_target;
+};
+
+Checked check_call(
+    const mx::array& queries,
+    const mx::array& keys,
+    const mx::array& values,
+    std::optional<float> scale,
+    const std::string& mask_mode,
+    const std::optional<mx::array>& mask_arr) {
+  check_ranks_and_shapes(queries, keys, values);
+  check_dtypes(queries, keys, values);
+  auto target = mask_target_shape(queries, keys);
+  MaskKind mask_kind = check_mask(mask_mode, mask_arr, target);
+  float softmax_scale =
+      scale.value_or(1.0f / std::sqrt(static_cast<float>(queries.shape(-1))));
+  if (!std::isfinite(softmax_scale)) {
+    fail("scale must be a finite number; got " + std::to_string(softmax_scale));
+  }
+  return {softmax_scale, mask_kind, target};
+}
+
+bool has_mask_array(MaskKind kind) {
+  return kind == MaskKind::boolean || kind == MaskKind::additive;
+}
+
+// A GPU kernel launch (MLX's custom-kernel primitives have no gradient)
+// with our recomputing vjp attached. forward takes {q, k, v[, mask]}.
+using Forward = std::function<mx::array(const std::vector<mx::array>&)>;
+
+mx::array with_attention_vjp(
+    const Forward& forward,
+    const mx::array& queries,
+    const mx::array& keys,
+    const mx::array& values,
+    const std::optional<mx::array>& mask_arr,
+    float scale,
+    MaskKind mask_kind,
+    mx::Stream stream) {
+  auto fwd = [forward](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{forward(in)};
+  };
+  auto backward = [=](const std::vector<mx::array>& primals,
+                      const std::vector<mx::array>& cotangents,
+                      const std::vector<mx::array>& outputs) {
+    std::vector<int> argnums(primals.size());
+    for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
+    return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream);
+  };
+  std::vector<mx::array> in = {queries, keys, values};
+  if (has_mask_array(mask_kind)) in.push_back(*mask_arr);
+  return mx::custom_vjp(fwd, backward)(in)[0];
 }
 
 } // namespace
@@ -223,15 +282,7 @@ mx::array flash_attention(
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     mx::StreamOrDevice s) {
-  check_ranks_and_shapes(queries, keys, values);
-  check_dtypes(queries, keys, values);
-  auto target = mask_target_shape(queries, keys);
-  MaskKind mask_kind = check_mask(mask_mode, mask_arr, target);
-  float softmax_scale =
-      scale.value_or(1.0f / std::sqrt(static_cast<float>(queries.shape(-1))));
-  if (!std::isfinite(softmax_scale)) {
-    fail("scale must be a finite number; got " + std::to_string(softmax_scale));
-  }
+  const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   Backend backend = backend_for(requested_device(s));
   auto stream = mx::to_stream(s);
 
@@ -241,29 +292,29 @@ mx::array flash_attention(
     return mx::zeros(queries.shape(), queries.dtype(), stream);
   }
 
+  const float softmax_scale = c.scale;
+  const MaskKind mask_kind = c.mask_kind;
+  const auto& target = c.mask_target;
   if (backend == Backend::cuda) {
-    // MLX's custom-kernel primitive has no gradient: attach ours.
-    bool has_mask = mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive;
     auto forward = [=](const std::vector<mx::array>& in) {
       std::optional<mx::array> m;
-      if (has_mask) m = in[3];
-      return std::vector<mx::array>{
-          cuda::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream)};
+      if (has_mask_array(mask_kind)) m = in[3];
+      return cuda::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream);
     };
-    auto backward = [=](const std::vector<mx::array>& primals,
-                        const std::vector<mx::array>& cotangents,
-                        const std::vector<mx::array>& outputs) {
-      std::vector<int> argnums(primals.size());
-      for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
-      return attention_vjp(primals, cotangents, argnums, outputs, softmax_scale, mask_kind, stream);
+    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream);
+  }
+  if (backend == Backend::metal) {
+    auto forward = [=](const std::vector<mx::array>& in) {
+      std::optional<mx::array> m;
+      if (has_mask_array(mask_kind)) m = in[3];
+      auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
+      return metal::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, launch);
     };
-    std::vector<mx::array> in = {queries, keys, values};
-    if (has_mask) in.push_back(*mask_arr);
-    return mx::custom_vjp(forward, backward)(in)[0];
+    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream);
   }
 
   std::vector<mx::array> inputs = {queries, keys, values};
-  if (mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive) {
+  if (has_mask_array(mask_kind)) {
     // broadcast_to shares the buffer (stride 0 on broadcast axes): no copy.
     inputs.push_back(mx::broadcast_to(*mask_arr, target, stream));
   }
@@ -272,6 +323,29 @@ mx::array flash_attention(
       queries.dtype(),
       std::make_shared<FlashAttention>(stream, softmax_scale, mask_kind),
       std::move(inputs));
+}
+
+mx::array flash_attention_metal_emulated(
+    const mx::array& queries,
+    const mx::array& keys,
+    const mx::array& values,
+    std::optional<float> scale,
+    const std::string& mask_mode,
+    std::optional<mx::array> mask_arr,
+    const metal::Emulation& emulation,
+    metal::Choice choice) {
+  const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
+  const mx::Stream stream = mx::default_stream(mx::Device::cpu);
+  if (queries.size() == 0 || keys.shape(-2) == 0) {
+    return mx::zeros(queries.shape(), queries.dtype(), stream);
+  }
+  auto forward = [=](const std::vector<mx::array>& in) {
+    std::optional<mx::array> m;
+    if (has_mask_array(c.mask_kind)) m = in[3];
+    return metal::flash_attention(
+        in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, metal::emulated_launcher(emulation, stream), choice);
+  };
+  return with_attention_vjp(forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, stream);
 }
 
 bool FlashAttention::is_equivalent(const mx::Primitive& other) const {

@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include "cuda/kernel_images.h"
+#include "mask_layout.h"
 #include "mlx/fast.h"
 
 namespace flashattn::cuda {
@@ -73,33 +74,11 @@ MaskArgs mask_args(const mx::array& q, MaskKind kind, const std::optional<mx::ar
   if (kind != MaskKind::boolean && kind != MaskKind::additive) {
     return args;
   }
-  const int nd = q.ndim();
-  mx::Shape shape(nd - mask->ndim(), 1);
-  shape.insert(shape.end(), mask->shape().begin(), mask->shape().end());
-  args.data = mx::reshape(kind == MaskKind::boolean ? *mask : mx::astype(*mask, mx::float32, s), shape, s);
-  // Strides of the mask laid out row-contiguously in its own shape, zeroed
-  // on broadcast axes. The kernel receives it row-contiguous.
-  std::vector<int64_t> strides(nd, 0);
-  int64_t acc = 1;
-  for (int d = nd - 1; d >= 0; --d) {
-    strides[d] = shape[d] == 1 ? 0 : acc;
-    acc *= shape[d];
-  }
-  args.row_stride = static_cast<int>(strides[nd - 2]);
-  args.col_stride = static_cast<int>(strides[nd - 1]);
-  // Base offset of every (B..., H_q) slice of the (B..., H_q, L, S) target.
-  int64_t count = 1;
-  for (int d = 0; d < nd - 2; ++d) count *= q.shape(d);
-  std::vector<int64_t> base(count);
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t rem = i, off = 0;
-    for (int d = nd - 3; d >= 0; --d) {
-      off += (rem % q.shape(d)) * strides[d];
-      rem /= q.shape(d);
-    }
-    base[i] = off;
-  }
-  args.base = mx::array(base.data(), {static_cast<int>(count)}, mx::int64);
+  MaskLayout layout = mask_layout(q, kind == MaskKind::boolean ? *mask : mx::astype(*mask, mx::float32, s), s);
+  args.data = layout.data;
+  args.base = mx::array(layout.base.data(), {static_cast<int>(layout.base.size())}, mx::int64);
+  args.row_stride = layout.row_stride;
+  args.col_stride = layout.col_stride;
   return args;
 }
 

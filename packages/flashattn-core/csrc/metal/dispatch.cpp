@@ -1,0 +1,240 @@
+// Which Metal kernel runs, and its launch: the one place that decides.
+//
+//   L <= 8 and the GQA group's rows (H_q / H_kv x L) fit one threadgroup:
+//       flash_decode (keys split across threadgroups) + flash_merge, or
+//       flash_rows when one split suffices
+//   E in {64, 80, 96, 128}: flash_mma (SIMD-group matrices)
+//   everything else: flash_rows
+//
+// Every array reaches a kernel flat, row-contiguous and with at least 8
+// elements: MLX passes smaller inputs in the constant address space, which
+// the kernels' device pointers would not accept. Masks go in as float32
+// additive terms (a boolean mask becomes 0 / -inf) in their own shape
+// (mask_layout.h).
+
+#include "metal/dispatch.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+
+#include "mask_layout.h"
+#include "metal/kernels.h"
+
+namespace flashattn::metal {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMinElements = 8;
+
+// Must match `enum Param` in kernels/common.metal.
+enum Param : int {
+  kHeadsQ = 0,
+  kHeadsKV = 1,
+  kL = 2,
+  kS = 3,
+  kE = 4,
+  kMaskKind = 5,
+  kMaskRowStride = 6,
+  kMaskColStride = 7,
+  kKeysPerSplit = 8,
+  kRowsPerGroup = 9,
+  kScaleLog2 = 10,
+  kRowsTotal = 11,
+  kSplits = 12,
+  kParamCount = 16,
+};
+constexpr int kMaskAdditive = 3;
+
+// Tiles (must match rows.metal and mma.metal).
+int elements_per_thread(int E) {  // EPT: head-dim elements per lane
+  return E <= 64 ? 2 : (E <= 128 ? 4 : 8);
+}
+int rows_per_threadgroup(int ept) {  // fa::rows_per_threadgroup
+  return ept <= 4 ? 32 : 16;
+}
+constexpr int kMatrixRows = 32, kMatrixThreads = 128;
+bool has_matrix_kernel(int E) {
+  return E == 64 || E == 80 || E == 96 || E == 128;
+}
+
+// Decode: split the keys until about this many threadgroups are in flight
+// (Apple GPUs have up to 80 cores), never below this many keys per split.
+constexpr int64_t kTargetThreadgroups = 256;
+constexpr int kMinKeysPerSplit = 512;
+
+const mx::Dtype kDtypes[] = {mx::float32, mx::float16, mx::bfloat16};
+const int kEpts[] = {2, 4, 8};
+const int kMatrixDims[] = {64, 80, 96, 128};
+
+mx::array flat_at_least_8(const mx::array& x, mx::Stream s) {
+  mx::array flat = mx::reshape(x, {-1}, s);
+  if (flat.size() >= kMinElements) return flat;
+  return mx::concatenate({flat, mx::zeros({kMinElements - static_cast<int>(flat.size())}, x.dtype(), s)}, 0, s);
+}
+
+int ceil_div(int64_t a, int64_t b) {
+  return static_cast<int>((a + b - 1) / b);
+}
+
+int checked_int(int64_t x, const char* what) {
+  if (x > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument(std::string("flash_attention: too many ") + what + " for one Metal launch");
+  }
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+std::string msl_type(mx::Dtype t) {
+  if (t == mx::float32) return "float";
+  if (t == mx::float16) return "float16_t";
+  if (t == mx::bfloat16) return "bfloat16_t";
+  if (t == mx::int32) return "int32_t";
+  if (t == mx::int64) return "int64_t";
+  throw std::logic_error("flash_attention: no MSL type for this dtype");
+}
+
+std::string instance_name(const std::string& kernel, const TemplateArgs& args) {
+  std::string out = kernel + "<";
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i) out += ", ";
+    const auto& a = args[i].second;
+    if (auto* t = std::get_if<mx::Dtype>(&a)) out += msl_type(*t);
+    if (auto* n = std::get_if<int>(&a)) out += std::to_string(*n);
+    if (auto* b = std::get_if<bool>(&a)) out += *b ? "true" : "false";
+  }
+  return out + ">";
+}
+
+std::vector<Instance> instances() {
+  std::vector<Instance> out;
+  for (mx::Dtype t : kDtypes) {
+    const std::string T = msl_type(t);
+    const std::vector<std::string> attention_inputs = {T, T, T, "float", "int64_t", "int32_t"};
+    for (int ept : kEpts) {
+      out.push_back({"flash_rows", {{"T", t}, {"EPT", ept}}, attention_inputs, {T}});
+      out.push_back({"flash_decode", {{"T", t}, {"EPT", ept}}, attention_inputs, {"float", "float"}});
+    }
+    out.push_back({"flash_merge", {{"T", t}}, {"float", "float", "int32_t"}, {T}});
+    for (int E : kMatrixDims) {
+      out.push_back({"flash_mma", {{"T", t}, {"E", E}}, attention_inputs, {T}});
+    }
+  }
+  return out;
+}
+
+mx::array flash_attention(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    MaskKind mask_kind,
+    const std::optional<mx::array>& mask,
+    mx::Stream s,
+    const Launcher& launch,
+    Choice choice) {
+  const int nd = q.ndim();
+  const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
+  int64_t batch = 1;
+  for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
+  const int ratio = H_q / H_kv;
+
+  std::vector<int32_t> p(kParamCount, 0);
+  p[kHeadsQ] = H_q;
+  p[kHeadsKV] = H_kv;
+  p[kL] = L;
+  p[kS] = S;
+  p[kE] = E;
+  p[kMaskKind] = static_cast<int>(mask_kind);
+  p[kScaleLog2] = std::bit_cast<int32_t>(scale * kLog2e);
+  p[kRowsTotal] = checked_int(batch * H_q * L, "query rows");
+
+  mx::array mask_data = mx::zeros({kMinElements}, mx::float32, s);
+  std::vector<int64_t> mask_base(kMinElements, 0);
+  if (mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive) {
+    const mx::array additive = mask_kind == MaskKind::boolean
+        ? mx::where(*mask, mx::array(0.0f), mx::array(-std::numeric_limits<float>::infinity()), s)
+        : mx::astype(*mask, mx::float32, s);
+    MaskLayout layout = mask_layout(q, additive, s);
+    mask_data = flat_at_least_8(layout.data, s);
+    mask_base = layout.base;
+    mask_base.resize(std::max<size_t>(mask_base.size(), kMinElements), 0);
+    p[kMaskKind] = kMaskAdditive;
+    p[kMaskRowStride] = layout.row_stride;
+    p[kMaskColStride] = layout.col_stride;
+  }
+  const mx::array base(mask_base.data(), {static_cast<int>(mask_base.size())}, mx::int64);
+
+  const int ept = elements_per_thread(E);
+  const int rows_max = rows_per_threadgroup(ept);
+  const int group_rows = checked_int(int64_t(ratio) * L, "query rows per KV head");
+  Variant variant = choice.variant;
+  if (variant == Variant::automatic) {
+    if (L <= 8 && group_rows <= rows_max) {
+      variant = Variant::decode;
+    } else {
+      variant = has_matrix_kernel(E) ? Variant::matrix : Variant::rows;
+    }
+  }
+  if (variant == Variant::matrix && !has_matrix_kernel(E)) {
+    throw std::invalid_argument(
+        "flash_attention: the Metal matrix kernel takes head dims 64, 80, 96 and 128; got " + std::to_string(E));
+  }
+
+  auto inputs = [&](const std::vector<int32_t>& params) {
+    return std::vector<mx::array>{
+        flat_at_least_8(q, s), flat_at_least_8(k, s), flat_at_least_8(v, s), mask_data, base,
+        mx::array(params.data(), {kParamCount}, mx::int32)};
+  };
+
+  if (variant == Variant::matrix) {
+    KernelCall call{"flash_mma", {{"T", q.dtype()}, {"E", E}}, inputs(p), {q.shape()}, {q.dtype()},
+                    {checked_int(int64_t(ceil_div(L, kMatrixRows)) * kMatrixThreads, "query tiles"),
+                     checked_int(batch * H_q, "heads"), 1},
+                    {kMatrixThreads, 1, 1}};
+    return launch(call)[0];
+  }
+
+  // flash_rows / flash_decode: a threadgroup holds up to rows_max rows of
+  // one KV head's group, a SIMD group per row.
+  const int tg_rows = std::min(rows_max, group_rows);
+  const int chunks = ceil_div(group_rows, tg_rows);
+  p[kRowsPerGroup] = tg_rows;
+  int splits = 1;
+  if (variant == Variant::decode) {
+    if (choice.splits > 0) {  // forced (tests): any split size
+      splits = std::min(choice.splits, S);
+      p[kKeysPerSplit] = ceil_div(S, splits);
+    } else {
+      const int64_t groups = int64_t(chunks) * batch * H_kv;
+      splits = static_cast<int>(std::clamp<int64_t>(
+          (kTargetThreadgroups + groups - 1) / groups, 1, ceil_div(S, kMinKeysPerSplit)));
+      p[kKeysPerSplit] = ceil_div(ceil_div(S, splits), 32) * 32;
+    }
+    splits = ceil_div(S, p[kKeysPerSplit]);
+  } else {
+    p[kKeysPerSplit] = S;
+  }
+  p[kSplits] = splits;
+  const TemplateArgs rows_args = {{"T", q.dtype()}, {"EPT", ept}};
+  const std::tuple<int, int, int> grid = {
+      chunks * 32 * tg_rows, checked_int(batch * H_kv, "heads"), splits};
+  const std::tuple<int, int, int> threadgroup = {32 * tg_rows, 1, 1};
+  if (variant == Variant::rows || (splits == 1 && choice.splits == 0)) {
+    return launch({"flash_rows", rows_args, inputs(p), {q.shape()}, {q.dtype()}, grid, threadgroup})[0];
+  }
+  const int64_t rows = p[kRowsTotal];
+  const int part = checked_int(std::max<int64_t>(splits * rows * E, kMinElements), "partial outputs");
+  const int ml = checked_int(std::max<int64_t>(splits * rows * 2, kMinElements), "partial outputs");
+  auto parts = launch({"flash_decode", rows_args, inputs(p), {{part}, {ml}}, {mx::float32, mx::float32}, grid,
+                       threadgroup});
+  const mx::array params(p.data(), {kParamCount}, mx::int32);
+  return launch({"flash_merge", {{"T", q.dtype()}}, {parts[0], parts[1], params}, {q.shape()}, {q.dtype()},
+                 {checked_int(32 * rows, "query rows"), 1, 1}, {32, 1, 1}})[0];
+}
+
+}  // namespace flashattn::metal

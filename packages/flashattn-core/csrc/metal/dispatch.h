@@ -1,0 +1,72 @@
+// flash_attention on Apple GPUs: which Metal kernel runs and how it is
+// launched, decided once for both ways a launch can happen: MLX's run-time
+// compiled kernels on a Metal stream (launch_metal.cpp), or the CPU
+// emulation of the same source that the Linux tests use (emulated.cpp).
+
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "../flash_attention.h"
+#include "mlx/fast.h"
+
+namespace flashattn::metal {
+
+using TemplateArgs = std::vector<std::pair<std::string, mx::fast::TemplateArg>>;
+
+// One launch of one kernel of metal_kernels(), as fast::metal_kernel takes it.
+struct KernelCall {
+  std::string kernel;
+  TemplateArgs template_args;
+  std::vector<mx::array> inputs;
+  std::vector<mx::Shape> output_shapes;
+  std::vector<mx::Dtype> output_dtypes;
+  std::tuple<int, int, int> grid;         // threads
+  std::tuple<int, int, int> threadgroup;  // threads
+};
+
+using Launcher = std::function<std::vector<mx::array>(const KernelCall&)>;
+
+// Which kernel: the automatic choice, or one forced (tests run every kernel
+// on every case; splits > 0 forces that many decode key splits).
+enum class Variant { automatic, rows, decode, matrix };
+struct Choice {
+  Variant variant = Variant::automatic;
+  int splits = 0;
+};
+
+// Inputs already validated by the operation; L and S are non-zero.
+mx::array flash_attention(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    MaskKind mask_kind,
+    const std::optional<mx::array>& mask,
+    mx::Stream stream,
+    const Launcher& launch,
+    Choice choice = {});
+
+// "flash_rows<float16_t, 4>": a kernel with its template arguments, as the
+// emulator names its instances.
+std::string instance_name(const std::string& kernel, const TemplateArgs& args);
+
+// MSL's name of a dtype, as MLX writes it in a generated signature.
+std::string msl_type(mx::Dtype t);
+
+// Every instance the dispatch can launch, with its argument dtypes (inputs,
+// then outputs).
+struct Instance {
+  std::string kernel;
+  TemplateArgs template_args;
+  std::vector<std::string> input_types;
+  std::vector<std::string> output_types;
+};
+std::vector<Instance> instances();
+
+}  // namespace flashattn::metal

@@ -1,0 +1,38 @@
+// The Metal kernels run by the CPU emulator the tests build
+// (tests/metal_emulator), through the same dispatch as on Apple GPUs: each
+// launch becomes a node in MLX's graph on the CPU stream whose evaluation
+// hands the buffers to the emulator.
+
+#pragma once
+
+#include "metal/dispatch.h"
+#include "metal/emulator_abi.h"
+
+namespace flashattn::metal {
+
+struct Emulation {
+  FaEmuRun run;    // the emulator's entry point
+  int lane_order;  // 0 forward, 1 reverse, 2 shuffled
+  unsigned long long seed;
+};
+
+// A Launcher that runs each kernel in the emulator on stream s (a CPU stream).
+Launcher emulated_launcher(Emulation emulation, mx::Stream s);
+
+}  // namespace flashattn::metal
+
+namespace flashattn {
+
+// flash_attention with the same validation, through the Metal dispatch and
+// kernels, run by the emulator on the CPU stream (ops.cpp).
+mx::array flash_attention_metal_emulated(
+    const mx::array& queries,
+    const mx::array& keys,
+    const mx::array& values,
+    std::optional<float> scale,
+    const std::string& mask_mode,
+    std::optional<mx::array> mask_arr,
+    const metal::Emulation& emulation,
+    metal::Choice choice);
+
+}  // namespace flashattn

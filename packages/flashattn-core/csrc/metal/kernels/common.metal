@@ -1,0 +1,86 @@
+// Shared by every flashattn-core Metal kernel: the launch parameters, the
+// mask, and the online-softmax step. Kernels see row-contiguous arrays:
+// queries and output (B x H_q, L, E), keys and values (B x H_kv, S, E).
+// Scores are kept in the log2 domain (the scale is multiplied by log2(e)),
+// so every exponential is an exp2.
+
+#include <metal_stdlib>
+using namespace metal;
+
+namespace fa {
+
+// Index of each launch parameter in the int32 `params` input (dispatch.cpp
+// fills it in this order).
+enum Param : int {
+  kHeadsQ = 0,       // H_q
+  kHeadsKV = 1,      // H_kv
+  kL = 2,            // query rows per head
+  kS = 3,            // keys per head
+  kE = 4,            // head dimension
+  kMaskKind = 5,     // MaskKind below
+  kMaskRowStride = 6,
+  kMaskColStride = 7,
+  kKeysPerSplit = 8, // keys one threadgroup walks (decode splits S)
+  kRowsPerGroup = 9, // query rows of one threadgroup of the rows kernel
+  kScaleLog2 = 10,   // softmax scale x log2(e), as float bits
+  kRowsTotal = 11,   // B x H_q x L: slots of the split partials
+  kSplits = 12,
+  kParamCount = 16,
+};
+
+// Boolean masks arrive as additive ones (0 or -inf); both are "additive".
+enum MaskKind : int { kMaskNone = 0, kMaskCausal = 1, kMaskAdditive = 3 };
+
+constant constexpr float kLog2e = 1.4426950408889634f;
+
+// Every input element is read, and every output element written, through
+// these two: the one place a dtype is converted (arithmetic is float32).
+template <typename T>
+inline float load(const device T* p, int64_t i) {
+  return float(p[i]);
+}
+template <typename T>
+inline void store(device T* p, int64_t i, float x) {
+  p[i] = T(x);
+}
+
+inline float scale_log2(const device int* params) {
+  return as_type<float>(params[kScaleLog2]);
+}
+
+// The additive mask, in its own row-contiguous shape: base[n_q] is the offset
+// of (batch, query head) n_q; the strides are 0 where it broadcasts.
+struct Mask {
+  const device float* data;
+  const device int64_t* base;
+  int row_stride;
+  int col_stride;
+
+  int64_t row_base(int64_t n_q, int row) const {
+    return base[n_q] + int64_t(row) * row_stride;
+  }
+  // log2-domain term for key c of a row; -inf hides the key.
+  float term(int64_t row_base, int c) const {
+    const float a = data[row_base + int64_t(c) * col_stride];
+    return a == -INFINITY ? -INFINITY : a * kLog2e;
+  }
+};
+
+inline Mask make_mask(const device float* data, const device int64_t* base, const device int* params) {
+  return Mask{data, base, params[kMaskRowStride], params[kMaskColStride]};
+}
+
+// One step of the online softmax for a row: m_i is the running max, the tile
+// brings m_tile (the max of its visible scores, NaN excluded). Returns the
+// factor alpha that rescales the row's earlier l_i and o_i, and sets m_use,
+// the max the tile's probabilities are taken against (0 while the row has
+// seen no visible key, so that exp2(-inf - m_use) stays 0, never NaN).
+inline float online_softmax_step(thread float& m_i, float m_tile, thread float& m_use) {
+  const float m_new = max(m_i, m_tile);
+  m_use = m_new == -INFINITY ? 0.0f : m_new;
+  const float alpha = exp2(m_i - m_use);
+  m_i = m_new;
+  return alpha;
+}
+
+}  // namespace fa
