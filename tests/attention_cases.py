@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+from pairwise import pairwise
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -128,3 +129,24 @@ def make_inputs(case: Case, seed: int = 0, scale: float = 1.0):
     k = _tensor(rng, case.batch, H_kv, case.S, case.E, dtype, case.layout, kv=True, scale=scale)
     v = _tensor(rng, case.batch, H_kv, case.S, case.E, dtype, case.layout, kv=True)
     return q, k, v, make_mask(rng, case)
+
+
+# The correctness matrix every backend runs: a pairwise covering array.
+SIZES = [1, 2, 7, 31, 32, 33, 100, 257]
+MATRIX = [
+    Case(**row)
+    for row in pairwise(
+        {
+            "L": SIZES,
+            "S": SIZES,
+            "E": [5, 16, 64, 80, 96, 128, 256],
+            "heads": [(1, 1), (6, 3), (14, 2), (28, 4), (32, 8)],
+            "batch": [(), (1,), (3,), (2, 2)],
+            "mask": MASKS,
+            "dtype": ["float32", "float16", "bfloat16"],
+            "layout": LAYOUTS,
+        },
+        # Bound each case's work so the suite stays in CI's budget.
+        accept=lambda row: Case(**row).work <= 30_000_000,
+    )
+]

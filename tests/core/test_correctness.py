@@ -6,30 +6,10 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from attention_cases import LAYOUTS, MASKS, TOLERANCE, Case, make_inputs
-from pairwise import pairwise
+from attention_cases import LAYOUTS, MASKS, MATRIX, SIZES, TOLERANCE, Case, make_inputs
 
 from flashattn_core import flash_attention
 from flashattn_core.reference import attention_reference, mask_terms, relative_error
-
-SIZES = [1, 2, 7, 31, 32, 33, 100, 257]
-MATRIX = [
-    Case(**row)
-    for row in pairwise(
-        {
-            "L": SIZES,
-            "S": SIZES,
-            "E": [5, 16, 64, 80, 96, 128, 256],
-            "heads": [(1, 1), (6, 3), (14, 2), (28, 4), (32, 8)],
-            "batch": [(), (1,), (3,), (2, 2)],
-            "mask": MASKS,
-            "dtype": ["float32", "float16", "bfloat16"],
-            "layout": LAYOUTS,
-        },
-        # Bound each case's work so the suite stays in CI's budget.
-        accept=lambda row: Case(**row).work <= 30_000_000,
-    )
-]
 
 
 def test_matrix_covers_every_value():

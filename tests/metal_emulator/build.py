@@ -128,12 +128,12 @@ def _instance_source(index: int, kernel: dict, inst: dict) -> str:
                 raise ValueError(f"the emulator does not model [[{attr}]]")
             args.append(f"    {ty} {attr} [[{attr}]]")
             calls.append(LANE_VALUES[attr])
-    template_args = inst["name"][inst["name"].index("<"):]
+    template_args = inst["name"][inst["name"].index("<"):] if params else ""
     signature = ",\n".join(args)
     return (
         f"// {inst['name']}\n"
-        f"template <{params}>\n"
-        f"[[kernel]] void fa_kernel_{index}(\n{signature}) {{\n{_body(kernel['body'])}\n}}\n\n"
+        + (f"template <{params}>\n" if params else "")
+        + f"[[kernel]] void fa_kernel_{index}(\n{signature}) {{\n{_body(kernel['body'])}\n}}\n\n"
         f"void fa_lane_{index}(void* const* b, const fa_emu::LaneIds& id) {{\n"
         f"  fa_kernel_{index}{template_args}(\n      " + ",\n      ".join(calls) + ");\n}\n\n"
     )
@@ -225,6 +225,22 @@ def build(metal: dict, cache: Path | None = None) -> Path:
     return target
 
 
+class EmulatorError(RuntimeError):
+    """A launch the emulator refused or a kernel that misbehaved."""
+
+
+class _Buffer(ctypes.Structure):  # FaEmuBuffer (emulator_abi.h)
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("elements", ctypes.c_int64),
+        ("bytes", ctypes.c_int64),
+        ("dtype", ctypes.c_char_p),
+    ]
+
+
+MSL_TYPES = {"float32": "float", "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t"}
+
+
 @dataclass
 class Emulator:
     """The loaded emulator: runs flash_attention through the Metal dispatch and
@@ -236,6 +252,25 @@ class Emulator:
     @property
     def address(self) -> int:
         return ctypes.cast(self.library.fa_metal_emulate, ctypes.c_void_p).value
+
+    def run(self, instance, inputs, outputs, grid, threadgroup, order="forward", seed=0):
+        """Runs one kernel instance on NumPy arrays. outputs: (shape, dtype)
+        pairs. Returns the output arrays; raises EmulatorError."""
+        import numpy as np
+
+        arrays = [np.ascontiguousarray(a) for a in inputs] + [np.zeros(s, d) for s, d in outputs]
+        buffers = (_Buffer * len(arrays))(
+            *[_Buffer(a.ctypes.data, a.size, a.nbytes, MSL_TYPES[a.dtype.name].encode()) for a in arrays]
+        )
+        error = ctypes.create_string_buffer(1024)
+        rc = self.library.fa_metal_emulate(
+            instance.encode(), buffers, len(inputs), len(outputs),
+            (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*threadgroup),
+            {"forward": 0, "reverse": 1, "shuffled": 2}[order], ctypes.c_ulonglong(seed), error, len(error),
+        )
+        if rc != 0:
+            raise EmulatorError(error.value.decode())
+        return arrays[len(inputs):]
 
     def attention(self, q, k, v, *, scale=None, mask=None, kernel="auto", splits=0, order="shuffled", seed=0):
         from flashattn_core import _ext
@@ -255,4 +290,6 @@ def load(metal: dict | None = None) -> Emulator:
 
         metal = _ext._metal_kernels()
     path = build(metal)
-    return Emulator(ctypes.CDLL(str(path)), path)
+    library = ctypes.CDLL(str(path))
+    library.fa_metal_emulate.restype = ctypes.c_int
+    return Emulator(library, path)

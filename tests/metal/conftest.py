@@ -1,0 +1,13 @@
+import pytest
+
+import metal_emulator
+
+
+@pytest.fixture(scope="session")
+def emulator():
+    """The Metal emulator for the installed flashattn-core (compiled once,
+    then cached)."""
+    try:
+        return metal_emulator.load()
+    except metal_emulator.ClangMissing as missing:
+        pytest.skip(str(missing))
