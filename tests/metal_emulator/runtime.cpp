@@ -12,6 +12,10 @@
 // Threadgroups are independent, so several run at once on different OS
 // threads, each with its own fibers and its own threadgroup memory.
 
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 700  // macOS hides ucontext without it
+#endif
+
 #include "runtime.h"
 
 #include <sys/mman.h>
