@@ -1,11 +1,13 @@
 """`flash-eval throughput`: prompt and generation tokens/s and peak memory with
 the patch off and on, over prompt lengths, following `mlx_lm.benchmark`: a
 random prompt of `-p` tokens, `-g` generated tokens (end-of-sequence ignored),
-`-n` timed trials after a warm-up, averages of mlx-lm's own figures."""
+`-n` timed trials after a warm-up, medians of mlx-lm's own figures (a
+shape's first run may include kernel compilation, as MLX's CUDA build does)."""
 
 from __future__ import annotations
 
 import json
+import statistics
 
 import click
 import mlx.core as mx
@@ -84,10 +86,10 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
                 stats = mlxlm_flash_patch.stats()
                 row = {"prompt_tokens": p, "generation_tokens": generation_tokens, "patch": patch,
                        "trials": trials, "flash_calls": stats["flash_calls"], "fallbacks": stats["fallbacks"]}
-                mean = {k: sum(t[k] for t in trials) / len(trials) for k in KEYS}
-                tps = ranks.sum64([mean["prompt_tps"], mean["generation_tps"], stats["flash_calls"]])
+                median = {k: statistics.median(t[k] for t in trials) for k in KEYS}
+                tps = ranks.sum64([median["prompt_tps"], median["generation_tps"], stats["flash_calls"]])
                 row.update(prompt_tps=float(tps[0]), generation_tps=float(tps[1]), flash_calls=int(round(tps[2])),
-                           peak_memory=float(ranks.max([mean["peak_memory"]])[0]))
+                           peak_memory=float(ranks.max([median["peak_memory"]])[0]))
                 results.append(row)
     _add_ratios(results)
     report = {"model": {"name": lm.name, "path": lm.path}, "device": str(mx.default_device()),
