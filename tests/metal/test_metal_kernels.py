@@ -5,6 +5,8 @@ matrix: every mask kind, non-multiple-of-32 sizes, GQA, batch shapes,
 dtypes and layouts. Lanes run in a shuffled order between synchronisation
 points, a different one per case, so a missing barrier shows."""
 
+import zlib
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -44,7 +46,7 @@ def test_every_kernel_runs_on_every_mask_kind():
 @pytest.mark.parametrize("case, kernel, splits", RUNS, ids=[f"{c}-{k}" for c, k, _ in RUNS])
 def test_matches_float64_reference(emulator, case, kernel, splits):
     q, k, v, mask = make_inputs(case)
-    seed = abs(hash((str(case), kernel))) % 2**32
+    seed = zlib.crc32(f"{case}-{kernel}".encode())  # a lane order per case, the same every run
     out = emulator.attention(q, k, v, mask=mask, kernel=kernel, splits=splits, seed=seed)
     check(out, q, k, v, mask, case.dtype)
 
