@@ -86,13 +86,21 @@ class ClangMissing(RuntimeError):
     pass
 
 
+MISSING_COMPILER = (
+    "clang++ not found: the Metal emulator compiles the kernels with clang "
+    "(Debian: apt-get install clang; or set FLASHATTN_EMULATOR_CXX)"
+)
+
+
+def find_compiler() -> str | None:
+    """The C++ compiler the emulator uses, or None when there is none."""
+    return os.environ.get("FLASHATTN_EMULATOR_CXX") or shutil.which("clang++")
+
+
 def _compiler() -> str:
-    cxx = os.environ.get("FLASHATTN_EMULATOR_CXX") or shutil.which("clang++")
+    cxx = find_compiler()
     if not cxx:
-        raise ClangMissing(
-            "clang++ not found: the Metal emulator compiles the kernels with clang "
-            "(Debian: apt-get install clang; or set FLASHATTN_EMULATOR_CXX)"
-        )
+        raise ClangMissing(MISSING_COMPILER)
     return cxx
 
 

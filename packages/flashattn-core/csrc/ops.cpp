@@ -295,18 +295,13 @@ mx::array flash_attention(
   const float softmax_scale = c.scale;
   const MaskKind mask_kind = c.mask_kind;
   const auto& target = c.mask_target;
-  if (backend == Backend::cuda) {
+  if (backend != Backend::cpu) {
     auto forward = [=](const std::vector<mx::array>& in) {
       std::optional<mx::array> m;
       if (has_mask_array(mask_kind)) m = in[3];
-      return cuda::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream);
-    };
-    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream);
-  }
-  if (backend == Backend::metal) {
-    auto forward = [=](const std::vector<mx::array>& in) {
-      std::optional<mx::array> m;
-      if (has_mask_array(mask_kind)) m = in[3];
+      if (backend == Backend::cuda) {
+        return cuda::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream);
+      }
       auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
       return metal::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, launch);
     };
