@@ -55,6 +55,11 @@ Kernels choose_kernels() {
 
 } // namespace
 
+bool decode_kernel_fits(const AttentionProblem& p) {
+  return p.E % 8 == 0 && p.E <= 256 && p.k.col_stride == 1 && p.v.col_stride == 1 &&
+      (p.mask_kind == MaskKind::none || p.mask_kind == MaskKind::causal);
+}
+
 const Kernels& select_kernels() {
   static const Kernels kernels = choose_kernels();
   return kernels;
@@ -124,6 +129,9 @@ void run(const AttentionProblem& p) {
   int threads = work < kMinParallelWork ? 1 : pool_size();
   WorkPlan plan = plan_work(p, kernels.wide_rows, kernels.narrow_rows, threads);
   AttendFn attend = plan.narrow ? kernels.narrow : kernels.wide;
+  if (plan.narrow && kernels.decode && decode_kernel_fits(p)) {
+    attend = kernels.decode;
+  }
   size_t scratch_bytes = ScratchView::bytes(p.E, plan.RB);
 
   std::atomic<size_t> next{0};

@@ -51,7 +51,14 @@ struct Kernels {
   const char* isa; // "avx512", "avx2", "baseline"
   int wide_rows, narrow_rows; // RB of each variant
   AttendFn wide, narrow;
+  // For narrow plans the decode kernel takes (isa/decode.h), where this
+  // instruction set has one; null otherwise.
+  AttendFn decode = nullptr;
 };
+
+// Whether the decode kernel takes a narrow plan of this problem: head dim a
+// multiple of 8 up to 256, key and value rows contiguous, no array mask.
+bool decode_kernel_fits(const AttentionProblem& p);
 
 // Defined by kernel_<isa>.cpp; avx512/avx2 only on x86-64.
 Kernels avx512_kernels();

@@ -13,6 +13,9 @@
 
 #include "isa_begin.h"
 #include "attend.h"
+#ifdef FLASHATTN_DECODE
+#include "decode.h"
+#endif
 
 namespace flashattn::cpu::FLASHATTN_ISA {
 static void wide(const AttentionProblem& p, WorkPlan& plan, const WorkItem& it, void* s) {
@@ -21,6 +24,11 @@ static void wide(const AttentionProblem& p, WorkPlan& plan, const WorkItem& it, 
 static void narrow(const AttentionProblem& p, WorkPlan& plan, const WorkItem& it, void* s) {
   attend_item_t<FLASHATTN_TILES::narrow>(p, plan, it, s);
 }
+#ifdef FLASHATTN_DECODE
+static void decode(const AttentionProblem& p, WorkPlan& plan, const WorkItem& it, void* s) {
+  decode_item(p, plan, it, s);
+}
+#endif
 } // namespace flashattn::cpu::FLASHATTN_ISA
 
 #include "isa_end.h"
@@ -32,6 +40,12 @@ Kernels FLASHATTN_CAT(FLASHATTN_ISA, _kernels)() {
       FLASHATTN_TILES::wide::RB,
       FLASHATTN_TILES::narrow::RB,
       FLASHATTN_ISA::wide,
-      FLASHATTN_ISA::narrow};
+      FLASHATTN_ISA::narrow,
+#ifdef FLASHATTN_DECODE
+      FLASHATTN_ISA::decode,
+#else
+      nullptr,
+#endif
+  };
 }
 } // namespace flashattn::cpu

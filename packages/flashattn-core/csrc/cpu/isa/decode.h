@@ -1,0 +1,411 @@
+// The decode kernel: a work item whose R <= 8 query rows (the query heads of
+// one GQA group, a few positions) meet a long range of keys, the case
+// mlx-lm runs for every generated token. Memory-bound in principle (each
+// key and value row is read once and used by R rows), so the layout is
+// chosen to keep the arithmetic below the time it takes to stream K and V:
+//
+//   S = Q K^T   head-dim-vectorised: each K row is loaded once into
+//               registers and meets the R query rows with full-width
+//               products; the 8-lane partial sums of 8 keys are then folded
+//               into one vector of 8 scores (a transposing reduction).
+//   softmax     per row over 8-key vectors, m / l as scalars.
+//   O += P V    head-dim-vectorised: each value row is loaded once and meets
+//               the R rows' broadcast probabilities; o stays in registers for
+//               16 columns at a time.
+//
+// The row-vectorised layout of attend.h needs a broadcast per multiply-add
+// in both products, and broadcast operands run at half rate on some cores
+// (Zen 4); here a broadcast serves 2 multiply-adds in P V and none is
+// needed in S = Q K^T. Keys and values stream through the caches once:
+// they are asked for into L2 64 KiB ahead, row by row as rows are used,
+// which keeps the stream ahead of the 4 KiB-page limit of the hardware
+// prefetchers. float16 / bfloat16 rows are converted in registers.
+//
+// Needs 32 vector registers (AVX-512), E a multiple of 8 up to 256, key and
+// value rows contiguous, and no array mask (none or causal); the planner's
+// other cases take attend.h.
+
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "../causal.h"
+#include "../kernels.h"
+#include "../problem.h"
+#include "../tiles.h"
+#include "../work.h"
+#include "convert.h"
+#include "exp2.h"
+
+namespace flashattn::cpu::FLASHATTN_ISA {
+
+namespace decode_detail {
+
+constexpr int kMaxE = 256;
+// Bytes ahead of the current row that the key and value streams are asked for.
+constexpr int64_t kPrefetchBytes = 64 * 1024;
+
+inline float hmax8(__m256 v) {
+  __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_max_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+
+inline float hsum8(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+
+// Lane i of the result is the sum of the 8 lanes of vector i (x[i * 8 ..]).
+inline __m256 transpose_sum8(const float* x) {
+  __m256 a0 = _mm256_hadd_ps(_mm256_load_ps(x), _mm256_load_ps(x + 8));
+  __m256 a1 = _mm256_hadd_ps(_mm256_load_ps(x + 16), _mm256_load_ps(x + 24));
+  __m256 a2 = _mm256_hadd_ps(_mm256_load_ps(x + 32), _mm256_load_ps(x + 40));
+  __m256 a3 = _mm256_hadd_ps(_mm256_load_ps(x + 48), _mm256_load_ps(x + 56));
+  __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
+  // b0 = [v0..v3 over lanes 0-3 | v0..v3 over lanes 4-7], b1 likewise v4..v7
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+// The cache lines of one key or value row, into L2.
+inline void prefetch_row(const char* row, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) {
+    _mm_prefetch(row + b, _MM_HINT_T1);
+  }
+}
+
+// Where the stream of key or value rows is asked for ahead of use.
+struct Ahead {
+  const char* rows; // the row kPrefetchBytes of rows ahead of the tile's first
+  int64_t step; // bytes between rows
+  int64_t bytes; // bytes of one row
+
+  void fetch(int c) const {
+    prefetch_row(rows + c * step, bytes);
+  }
+};
+
+} // namespace decode_detail
+
+template <int R, typename T>
+struct Decode {
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  static constexpr float kLog2e = 1.4426950408889634f;
+
+  const AttentionProblem& p;
+  WorkPlan& plan;
+  const WorkItem& item;
+
+  Decode(const AttentionProblem& p_, WorkPlan& plan_, const WorkItem& item_)
+      : p(p_), plan(plan_), item(item_) {}
+
+  alignas(64) float q[R][decode_detail::kMaxE]; // scaled by scale * log2(e)
+  alignas(64) float o[R][decode_detail::kMaxE];
+  alignas(64) float partial[Bc][R][8]; // Q K^T partial sums per (key, row)
+  alignas(64) float prob[R][Bc]; // scores, then P
+  float m_i[R], l_i[R];
+  int64_t out_off[R], limit[R]; // limit: the last key the causal mask shows
+
+  void load_rows() {
+    const int ratio = p.q_kv_heads_ratio;
+    const int64_t b = item.group / p.H_kv, g = item.group % p.H_kv;
+    const int first = item.row_tile * plan.RB;
+    const float q_scale = p.scale * kLog2e;
+    const T* qp = static_cast<const T*>(p.q.data);
+    for (int r = 0; r < R; ++r) {
+      int64_t l = (first + r) / ratio;
+      int64_t n = b * p.H_q + g * ratio + (first + r) % ratio;
+      const T* row = qp + p.q.base[n] + l * p.q.row_stride;
+      for (int e = 0; e < p.E; ++e) {
+        q[r][e] = to_float(row[e * p.q.col_stride]) * q_scale;
+      }
+      out_off[r] = (n * p.L + l) * p.E;
+      limit[r] = l + (p.S - p.L);
+      m_i[r] = kNegInf;
+      l_i[r] = 0.0f;
+      for (int e = 0; e < p.E; ++e) {
+        o[r][e] = 0.0f;
+      }
+    }
+  }
+
+  // 8 elements of a key or value row as float32, converted in registers.
+  static __m256 load8(const T* x) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm256_loadu_ps(x);
+    } else if constexpr (std::is_same_v<T, mx::float16_t>) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    } else { // bfloat16 is the top half of a float32
+      const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+    }
+  }
+
+  // Rows c0.. of K or V, read in place.
+  const T* rows_at(const StridedOperand& x, int64_t c0) const {
+    return static_cast<const T*>(x.data) + x.base[item.group] + c0 * x.row_stride;
+  }
+
+  // partial[c][r] = the 8-lane partial sums of q_r . K_c.
+  template <int EV>
+  void qk(const T* K, int64_t ks, const decode_detail::Ahead& ahead, int cols) {
+    for (int c = 0; c < cols; ++c) {
+      const T* k_row = K + c * ks;
+      ahead.fetch(c);
+      __m256 k[EV];
+      for (int j = 0; j < EV; ++j) {
+        k[j] = load8(k_row + 8 * j);
+      }
+      for (int r = 0; r < R; ++r) {
+        __m256 a0 = _mm256_mul_ps(k[0], _mm256_load_ps(q[r]));
+        __m256 a1 = _mm256_setzero_ps();
+        for (int j = 1; j < EV; ++j) {
+          __m256 t = _mm256_load_ps(q[r] + 8 * j);
+          if (j & 1) {
+            a1 = _mm256_fmadd_ps(k[j], t, a1);
+          } else {
+            a0 = _mm256_fmadd_ps(k[j], t, a0);
+          }
+        }
+        _mm256_store_ps(partial[c][r], _mm256_add_ps(a0, a1));
+      }
+    }
+  }
+
+  void qk_any(const T* K, int64_t ks, const decode_detail::Ahead& ahead, int cols) {
+    switch (p.E / 8) {
+#define FLASHATTN_QK_CASE(n) \
+  case n:                    \
+    return qk<n>(K, ks, ahead, cols);
+      FLASHATTN_QK_CASE(1) FLASHATTN_QK_CASE(2) FLASHATTN_QK_CASE(3) FLASHATTN_QK_CASE(4)
+      FLASHATTN_QK_CASE(5) FLASHATTN_QK_CASE(6) FLASHATTN_QK_CASE(7) FLASHATTN_QK_CASE(8)
+      FLASHATTN_QK_CASE(9) FLASHATTN_QK_CASE(10) FLASHATTN_QK_CASE(11) FLASHATTN_QK_CASE(12)
+      FLASHATTN_QK_CASE(13) FLASHATTN_QK_CASE(14) FLASHATTN_QK_CASE(15) FLASHATTN_QK_CASE(16)
+#undef FLASHATTN_QK_CASE
+      default: { // E in (128, 256]: two passes over halves of the head dim
+        for (int c = 0; c < cols; ++c) {
+          const T* k_row = K + c * ks;
+          ahead.fetch(c);
+          for (int r = 0; r < R; ++r) {
+            __m256 a = _mm256_setzero_ps();
+            for (int e = 0; e < p.E; e += 8) {
+              a = _mm256_fmadd_ps(load8(k_row + e), _mm256_load_ps(q[r] + e), a);
+            }
+            _mm256_store_ps(partial[c][r], a);
+          }
+        }
+      }
+    }
+  }
+
+  // Scores -> P for every row, with the online-softmax rescale of o.
+  // Returns per row the number of visible keys (causal partial tiles).
+  void softmax(int64_t c0, int cols, bool partial_tile, int* visible) {
+    for (int r = 0; r < R; ++r) {
+      float* pr = prob[r];
+      for (int c = 0; c < cols; c += 8) {
+        // Lanes past cols read stale partial sums: they are hidden below.
+        alignas(32) float gathered[64];
+        for (int k = 0; k < 8; ++k) {
+          _mm256_store_ps(gathered + 8 * k, _mm256_load_ps(partial[c + k < Bc ? c + k : c][r]));
+        }
+        _mm256_storeu_ps(pr + c, decode_detail::transpose_sum8(gathered));
+      }
+      int vis = cols;
+      if (partial_tile) {
+        vis = int(std::clamp<int64_t>(limit[r] - c0 + 1, 0, cols));
+      }
+      visible[r] = vis;
+      for (int c = vis; c < round_up(cols, 8); ++c) {
+        pr[c] = kNegInf;
+      }
+      __m256 mx = _mm256_set1_ps(kNegInf);
+      for (int c = 0; c < cols; c += 8) {
+        __m256 sc = _mm256_loadu_ps(pr + c);
+        // A NaN score is kept out of the maximum (its exp2 carries it).
+        mx = _mm256_blendv_ps(mx, sc, _mm256_cmp_ps(sc, mx, _CMP_GT_OQ));
+      }
+      const float m_new = std::max(m_i[r], decode_detail::hmax8(mx));
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;
+      const float alpha = std::exp2(m_i[r] - m_use);
+      m_i[r] = m_new;
+      __m256 sum = _mm256_setzero_ps();
+      const auto m_vec = Simd<8>::splat(m_use);
+      for (int c = 0; c < cols; c += 8) {
+        auto sc = Simd<8>::load(pr + c);
+        auto pv = exp2<8>(sc - m_vec);
+        Simd<8>::store(pr + c, pv);
+        __m256 pm;
+        __builtin_memcpy(&pm, &pv, sizeof(pm));
+        sum = _mm256_add_ps(sum, pm);
+      }
+      l_i[r] = l_i[r] * alpha + decode_detail::hsum8(sum);
+      if (alpha != 1.0f) {
+        const __m256 a = _mm256_set1_ps(alpha);
+        for (int e = 0; e < p.E; e += 8) {
+          _mm256_store_ps(o[r] + e, _mm256_mul_ps(a, _mm256_load_ps(o[r] + e)));
+        }
+      }
+    }
+  }
+
+  // o_r += P_r V over every key of the tile, 16 columns at a time.
+  void pv(const T* V, int64_t vs, const decode_detail::Ahead& ahead, int cols) {
+    int e0 = 0;
+    for (; e0 + 16 <= p.E; e0 += 16) {
+      __m256 acc[R][2];
+      for (int r = 0; r < R; ++r) {
+        acc[r][0] = _mm256_load_ps(o[r] + e0);
+        acc[r][1] = _mm256_load_ps(o[r] + e0 + 8);
+      }
+      for (int c = 0; c < cols; ++c) {
+        if (e0 == 0) {
+          ahead.fetch(c);
+        }
+        const T* v_row = V + c * vs + e0;
+        const __m256 v0 = load8(v_row), v1 = load8(v_row + 8);
+        for (int r = 0; r < R; ++r) {
+          const __m256 b = _mm256_broadcast_ss(prob[r] + c);
+          acc[r][0] = _mm256_fmadd_ps(b, v0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(b, v1, acc[r][1]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        _mm256_store_ps(o[r] + e0, acc[r][0]);
+        _mm256_store_ps(o[r] + e0 + 8, acc[r][1]);
+      }
+    }
+    if (e0 < p.E) { // the last 8 columns (E % 16 == 8)
+      __m256 acc[R];
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_load_ps(o[r] + e0);
+      }
+      for (int c = 0; c < cols; ++c) {
+        const __m256 v0 = load8(V + c * vs + e0);
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(prob[r] + c), v0, acc[r]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        _mm256_store_ps(o[r] + e0, acc[r]);
+      }
+    }
+  }
+
+  // A causal tile that hides some keys from some rows: each row takes only
+  // the keys it sees, so a hidden value (NaN or Inf included) never reaches
+  // it (0 x NaN would).
+  void pv_visible(const T* V, int64_t vs, const int* visible) {
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < visible[r]; ++c) {
+        const __m256 b = _mm256_broadcast_ss(prob[r] + c);
+        for (int e = 0; e < p.E; e += 8) {
+          _mm256_store_ps(
+              o[r] + e, _mm256_fmadd_ps(b, load8(V + c * vs + e), _mm256_load_ps(o[r] + e)));
+        }
+      }
+    }
+  }
+
+  void run() {
+    load_rows();
+    const int64_t offset = p.S - p.L;
+    const int first = item.row_tile * plan.RB;
+    const int64_t l_first = first / p.q_kv_heads_ratio;
+    const int64_t l_last = (first + R - 1) / p.q_kv_heads_ratio;
+    const int64_t row_bytes = p.E * int64_t(sizeof(T));
+    const int64_t ahead_rows = decode_detail::kPrefetchBytes / row_bytes;
+    auto ahead_of = [&](const StridedOperand& x, int64_t c0) {
+      const int64_t step = x.row_stride * int64_t(sizeof(T));
+      const char* base = static_cast<const char*>(x.data) + x.base[item.group] * int64_t(sizeof(T));
+      return decode_detail::Ahead{base + (c0 + ahead_rows) * step, step, row_bytes};
+    };
+    int visible[R];
+    for (int64_t c0 = item.key_begin; c0 < item.key_end; c0 += Bc) {
+      const int cols = int(std::min<int64_t>(Bc, item.key_end - c0));
+      auto visibility = p.mask_kind == MaskKind::causal
+          ? causal_visibility(l_first, l_last, c0, c0 + cols, offset)
+          : TileVisibility::visible;
+      if (visibility == TileVisibility::hidden) {
+        continue;
+      }
+      const T* K = rows_at(p.k, c0);
+      const T* V = rows_at(p.v, c0);
+      const int64_t ks = p.k.row_stride, vs = p.v.row_stride;
+      qk_any(K, ks, ahead_of(p.k, c0), cols);
+      const bool partial_tile = visibility == TileVisibility::partial;
+      softmax(c0, cols, partial_tile, visible);
+      if (partial_tile) {
+        pv_visible(V, vs, visible);
+      } else {
+        pv(V, vs, ahead_of(p.v, c0), cols);
+      }
+    }
+    if (plan.splits > 1) {
+      store_partial();
+    } else {
+      store_output();
+    }
+  }
+
+  void store_output() {
+    T* out = static_cast<T*>(p.out);
+    for (int r = 0; r < R; ++r) {
+      const float inv = l_i[r] == 0.0f ? 0.0f : 1.0f / l_i[r];
+      for (int e = 0; e < p.E; ++e) {
+        out[out_off[r] + e] = static_cast<T>(o[r][e] * inv);
+      }
+    }
+  }
+
+  // The layout merge_partials reads: m_i[RB], l_i[RB], o_i^T[E x RB].
+  void store_partial() {
+    const int RB = plan.RB;
+    float* dst = plan.partial(item);
+    for (int r = 0; r < RB; ++r) {
+      dst[r] = r < R ? m_i[r] : kNegInf;
+      dst[RB + r] = r < R ? l_i[r] : 0.0f;
+    }
+    for (int e = 0; e < p.E; ++e) {
+      for (int r = 0; r < RB; ++r) {
+        dst[2 * RB + e * RB + r] = r < R ? o[r][e] : 0.0f;
+      }
+    }
+  }
+};
+
+template <int R>
+void decode_rows(const AttentionProblem& p, WorkPlan& plan, const WorkItem& item) {
+  if (p.dtype == mx::float32) {
+    Decode<R, float>(p, plan, item).run();
+  } else if (p.dtype == mx::float16) {
+    Decode<R, mx::float16_t>(p, plan, item).run();
+  } else {
+    Decode<R, mx::bfloat16_t>(p, plan, item).run();
+  }
+}
+
+// Per-thread scratch is not needed: a Decode holds its state (~34 KiB) itself.
+inline void decode_item(const AttentionProblem& p, WorkPlan& plan, const WorkItem& item, void*) {
+  switch (plan.rows_per_group) {
+    case 1: return decode_rows<1>(p, plan, item);
+    case 2: return decode_rows<2>(p, plan, item);
+    case 3: return decode_rows<3>(p, plan, item);
+    case 4: return decode_rows<4>(p, plan, item);
+    case 5: return decode_rows<5>(p, plan, item);
+    case 6: return decode_rows<6>(p, plan, item);
+    case 7: return decode_rows<7>(p, plan, item);
+    default: return decode_rows<8>(p, plan, item);
+  }
+}
+
+} // namespace flashattn::cpu::FLASHATTN_ISA
