@@ -95,3 +95,17 @@ def test_decode_kernel_hidden_nonfinite_values_stay_hidden(dtype):
     assert np.all(np.isfinite(out[..., 0, :]))
     assert np.all(np.isnan(out[..., 1, :]))
     np.testing.assert_allclose(out[..., 0, :], ref[..., 0, :], rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_decode_kernel_every_row_count_and_head_dim():
+    # Each (rows, head dim) pair is its own instantiation of the kernel's
+    # register blocking: all 8 x 32 of them, on two key tiles (70 keys).
+    failures = []
+    for E in range(8, 257, 8):
+        for rows in range(1, 9):
+            case = Case(batch=(1,), heads=(rows, 1), L=1, S=70, E=E)
+            q, k, v, _ = make_inputs(case, seed=E * 10 + rows)
+            err = relative_error(flash_attention(q, k, v), attention_reference(q, k, v))
+            if not err <= TOLERANCE["float32"]:
+                failures.append((rows, E, err))
+    assert not failures, failures

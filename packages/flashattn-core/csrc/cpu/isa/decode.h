@@ -11,12 +11,12 @@
 //   softmax     per row over 8-key vectors, m / l as scalars.
 //   O += P V    head-dim-vectorised: each value row is loaded once and meets
 //               the R rows' broadcast probabilities; o stays in registers for
-//               16 columns at a time.
+//               32 columns at a time (16-lane vectors).
 //
 // The row-vectorised layout of attend.h needs a broadcast per multiply-add
 // in both products, and broadcast operands run at half rate on some cores
-// (Zen 4); here a broadcast serves 2 multiply-adds in P V and none is
-// needed in S = Q K^T. Keys and values stream through the caches once:
+// (Zen 4); here a broadcast serves two 16-lane multiply-adds in P V and
+// none is needed in S = Q K^T. Keys and values stream through the caches once:
 // they are asked for into L2 64 KiB ahead, row by row as rows are used,
 // which keeps the stream ahead of the 4 KiB-page limit of the hardware
 // prefetchers. float16 / bfloat16 rows are converted in registers.
@@ -150,6 +150,17 @@ struct Decode {
     }
   }
 
+  static __m512 load16(const T* x) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm512_loadu_ps(x);
+    } else if constexpr (std::is_same_v<T, mx::float16_t>) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+    } else {
+      const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+    }
+  }
+
   // Rows c0.. of K or V, read in place.
   const T* rows_at(const StridedOperand& x, int64_t c0) const {
     return static_cast<const T*>(x.data) + x.base[item.group] + c0 * x.row_stride;
@@ -213,10 +224,10 @@ struct Decode {
     for (int r = 0; r < R; ++r) {
       float* pr = prob[r];
       for (int c = 0; c < cols; c += 8) {
-        // Lanes past cols read stale partial sums: they are hidden below.
+        // Keys past cols (a last, partial group) sum stale lanes: hidden below.
         alignas(32) float gathered[64];
         for (int k = 0; k < 8; ++k) {
-          _mm256_store_ps(gathered + 8 * k, _mm256_load_ps(partial[c + k < Bc ? c + k : c][r]));
+          _mm256_store_ps(gathered + 8 * k, _mm256_load_ps(partial[c + k][r]));
         }
         _mm256_storeu_ps(pr + c, decode_detail::transpose_sum8(gathered));
       }
@@ -258,31 +269,47 @@ struct Decode {
     }
   }
 
-  // o_r += P_r V over every key of the tile, 16 columns at a time.
+  // o_r[e0, e0 + 16 NV) += P_r V over every key of the tile: NV 16-lane
+  // vectors of every row's o stay in registers while the value rows stream.
+  template <int NV>
+  void pv_block(const T* V, int64_t vs, int e0, const decode_detail::Ahead* ahead, int cols) {
+    __m512 acc[R][NV];
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < NV; ++j) {
+        acc[r][j] = _mm512_load_ps(o[r] + e0 + 16 * j);
+      }
+    }
+    for (int c = 0; c < cols; ++c) {
+      if (ahead) {
+        ahead->fetch(c);
+      }
+      const T* v_row = V + c * vs + e0;
+      __m512 v[NV];
+      for (int j = 0; j < NV; ++j) {
+        v[j] = load16(v_row + 16 * j);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 b = _mm512_set1_ps(prob[r][c]);
+        for (int j = 0; j < NV; ++j) {
+          acc[r][j] = _mm512_fmadd_ps(b, v[j], acc[r][j]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < NV; ++j) {
+        _mm512_store_ps(o[r] + e0 + 16 * j, acc[r][j]);
+      }
+    }
+  }
+
   void pv(const T* V, int64_t vs, const decode_detail::Ahead& ahead, int cols) {
     int e0 = 0;
-    for (; e0 + 16 <= p.E; e0 += 16) {
-      __m256 acc[R][2];
-      for (int r = 0; r < R; ++r) {
-        acc[r][0] = _mm256_load_ps(o[r] + e0);
-        acc[r][1] = _mm256_load_ps(o[r] + e0 + 8);
-      }
-      for (int c = 0; c < cols; ++c) {
-        if (e0 == 0) {
-          ahead.fetch(c);
-        }
-        const T* v_row = V + c * vs + e0;
-        const __m256 v0 = load8(v_row), v1 = load8(v_row + 8);
-        for (int r = 0; r < R; ++r) {
-          const __m256 b = _mm256_broadcast_ss(prob[r] + c);
-          acc[r][0] = _mm256_fmadd_ps(b, v0, acc[r][0]);
-          acc[r][1] = _mm256_fmadd_ps(b, v1, acc[r][1]);
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        _mm256_store_ps(o[r] + e0, acc[r][0]);
-        _mm256_store_ps(o[r] + e0 + 8, acc[r][1]);
-      }
+    for (; e0 + 32 <= p.E; e0 += 32) {
+      pv_block<2>(V, vs, e0, e0 == 0 ? &ahead : nullptr, cols);
+    }
+    if (e0 + 16 <= p.E) {
+      pv_block<1>(V, vs, e0, e0 == 0 ? &ahead : nullptr, cols);
+      e0 += 16;
     }
     if (e0 < p.E) { // the last 8 columns (E % 16 == 8)
       __m256 acc[R];
@@ -290,6 +317,9 @@ struct Decode {
         acc[r] = _mm256_load_ps(o[r] + e0);
       }
       for (int c = 0; c < cols; ++c) {
+        if (e0 == 0) {
+          ahead.fetch(c);
+        }
         const __m256 v0 = load8(V + c * vs + e0);
         for (int r = 0; r < R; ++r) {
           acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(prob[r] + c), v0, acc[r]);
