@@ -65,12 +65,13 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
-// Lane i of the result is the sum of the 8 lanes of vector i (x[i * 8 ..]).
-inline __m256 transpose_sum8(const float* x) {
-  __m256 a0 = _mm256_hadd_ps(_mm256_load_ps(x), _mm256_load_ps(x + 8));
-  __m256 a1 = _mm256_hadd_ps(_mm256_load_ps(x + 16), _mm256_load_ps(x + 24));
-  __m256 a2 = _mm256_hadd_ps(_mm256_load_ps(x + 32), _mm256_load_ps(x + 40));
-  __m256 a3 = _mm256_hadd_ps(_mm256_load_ps(x + 48), _mm256_load_ps(x + 56));
+// Lane i of the result is the sum of the 8 lanes of vector i (x + i * stride).
+inline __m256 transpose_sum8(const float* x, int64_t stride) {
+  auto at = [&](int i) { return _mm256_load_ps(x + i * stride); };
+  __m256 a0 = _mm256_hadd_ps(at(0), at(1));
+  __m256 a1 = _mm256_hadd_ps(at(2), at(3));
+  __m256 a2 = _mm256_hadd_ps(at(4), at(5));
+  __m256 a3 = _mm256_hadd_ps(at(6), at(7));
   __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
   // b0 = [v0..v3 over lanes 0-3 | v0..v3 over lanes 4-7], b1 likewise v4..v7
   return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
@@ -225,11 +226,7 @@ struct Decode {
       float* pr = prob[r];
       for (int c = 0; c < cols; c += 8) {
         // Keys past cols (a last, partial group) sum stale lanes: hidden below.
-        alignas(32) float gathered[64];
-        for (int k = 0; k < 8; ++k) {
-          _mm256_store_ps(gathered + 8 * k, _mm256_load_ps(partial[c + k][r]));
-        }
-        _mm256_storeu_ps(pr + c, decode_detail::transpose_sum8(gathered));
+        _mm256_storeu_ps(pr + c, decode_detail::transpose_sum8(partial[c][r], R * 8));
       }
       int vis = cols;
       if (partial_tile) {
