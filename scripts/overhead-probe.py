@@ -20,9 +20,10 @@ def per_call(fn, batch, reps=10):
     return best * 1e3
 
 
-for name, L, S in [("prefill 8192", 8192, 8192), ("decode 32768", 1, 32768)]:
-    q = mx.random.normal((1, 14, L, 64)).astype(mx.bfloat16)
-    k = mx.random.normal((1, 2, S, 64)).astype(mx.bfloat16)
+for name, L, S, dtype in [("prefill 8192 bf16", 8192, 8192, mx.bfloat16), ("prefill 8192 f32", 8192, 8192, mx.float32),
+                          ("decode 32768 bf16", 1, 32768, mx.bfloat16)]:
+    q = mx.random.normal((1, 14, L, 64)).astype(dtype)
+    k = mx.random.normal((1, 2, S, 64)).astype(dtype)
     mx.eval(q, k)
     mask = "causal" if L > 1 else None
     f = lambda: flash_attention(q, k, k, mask=mask)

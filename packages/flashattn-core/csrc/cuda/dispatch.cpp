@@ -98,9 +98,12 @@ int prefill_smem_bytes(mx::Dtype t, int E) {
   return (prefill_rows(t, E) + 4 * kBc) * (E + 8) * 2;
 }
 
-// Decode splits hold at least this many keys (4 chunks of 32 per warp): fewer,
-// fuller blocks stream K/V as fast, and the merge has fewer partials to read.
-constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeysPerSplit = 512;
+// Decode splits hold at least one chunk of 32 keys per warp. A decode block
+// is latency-bound (each warp walks its chunks one after another), so the
+// keys are split until about kDecodeTargetBlocks blocks fill the GPU (Nsight
+// Compute on an H200, qwen05b S = 32768: splits of 512 keys gave 128 blocks,
+// one per SM, 54 us).
+constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeysPerSplit = 128;
 constexpr int kMaxSplits = 1024;
 // Blocks that keep a large GPU busy in decode.
 constexpr int kDecodeTargetBlocks = 512;

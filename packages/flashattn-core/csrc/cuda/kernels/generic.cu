@@ -145,6 +145,9 @@ __device__ __forceinline__ void merge_splits(
   // Each warp sums a quarter of the splits (coalesced over the head dim),
   // then the quarters are added.
   float acc[kMaxEL] = {};
+  // Unrolled so that several splits' loads are in flight at once (one at a
+  // time, a few hundred splits cost a memory latency each).
+#pragma unroll 8
   for (int s = w; s < splits; s += kWarps) {
     const float* src = o_part + ((int64_t)s * rows + row) * E;
     const float wgt = weight[s];

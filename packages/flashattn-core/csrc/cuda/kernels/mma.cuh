@@ -66,12 +66,17 @@ __device__ __forceinline__ void mma1688_tf32(float* c, const uint32_t* a, uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// x = hi + lo with hi, lo TF32: the 3xTF32 split (hi*hi + hi*lo + lo*hi
-// recovers float32 accuracy on TF32 tensor cores).
+// x = hi + lo for the 3xTF32 split (hi*hi + hi*lo + lo*hi recovers float32
+// accuracy on TF32 tensor cores). hi is x truncated to TF32 (one logic op;
+// a rounding conversion costs four instructions on sm_90) and lo = x - hi
+// exactly; lo goes to the tensor cores as it is, which read the top 19 bits
+// of a TF32 operand: its own truncation costs 2^-10 of lo, about 2^-20 of x.
+// For x = +-inf, lo is 0 (inf - inf would be NaN); a NaN x gives a NaN lo,
+// so NaN still propagates.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
-  float rest = x - __uint_as_float(hi);
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(rest));
+  hi = __float_as_uint(x) & 0xffffe000u;
+  const float h = __uint_as_float(hi);
+  lo = __float_as_uint(x == h ? 0.0f : x - h);
 }
 
 template <typename T>
