@@ -134,6 +134,9 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
             bool visible = key < S && !(mask_kind == kCausal && key > r + mask.offset);
             if (visible && array_mask) visible = mask.term(rbase, key) != FA_NEG_INF;
             if (!visible) continue;
+            // Not unrolled: this rare path would otherwise be most of the
+            // module, which MLX copies and hashes on every launch.
+#pragma unroll 1
             for (int e = 0; e < E; ++e) atomicAdd(&delta[(g + 8 * rr) * E + e], ps[j][rr] * sm.v[c * LDV + e]);
           }
         }
