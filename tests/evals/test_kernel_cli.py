@@ -79,3 +79,26 @@ def test_demo_runs():
     result = run(["demo", "--length", "64", "-n", "1"])
     assert result.exit_code == 0, result.output
     assert "flash_attention" in result.output and "mx.fast SDPA" in result.output
+
+
+def test_short_calls_are_repeated_until_enough_is_timed():
+    # A call of ~2 ms asked for 3 repeats is timed until a quarter second has
+    # been measured; a call longer than that keeps the repeats asked for.
+    import time
+
+    import mlx.core as mx
+
+    from flash_eval.measure import MAX_REPEATS, MIN_TIMED_S, measure
+
+    def sleeper(seconds):
+        def fn():
+            time.sleep(seconds)
+            return mx.array(1.0)
+
+        return fn
+
+    _, fast = measure(sleeper(0.002), repeats=3)
+    assert len(fast.times_s) >= 3
+    assert sum(fast.times_s) >= MIN_TIMED_S or len(fast.times_s) == MAX_REPEATS
+    _, slow = measure(sleeper(0.3), repeats=2, warmup=0)
+    assert len(slow.times_s) == 2

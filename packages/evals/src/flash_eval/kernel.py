@@ -69,7 +69,8 @@ def total_memory_bytes() -> int:
               callback=comma_list(["flash", "mlx", "torch"]),
               help="Implementations; torch is skipped when PyTorch is not installed.")
 @click.option("-n", "--repeats", default=5, show_default=True, type=click.IntRange(1, 1000),
-              help="Timed calls per implementation (fewer for slow ones).")
+              help="Timed calls per implementation at least (fewer for slow ones; calls shorter than "
+                   "a quarter second are repeated until that much is timed, up to 100 times).")
 @click.option("--max-call-seconds", default=60.0, show_default=True, type=click.FloatRange(0.1),
               help="Skip a reference whose single call would take longer than this.")
 @click.option("--seed", default=0, show_default=True)
@@ -130,7 +131,8 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, se
                     if impl.on_mlx:
                         out, m = measure(impl.run, repeats=n, warmup=warmup)
                     else:
-                        out, m = measure_host(impl.run, repeats=n, warmup=warmup, sync=impl.sync)
+                        out, m = measure_host(impl.run, repeats=n, warmup=warmup, sync=impl.sync,
+                                              on_gpu=mx.default_device() == mx.gpu)
                 except RuntimeError as e:  # e.g. a PyTorch backend that refuses float32
                     row["skipped"] = f"refused: {str(e).splitlines()[0][:80]}"
                     results.append(row)
@@ -141,7 +143,7 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, se
                 row.update(
                     median_ms=m.median_s * 1e3,
                     times_ms=[t * 1e3 for t in m.times_s],
-                    repeats=n,
+                    repeats=len(m.times_s),
                     gflops=case.flops / m.median_s / 1e9,
                     kv_GBps=case.kv_bytes / m.median_s / 1e9,
                     max_abs_error=err,

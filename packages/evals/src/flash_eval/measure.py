@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -28,58 +29,78 @@ class Measurement:
 # evaluated together, and the time divided by the batch.
 BATCH_BELOW_S = 0.002
 MAX_BATCH = 20
+# Short calls are noisy: they are repeated until at least MIN_TIMED_S has been
+# timed (at most MAX_REPEATS times); slow ones run the repeats asked for.
+MIN_TIMED_S = 0.25
+MAX_REPEATS = 100
+
+
+def _batch(first_s: float, on_gpu: bool) -> int:
+    if not on_gpu or first_s >= BATCH_BELOW_S:
+        return 1
+    return min(MAX_BATCH, max(2, int(BATCH_BELOW_S / max(first_s, 1e-6))))
+
+
+def _repeats(repeats: int, per_repeat_s: float) -> int:
+    return max(repeats, min(MAX_REPEATS, math.ceil(MIN_TIMED_S / max(per_repeat_s, 1e-9))))
 
 
 def measure(fn: Callable[[], mx.array], repeats: int = 3, warmup: int = 1) -> tuple[mx.array, Measurement]:
-    """Run fn (which returns a lazy MLX array) to completion repeatedly; the
-    peak-memory figure comes from single calls."""
+    """Run fn (which returns a lazy MLX array) to completion repeatedly. The
+    first timed call runs alone: it gives the peak-memory figure and decides
+    the batch and the number of repeats; when later calls are batched, its
+    time (which carries a whole evaluation's overhead) is not kept."""
     out = None
     for _ in range(warmup):
         out = fn()
         mx.eval(out)
         del out
-    times = []
-    peak = 0
-    batch = 1
-    for i in range(repeats):
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    start = time.perf_counter()
+    out = fn()
+    mx.eval(out)
+    mx.synchronize()
+    first = time.perf_counter() - start
+    peak = mx.get_peak_memory() - before
+    batch = _batch(first, mx.default_device() == mx.gpu)
+    times = [first] if batch == 1 else []
+    n = _repeats(repeats, first * batch)
+    while len(times) < n:
         mx.synchronize()
-        if batch == 1:
-            mx.reset_peak_memory()
-            before = mx.get_active_memory()
         start = time.perf_counter()
         outs = [fn() for _ in range(batch)]
         mx.eval(outs)
         mx.synchronize()
-        elapsed = (time.perf_counter() - start) / batch
-        if batch == 1:
-            peak = max(peak, mx.get_peak_memory() - before)
-        times.append(elapsed)
+        times.append((time.perf_counter() - start) / batch)
         out = outs[-1]
         del outs
-        if i == 0 and mx.default_device() == mx.gpu and elapsed < BATCH_BELOW_S:
-            batch = min(MAX_BATCH, max(2, int(BATCH_BELOW_S / max(elapsed, 1e-6))))
     return out, Measurement(times, peak)
 
 
 def measure_host(fn: Callable[[], object], repeats: int = 3, warmup: int = 1,
-                 sync: Callable[[], None] = lambda: None) -> tuple[object, Measurement]:
+                 sync: Callable[[], None] = lambda: None, on_gpu: bool = False) -> tuple[object, Measurement]:
     """Time another library's calls (e.g. PyTorch); sync() waits for its
-    device. No MLX memory figure. Short calls are batched as in measure()."""
+    device. No MLX memory figure. Short calls on a GPU are batched and fast
+    calls repeated as in measure()."""
     out = None
     for _ in range(warmup):
         out = fn()
     sync()
-    times = []
-    batch = 1
-    for i in range(repeats):
+    start = time.perf_counter()
+    out = fn()
+    sync()
+    first = time.perf_counter() - start
+    batch = _batch(first, on_gpu)
+    times = [first] if batch == 1 else []
+    n = _repeats(repeats, first * batch)
+    while len(times) < n:
         start = time.perf_counter()
         for _ in range(batch):
             out = fn()
         sync()
-        elapsed = (time.perf_counter() - start) / batch
-        times.append(elapsed)
-        if i == 0 and elapsed < BATCH_BELOW_S:
-            batch = min(MAX_BATCH, max(2, int(BATCH_BELOW_S / max(elapsed, 1e-6))))
+        times.append((time.perf_counter() - start) / batch)
     return out, Measurement(times, None)
 
 
