@@ -25,8 +25,9 @@ def add_ratios(results: list[dict]) -> None:
         }
 
 
-def print_kernel_table(results: list[dict], machine: dict) -> None:
-    console = Console(width=max(Console().width, 120))
+def machine_lines(machine: dict) -> list[str]:
+    """What ran where: the machine, MLX, the kernels, the copy bandwidth
+    measured in the same run and each implementation."""
     cpu = machine.get("flashattn_cpu", {})
     lines = [
         f"{machine.get('gpu', machine['processor'])}, {machine['platform']}",
@@ -36,7 +37,12 @@ def print_kernel_table(results: list[dict], machine: dict) -> None:
     if "copy_bandwidth_GBps" in machine:
         lines.append(f"memory: copy on all cores {machine['copy_bandwidth_GBps']:.1f} GB/s (read + write)")
     lines += [f"{name}: {text}" for name, text in machine.get("impls", {}).items()]
-    console.print("\n".join(lines))
+    return lines
+
+
+def print_kernel_table(results: list[dict], machine: dict) -> None:
+    console = Console(width=max(Console().width, 120))
+    console.print("\n".join(machine_lines(machine)))
     others = [name for name in machine.get("impls", {}) if name != FLASH]
     table = Table(title_justify="left")
     columns = ["case", "dtype", "impl", "median ms", "GFLOP/s", "K/V GB/s"]
@@ -69,7 +75,8 @@ def kernel_markdown(results: list[dict], machine: dict) -> str:
     others = [name for name in machine.get("impls", {}) if name != FLASH]
     head = ["case", "dtype", "impl", "median ms", "GFLOP/s", "K/V GB/s"]
     head += [f"flash vs {n}" for n in others] + ["max abs err", "peak MiB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [f"- {line}" for line in machine_lines(machine)] + [""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r["case"], r["dtype"], r["impl"]]
         if "skipped" in r:

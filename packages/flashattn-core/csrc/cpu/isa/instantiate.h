@@ -2,6 +2,9 @@
 // defines FLASHATTN_ISA, FLASHATTN_TILES and, on x86-64, FLASHATTN_TARGET.
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "../kernels.h"
