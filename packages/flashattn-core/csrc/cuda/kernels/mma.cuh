@@ -111,6 +111,15 @@ struct PrefillBlock {
   }
 };
 
+// 2^x on the special-function unit alone. Subnormal results flush to 0, which
+// exp2f spends three more instructions per call to avoid; a probability below
+// 2^-126 changes no float32 sum it joins.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Masks the scores of one warp's 16 rows x NB*8 keys (accumulator layout),
 // scales them into the log2 domain, and runs the online-softmax step:
 // s becomes P, m_i / l_i are updated, o (NO accumulator tiles) rescaled.
@@ -145,11 +154,20 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
         s[nb][i] = term == FA_NEG_INF ? FA_NEG_INF : s[nb][i] * scale_log2 + term;
       }
     }
-  } else {
+  }
+  // Unmasked tiles (most of them) keep the raw scores when the scale is
+  // positive: the largest raw score times scale * log2(e) is the largest
+  // scaled one, and each exponent becomes one fused multiply-add.
+  float mul = 1.0f;
+  if (!need_mask) {
+    if (scale_log2 > 0.0f) {
+      mul = scale_log2;
+    } else {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
+      for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[nb][i] *= scale_log2;
+        for (int i = 0; i < 4; ++i) s[nb][i] *= scale_log2;
+    }
   }
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -158,16 +176,16 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
     for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * rr], s[nb][2 * rr + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_i[rr], mx);
+    const float m_new = fmaxf(m_i[rr], mx * mul);
     const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;  // nothing seen yet: exp2(-inf) = 0
-    const float alpha = exp2f(m_i[rr] - m_use);
+    const float alpha = fast_exp2(m_i[rr] - m_use);
     m_i[rr] = m_new;
     float sum = 0.0f;
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const float p = exp2f(s[nb][2 * rr + i] - m_use);
+        const float p = fast_exp2(fmaf(s[nb][2 * rr + i], mul, -m_use));
         s[nb][2 * rr + i] = p;
         sum += p;
       }
