@@ -22,6 +22,7 @@
 
 #include "mask_layout.h"
 #include "metal/kernels.h"
+#include "metal/kernels/params.h"
 
 namespace flashattn::metal {
 
@@ -30,33 +31,11 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMinElements = 8;
 
-// Must match `enum Param` in kernels/common.metal.
-enum Param : int {
-  kHeadsQ = 0,
-  kHeadsKV = 1,
-  kL = 2,
-  kS = 3,
-  kE = 4,
-  kMaskKind = 5,
-  kMaskRowStride = 6,
-  kMaskColStride = 7,
-  kKeysPerSplit = 8,
-  kRowsPerGroup = 9,
-  kScaleLog2 = 10,
-  kRowsTotal = 11,
-  kSplits = 12,
-  kParamCount = 16,
-};
-constexpr int kMaskAdditive = 3;
+using namespace fa;  // Param, MaskKind and the tile sizes (kernels/params.h)
 
-// Tiles (must match rows.metal and mma.metal).
 int elements_per_thread(int E) {  // EPT: head-dim elements per lane
   return E <= 64 ? 2 : (E <= 128 ? 4 : 8);
 }
-int rows_per_threadgroup(int ept) {  // fa::rows_per_threadgroup
-  return ept <= 4 ? 32 : 16;
-}
-constexpr int kMatrixRows = 32, kMatrixThreads = 128;
 bool has_matrix_kernel(int E) {
   return E == 64 || E == 80 || E == 96 || E == 128;
 }
@@ -193,9 +172,9 @@ mx::array flash_attention(
 
   if (variant == Variant::matrix) {
     KernelCall call{"flash_mma", {{"T", q.dtype()}, {"E", E}}, inputs(p), {q.shape()}, {q.dtype()},
-                    {checked_int(int64_t(ceil_div(L, kMatrixRows)) * kMatrixThreads, "query tiles"),
+                    {checked_int(int64_t(ceil_div(L, mma_rows())) * kMmaThreads, "query tiles"),
                      checked_int(batch * H_q, "heads"), 1},
-                    {kMatrixThreads, 1, 1}};
+                    {kMmaThreads, 1, 1}};
     return launch(call)[0];
   }
 

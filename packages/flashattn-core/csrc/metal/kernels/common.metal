@@ -9,27 +9,8 @@ using namespace metal;
 
 namespace fa {
 
-// Index of each launch parameter in the int32 `params` input (dispatch.cpp
-// fills it in this order).
-enum Param : int {
-  kHeadsQ = 0,       // H_q
-  kHeadsKV = 1,      // H_kv
-  kL = 2,            // query rows per head
-  kS = 3,            // keys per head
-  kE = 4,            // head dimension
-  kMaskKind = 5,     // MaskKind below
-  kMaskRowStride = 6,
-  kMaskColStride = 7,
-  kKeysPerSplit = 8, // keys one threadgroup walks (decode splits S)
-  kRowsPerGroup = 9, // query rows of one threadgroup of the rows kernel
-  kScaleLog2 = 10,   // softmax scale x log2(e), as float bits
-  kRowsTotal = 11,   // B x H_q x L: slots of the split partials
-  kSplits = 12,
-  kParamCount = 16,
-};
-
-// Boolean masks arrive as additive ones (0 or -inf); both are "additive".
-enum MaskKind : int { kMaskNone = 0, kMaskCausal = 1, kMaskAdditive = 3 };
+// Param (launch parameter indices) and MaskKind come from params.h, which
+// CMake embeds ahead of this file.
 
 constant constexpr float kLog2e = 1.4426950408889634f;
 

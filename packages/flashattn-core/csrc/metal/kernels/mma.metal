@@ -17,12 +17,7 @@
 
 namespace fa {
 
-constexpr int mma_rows() {
-  return 32;  // Br
-}
-constexpr int mma_keys(int E) {
-  return E <= 96 ? 32 : 16;  // Bc
-}
+// Br = mma_rows(), Bc = mma_keys(E), kMmaThreads threads (params.h).
 
 template <typename T, int E>
 void flash_mma(
@@ -31,7 +26,7 @@ void flash_mma(
     uint sg, uint lane, uint tid, threadgroup float* o_tile, threadgroup float* kv_tile,
     threadgroup float* s_tile, threadgroup float* alpha_tile, threadgroup uchar* hidden_tile,
     threadgroup int* flags) {
-  constexpr int Br = mma_rows(), Bc = mma_keys(E), D = E / 8, KB = Bc / 8, kThreads = 128;
+  constexpr int Br = mma_rows(), Bc = mma_keys(E), D = E / 8, KB = Bc / 8, kThreads = kMmaThreads;
   const int H_q = params[kHeadsQ], H_kv = params[kHeadsKV], L = params[kL], S = params[kS];
   const int kind = params[kMaskKind];
   const Mask mask = make_mask(mask_data, mask_base, params);

@@ -18,10 +18,7 @@
 
 namespace fa {
 
-// Br: 32 query rows (SIMD groups) up to E = 128, 16 beyond (E <= 256).
-constexpr int rows_per_threadgroup(int EPT) {
-  return EPT <= 4 ? 32 : 16;
-}
+// Br = rows_per_threadgroup(EPT) (params.h).
 
 // The query row a SIMD group holds and the keys it walks.
 struct RowTask {
