@@ -103,3 +103,27 @@ def test_empty_dimensions(shape_q, shape_kv):
     out = flash_attention(mx.ones(shape_q), mx.ones(shape_kv), mx.ones(shape_kv), mask="causal")
     assert out.shape == shape_q
     assert np.all(np.array(out) == 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("E", [64, 128])
+def test_masked_nan_values_in_a_middle_key_tile(dtype, E):
+    # Long enough for the GPU's tiled kernels (full row tiles, several key
+    # tiles): value rows that a boolean mask hides from every query hold NaN
+    # and Inf in a middle key tile. That tile takes the kernels' rare path
+    # (P V over visible keys only) while the next tile is being loaded; no
+    # output may change.
+    heads = (14, 2) if E == 64 else (4, 1)
+    case = Case(batch=(1,), heads=heads, L=320, S=320, E=E, dtype=dtype)
+    q, k, v, _ = make_inputs(case)
+    v_np = np.array(v.astype(mx.float32))
+    v_np[..., 140, :] = np.nan
+    v_np[..., 141, :] = np.inf
+    v = mx.array(v_np).astype(v.dtype)
+    keep = np.ones((320, 320), dtype=bool)
+    keep[:, 140:142] = False
+    mask = mx.array(keep)
+    out = flash_attention(q, k, v, mask=mask)
+    ref = attention_reference(q, k, v, mask=mask)
+    assert np.isfinite(np.array(out.astype(mx.float32))).all()
+    assert relative_error(out, ref) <= TOLERANCE[dtype]

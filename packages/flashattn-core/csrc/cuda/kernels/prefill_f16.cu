@@ -138,8 +138,11 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
     if (need_mask && tile_has_nonfinite<T, E>(sv, count, tid)) {
       // Rare: P V over visible keys only (0 x NaN would leak hidden values).
       // Every warp is past its S = Q K^T (the barrier in the test above), so
-      // P is staged where K was.
-      T* p_stage = sm.k[buf] + w * 16 * kBc;
+      // P is staged where Q was (Q lives in registers by now) or, for E = 256,
+      // where this tile's K was. Never in the other K/V buffers: the next
+      // tile is landing there.
+      static_assert(kQInRegs ? kBr * LD >= kBr * kBc : kBc * LD >= kBr * kBc, "P staging must fit");
+      T* p_stage = (kQInRegs ? sm.q : sm.k[buf]) + w * 16 * kBc;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
