@@ -1,7 +1,8 @@
 // Which CUDA kernel runs, and its launch: the one place that decides.
 //
 //   L <= 8, ratio x L <= 16 query rows per KV head, E in {64, 96, 128}:
-//       decode (FlashDecoding: keys split across blocks, then merged)
+//       decode (FlashDecoding: keys split across blocks, then merged; up to
+//       1024 keys one block per group, no merge)
 //   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill
 //   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill
 //   everything else: the generic kernel (keys split and merged when the
@@ -104,6 +105,11 @@ int prefill_smem_bytes(mx::Dtype t, int E) {
 // Compute on an H200, qwen05b S = 32768: splits of 512 keys gave 128 blocks,
 // one per SM, 54 us).
 constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeysPerSplit = 128;
+// Up to this many keys one block per group walks them all and writes the
+// output (one launch, no merge): faster than splitting on an H200 (S = 256 to
+// 1024: 19-36 us against 27-46 us a call for qwen05b / hd128; at 2048 and
+// above the split is faster).
+constexpr int kDecodeOneSplitMaxKeys = 1024;
 constexpr int kMaxSplits = 1024;
 // Blocks that keep a large GPU busy in decode.
 constexpr int kDecodeTargetBlocks = 512;
@@ -162,6 +168,7 @@ mx::array flash_attention(
     int splits = static_cast<int>(std::clamp<int64_t>(
         (kDecodeTargetBlocks + groups - 1) / groups, 1, (S + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit));
     splits = std::min(splits, kMaxSplits);
+    if (S <= kDecodeOneSplitMaxKeys) splits = 1;
     int keys_per_split = (S + splits - 1) / splits;
     keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
     splits = (S + keys_per_split - 1) / keys_per_split;
