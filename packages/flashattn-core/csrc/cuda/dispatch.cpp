@@ -106,9 +106,9 @@ int prefill_smem_bytes(mx::Dtype t, int E) {
 // one per SM, 54 us).
 constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeysPerSplit = 128;
 // Up to this many keys one block per group walks them all and writes the
-// output (one launch, no merge): faster than splitting on an H200 (S = 256 to
-// 1024: 19-36 us against 27-46 us a call for qwen05b / hd128; at 2048 and
-// above the split is faster).
+// output: one launch, no merge. In one H200 run (qwen05b / hd128) that took
+// S = 256-1024 from 27-46 to 19-36 us a call and made S >= 2048 slower; calls
+// this short vary by up to +-50% between runs, so the threshold is rough.
 constexpr int kDecodeOneSplitMaxKeys = 1024;
 constexpr int kMaxSplits = 1024;
 // Blocks that keep a large GPU busy in decode.
