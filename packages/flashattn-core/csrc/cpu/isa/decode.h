@@ -203,7 +203,7 @@ struct Decode {
       FLASHATTN_QK_CASE(9) FLASHATTN_QK_CASE(10) FLASHATTN_QK_CASE(11) FLASHATTN_QK_CASE(12)
       FLASHATTN_QK_CASE(13) FLASHATTN_QK_CASE(14) FLASHATTN_QK_CASE(15) FLASHATTN_QK_CASE(16)
 #undef FLASHATTN_QK_CASE
-      default: { // E in (128, 256]: two passes over halves of the head dim
+      default: { // E in (128, 256]: K rows too long for registers, read as used
         for (int c = 0; c < cols; ++c) {
           const T* k_row = K + c * ks;
           ahead.fetch(c);
