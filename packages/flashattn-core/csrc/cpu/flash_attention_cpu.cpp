@@ -88,22 +88,21 @@ void merge_partials(const AttentionProblem& p, WorkPlan& plan, int64_t tile) {
   const int64_t b = group / p.H_kv, g = group % p.H_kv;
   const int first = row_tile * RB;
   const int rows = std::min(RB, plan.rows_per_group - first);
-  const float* parts = plan.partials.data() + tile * plan.splits * plan.partial_floats;
   T* out = static_cast<T*>(p.out);
   for (int r = 0; r < rows; ++r) {
     float m = -std::numeric_limits<float>::infinity();
     for (int s = 0; s < plan.splits; ++s) {
-      m = std::max(m, parts[s * plan.partial_floats + r]);
+      m = std::max(m, plan.partial(tile, s).m(r));
     }
     float m_use = std::isinf(m) && m < 0 ? 0.0f : m;
     float l = 0.0f;
     float o[256] = {};
     for (int s = 0; s < plan.splits; ++s) {
-      const float* part = parts + s * plan.partial_floats;
-      float w = std::exp2(part[r] - m_use);
-      l += w * part[RB + r];
+      const Partial part = plan.partial(tile, s);
+      float w = std::exp2(part.m(r) - m_use);
+      l += w * part.l(r);
       for (int e = 0; e < E; ++e) {
-        o[e] += w * part[2 * RB + e * RB + r];
+        o[e] += w * part.o(e, r);
       }
     }
     float inv = l == 0.0f ? 0.0f : 1.0f / l;

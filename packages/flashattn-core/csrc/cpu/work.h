@@ -25,6 +25,23 @@ struct WorkItem {
   int64_t cost = 0;
 };
 
+// One key split's partial result, in the layout merge_partials reads:
+// m_i[RB], l_i[RB], then o_i^T (E x RB, head-dim-major).
+struct Partial {
+  float* data;
+  int RB;
+
+  float& m(int r) const {
+    return data[r];
+  }
+  float& l(int r) const {
+    return data[RB + r];
+  }
+  float& o(int e, int r) const {
+    return data[2 * RB + int64_t(e) * RB + r];
+  }
+};
+
 struct WorkPlan {
   int RB = 0; // query rows per row tile
   bool narrow = false; // the kernel variant for few rows per group
@@ -34,14 +51,16 @@ struct WorkPlan {
   int splits = 1; // key ranges per row tile
   std::vector<WorkItem> items; // most expensive first
 
-  // Partial results of split items: m_i[RB], l_i[RB], o_i^T[E x RB].
+  // Partial results of split items, one Partial each.
   std::vector<float> partials;
   int64_t partial_floats = 0;
 
-  float* partial(const WorkItem& item) {
-    int64_t slot =
-        (item.group * row_tiles + item.row_tile) * splits + item.split;
-    return partials.data() + slot * partial_floats;
+  // Split `split` of row tile `tile` (group * row_tiles + row_tile).
+  Partial partial(int64_t tile, int split) {
+    return {partials.data() + (tile * splits + split) * partial_floats, RB};
+  }
+  Partial partial(const WorkItem& item) {
+    return partial(item.group * row_tiles + item.row_tile, item.split);
   }
 };
 

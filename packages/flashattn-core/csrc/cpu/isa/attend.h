@@ -295,13 +295,15 @@ struct Attend {
   }
 
   void store_partial() {
-    float* dst = plan.partial(item);
+    const Partial dst = plan.partial(item);
     for (int r = 0; r < RB; ++r) {
-      dst[r] = s.m_i[r];
-      dst[RB + r] = s.l_i[r];
+      dst.m(r) = s.m_i[r];
+      dst.l(r) = s.l_i[r];
     }
-    for (int i = 0; i < p.E * RB; ++i) {
-      dst[2 * RB + i] = s.Ot[i];
+    for (int e = 0; e < p.E; ++e) {
+      for (int r = 0; r < RB; ++r) {
+        dst.o(e, r) = s.Ot[e * RB + r];
+      }
     }
   }
 };

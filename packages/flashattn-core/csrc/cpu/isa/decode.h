@@ -394,17 +394,14 @@ struct Decode {
     }
   }
 
-  // The layout merge_partials reads: m_i[RB], l_i[RB], o_i^T[E x RB].
+  // Rows R..RB of the plan's row tile are padding: empty states.
   void store_partial() {
-    const int RB = plan.RB;
-    float* dst = plan.partial(item);
-    for (int r = 0; r < RB; ++r) {
-      dst[r] = r < R ? m_i[r] : kNegInf;
-      dst[RB + r] = r < R ? l_i[r] : 0.0f;
-    }
-    for (int e = 0; e < p.E; ++e) {
-      for (int r = 0; r < RB; ++r) {
-        dst[2 * RB + e * RB + r] = r < R ? o[r][e] : 0.0f;
+    const Partial dst = plan.partial(item);
+    for (int r = 0; r < plan.RB; ++r) {
+      dst.m(r) = r < R ? m_i[r] : kNegInf;
+      dst.l(r) = r < R ? l_i[r] : 0.0f;
+      for (int e = 0; e < p.E; ++e) {
+        dst.o(e, r) = r < R ? o[r][e] : 0.0f;
       }
     }
   }
