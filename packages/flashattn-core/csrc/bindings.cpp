@@ -66,12 +66,16 @@ NB_MODULE(_ext, m) {
       [] {
         nb::dict out;
         for (const auto& m : flashattn::cuda::kernel_images()) {
-          out[m.kernel.c_str()] = m.image.size();
+          nb::dict sizes;
+          sizes["sm90"] = m.sm90.size();
+          sizes["ptx"] = m.ptx.size();
+          out[m.kernel.c_str()] = sizes;
         }
         return out;
       },
-      "The embedded CUDA kernels and their module sizes in bytes (empty when "
-      "the build had no nvcc).");
+      "The embedded CUDA kernels and the sizes in bytes of their two modules "
+      "(sm90: Hopper machine code, ptx: for other GPUs); empty when the build "
+      "had no nvcc.");
 
   m.def(
       "flash_attention",

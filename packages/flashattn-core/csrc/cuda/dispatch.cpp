@@ -23,9 +23,11 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <variant>
 
 #include "cuda/kernel_images.h"
 #include "mask_layout.h"
+#include "mlx/backend/gpu/device_info.h"
 #include "mlx/fast.h"
 
 namespace flashattn::cuda {
@@ -52,8 +54,8 @@ const char* dtype_name(mx::Dtype t) {
   return "bfloat16";
 }
 
-const std::string& image_of(const std::string& kernel) {
-  const std::string* image = find_image(kernel);
+const std::string& image_of(const std::string& kernel, const mx::Stream& s) {
+  const std::string* image = find_image(kernel, s.device.index);
   if (!image) {
     throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
   }
@@ -125,14 +127,41 @@ bool has_prefill_kernel(mx::Dtype t, int E) {
 
 }  // namespace
 
-const std::string* find_image(const std::string& kernel) {
+namespace {
+
+// Whether the GPU runs the sm_90 machine code (compute capability 9.0 exactly:
+// sm_90 cubins load nowhere else), asked of MLX once per device.
+// FLASHATTN_CUDA_IMAGE=ptx takes the PTX modules everywhere (tests of that
+// path on a Hopper GPU).
+bool runs_sm90(int device_index) {
+  static const char* forced = std::getenv("FLASHATTN_CUDA_IMAGE");
+  if (forced != nullptr && std::string(forced) == "ptx") return false;
+  static std::mutex mutex;
+  static std::unordered_map<int, bool> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(device_index);
+  if (it != known.end()) return it->second;
+  const auto& info = mx::gpu::device_info(device_index);
+  auto cc = [&](const char* key) -> size_t {
+    auto f = info.find(key);
+    return f != info.end() && std::holds_alternative<size_t>(f->second) ? std::get<size_t>(f->second) : 0;
+  };
+  const bool sm90 = cc("compute_capability_major") == 9 && cc("compute_capability_minor") == 0;
+  known[device_index] = sm90;
+  return sm90;
+}
+
+}  // namespace
+
+const std::string* find_image(const std::string& kernel, int device_index) {
   static std::once_flag once;
-  static std::unordered_map<std::string, const std::string*> index;
+  static std::unordered_map<std::string, const KernelImage*> index;
   std::call_once(once, [] {
-    for (const auto& m : kernel_images()) index[m.kernel] = &m.image;
+    for (const auto& m : kernel_images()) index[m.kernel] = &m;
   });
   auto it = index.find(kernel);
-  return it == index.end() ? nullptr : it->second;
+  if (it == index.end()) return nullptr;
+  return runs_sm90(device_index) ? &it->second->sm90 : &it->second->ptx;
 }
 
 bool kernels_available() {
@@ -178,17 +207,17 @@ mx::array flash_attention(
     if (splits == 1) {
       const std::string name = "fa_decode_" + suffix;
       return mx::fast::precompiled_cuda_kernel(
-          name, image_of(name), inputs, {q.shape()}, {q.dtype()}, scalars, grid, {kThreads, 1, 1}, 0,
+          name, image_of(name, s), inputs, {q.shape()}, {q.dtype()}, scalars, grid, {kThreads, 1, 1}, 0,
           init, true, s)[0];
     }
     const int rows = static_cast<int>(batch * H_q * L);
     const std::string name = "fa_decode_split_" + suffix;
     auto parts = mx::fast::precompiled_cuda_kernel(
-        name, image_of(name), inputs, {{splits, rows, E}, {splits, rows, 2}}, {mx::float32, mx::float32},
+        name, image_of(name, s), inputs, {{splits, rows, E}, {splits, rows, 2}}, {mx::float32, mx::float32},
         scalars, grid, {kThreads, 1, 1}, 0, init, true, s);
     const std::string merge = "fa_merge_" + dt;
     return mx::fast::precompiled_cuda_kernel(
-        merge, image_of(merge), parts, {q.shape()}, {q.dtype()}, {rows, E, splits}, {rows * kThreads, 1, 1},
+        merge, image_of(merge, s), parts, {q.shape()}, {q.dtype()}, {rows, E, splits}, {rows * kThreads, 1, 1},
         {kThreads, 1, 1}, 0, init, true, s)[0];
   }
 
@@ -198,7 +227,7 @@ mx::array flash_attention(
     const int tiles = (L + rows - 1) / rows;
     std::vector<Scalar> scalars = {H_q, H_kv, L, S, kind, m.row_stride, m.col_stride, scale_log2};
     return mx::fast::precompiled_cuda_kernel(
-        name, image_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
+        name, image_of(name, s), inputs, {q.shape()}, {q.dtype()}, scalars,
         {tiles * threads, H_q, static_cast<int>(batch)}, {threads, 1, 1},
         prefill_smem_bytes(q.dtype(), E), init, /* ensure_row_contiguous */ true, s)[0];
   }
@@ -222,17 +251,17 @@ mx::array flash_attention(
   if (splits == 1) {
     const std::string name = "fa_generic_" + suffix;
     return mx::fast::precompiled_cuda_kernel(
-        name, image_of(name), inputs, {q.shape()}, {q.dtype()}, scalars,
+        name, image_of(name, s), inputs, {q.shape()}, {q.dtype()}, scalars,
         {static_cast<int>(threads), 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
   }
   const std::string name = "fa_generic_split_" + suffix;
   const int r = static_cast<int>(rows);
   auto parts = mx::fast::precompiled_cuda_kernel(
-      name, image_of(name), inputs, {{splits, r, E}, {splits, r, 2}}, {mx::float32, mx::float32},
+      name, image_of(name, s), inputs, {{splits, r, E}, {splits, r, 2}}, {mx::float32, mx::float32},
       scalars, {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0, init, true, s);
   const std::string merge = "fa_merge_" + dt;
   return mx::fast::precompiled_cuda_kernel(
-      merge, image_of(merge), parts, {q.shape()}, {q.dtype()}, {r, E, splits},
+      merge, image_of(merge, s), parts, {q.shape()}, {q.dtype()}, {r, E, splits},
       {r * kThreads, 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
 }
 

@@ -1,7 +1,8 @@
 // The CUDA kernels compiled at build time (when nvcc was there) and embedded
-// in the extension, one small module per kernel (a compressed fatbin: PTX for
-// compute_80 and sm_90 machine code): MLX hashes and copies a kernel's module
-// on every launch.
+// in the extension, two small modules per kernel (compressed fatbins): sm_90
+// machine code, and PTX for compute_80 that the driver compiles for any other
+// GPU from Ampere on. MLX hashes and copies a kernel's module on every
+// launch, so a launch passes only the one its GPU runs.
 
 #pragma once
 
@@ -12,13 +13,14 @@ namespace flashattn::cuda {
 
 struct KernelImage {
   std::string kernel;  // the extern "C" entry point it defines
-  std::string image;   // what cuModuleLoadData takes (fatbin)
+  std::string sm90;    // what cuModuleLoadData takes (fatbin): Hopper
+  std::string ptx;     // the same for other GPUs (compute_80 PTX)
 };
 
 // Every embedded module (empty when the build had no nvcc).
 const std::vector<KernelImage>& kernel_images();
 
-// The image of `kernel`'s module, or nullptr.
-const std::string* find_image(const std::string& kernel);
+// The image of `kernel`'s module for the GPU of `device_index`, or nullptr.
+const std::string* find_image(const std::string& kernel, int device_index);
 
 }  // namespace flashattn::cuda

@@ -64,6 +64,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
                                        int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                        int mask_cs, int keys_per_split, float scale_log2) {
   constexpr int EL = E / 32;  // head-dim elements per lane in P V (E % 32 == 0)
+  constexpr int kVRows = E <= 64 ? 8 : 4;  // value rows whose loads fly together
   using V16 = Vec16<T>;
   __shared__ DecodeSmem<T, E> sm;
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
@@ -101,6 +102,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     for (int r = 0; r < kMaxRows; ++r) s[r] = 0.0f;
     if (c < c_end) {
       const T* k_row = k_head + (int64_t)c * E;
+#pragma unroll
       for (int e0 = 0; e0 < E; e0 += V16::N) {
         float kv[V16::N];
         V16::load(k_row + e0, kv);
@@ -139,19 +141,30 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
       for (int i = 0; i < EL; ++i) o[r][i] *= alpha;
     }
     __syncwarp();
+    // P V, kVRows value rows at a time: all their loads are issued before
+    // the first is used, so a chunk costs 32 / kVRows memory latencies, not
+    // one per key (the V rows were never read before: HBM, not cache).
     const int keys = min(32, c_end - c0);
-    for (int j = 0; j < keys; ++j) {
-      const T* v_row = v_head + (int64_t)(c0 + j) * E;
-      float vv[EL];
 #pragma unroll
-      for (int i = 0; i < EL; ++i) vv[i] = to_f(v_row[lane + 32 * i]);
+    for (int j0 = 0; j0 < 32; j0 += kVRows) {
+      if (j0 >= keys) break;
+      float vv[kVRows][EL];
 #pragma unroll
-      for (int r = 0; r < kMaxRows; ++r) {
-        if (r >= R) break;
-        const float p = sm.p[w][r][j];
-        if (p != 0.0f) {  // hidden keys (p = 0) never reach the output
+      for (int j = 0; j < kVRows; ++j) {
+        const T* v_row = v_head + (int64_t)(c0 + j0 + j) * E;
 #pragma unroll
-          for (int i = 0; i < EL; ++i) o[r][i] += p * vv[i];
+        for (int i = 0; i < EL; ++i) vv[j][i] = j0 + j < keys ? to_f(v_row[lane + 32 * i]) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kVRows; ++j) {
+#pragma unroll
+        for (int r = 0; r < kMaxRows; ++r) {
+          if (r >= R) break;
+          const float p = sm.p[w][r][j0 + j];  // 0 past keys: set so above
+          if (p != 0.0f) {  // hidden keys (p = 0) never reach the output
+#pragma unroll
+            for (int i = 0; i < EL; ++i) o[r][i] += p * vv[j][i];
+          }
         }
       }
     }
