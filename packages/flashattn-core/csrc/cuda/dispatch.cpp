@@ -36,6 +36,7 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 128;
+constexpr int kMergeThreads = 512;  // kMergeThreads in generic.cu
 constexpr int kPrefillRows32 = 64;  // Br of the float32 prefill kernel
 
 // Warps (16 query rows each) of the float16 / bfloat16 prefill kernel.
@@ -107,13 +108,19 @@ int prefill_smem_bytes(mx::Dtype t, int E) {
 // Compute on an H200, qwen05b S = 32768: splits of 512 keys gave 128 blocks,
 // one per SM, 54 us).
 constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeysPerSplit = 128;
+// Query rows of one decode block (kMaxRows in decode.cu): groups with more
+// rows (up to kDecodeMaxRows) take several blocks.
+constexpr int kDecodeBlockRows = 8;
 // Up to this many keys one block per group walks them all and writes the
 // output: one launch, no merge. In one H200 run (qwen05b / hd128) that took
 // S = 256-1024 from 27-46 to 19-36 us a call and made S >= 2048 slower; calls
 // this short vary by up to +-50% between runs, so the threshold is rough.
 constexpr int kDecodeOneSplitMaxKeys = 1024;
 constexpr int kMaxSplits = 1024;
-// Blocks that keep a large GPU busy in decode.
+// Blocks that keep a large GPU busy in decode. scripts/decode-probe.py on an
+// H200 (qwen05b S = 1024-32768, hd128 S = 32768, two runs each): 512, 264
+// and 132 were within run-to-run noise for qwen05b; 132 was 8% faster for
+// hd128 and up to 40% slower for qwen05b.
 constexpr int kDecodeTargetBlocks = 512;
 
 bool has_decode_kernel(int E) {
@@ -192,7 +199,7 @@ mx::array flash_attention(
 
   const int rows_per_group = (H_q / H_kv) * L;
   if (L < kMinPrefillL && rows_per_group <= kDecodeMaxRows && has_decode_kernel(E) && batch <= 65535 &&
-      H_kv <= 65535) {
+      H_kv * ((rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows) <= 65535) {
     const int64_t groups = batch * H_kv;
     int splits = static_cast<int>(std::clamp<int64_t>(
         (kDecodeTargetBlocks + groups - 1) / groups, 1, (S + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit));
@@ -202,7 +209,8 @@ mx::array flash_attention(
     keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
     splits = (S + keys_per_split - 1) / keys_per_split;
     std::vector<Scalar> scalars = {H_q, H_kv, L, S, kind, m.row_stride, m.col_stride, keys_per_split, scale_log2};
-    const std::tuple<int, int, int> grid = {splits * kThreads, H_kv, static_cast<int>(batch)};
+    const int row_blocks = (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
+    const std::tuple<int, int, int> grid = {splits * kThreads, H_kv * row_blocks, static_cast<int>(batch)};
     const std::string suffix = dt + "_" + std::to_string(E);
     if (splits == 1) {
       const std::string name = "fa_decode_" + suffix;
@@ -217,8 +225,8 @@ mx::array flash_attention(
         scalars, grid, {kThreads, 1, 1}, 0, init, true, s);
     const std::string merge = "fa_merge_" + dt;
     return mx::fast::precompiled_cuda_kernel(
-        merge, image_of(merge, s), parts, {q.shape()}, {q.dtype()}, {rows, E, splits}, {rows * kThreads, 1, 1},
-        {kThreads, 1, 1}, 0, init, true, s)[0];
+        merge, image_of(merge, s), parts, {q.shape()}, {q.dtype()}, {rows, E, splits},
+        {rows * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0, init, true, s)[0];
   }
 
   if (L >= kMinPrefillL && has_prefill_kernel(q.dtype(), E) && batch <= 65535 && H_q <= 65535) {
@@ -262,7 +270,7 @@ mx::array flash_attention(
   const std::string merge = "fa_merge_" + dt;
   return mx::fast::precompiled_cuda_kernel(
       merge, image_of(merge, s), parts, {q.shape()}, {q.dtype()}, {r, E, splits},
-      {r * kThreads, 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
+      {r * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0, init, true, s)[0];
 }
 
 }  // namespace flashattn::cuda

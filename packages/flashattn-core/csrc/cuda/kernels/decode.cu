@@ -1,23 +1,30 @@
 // Decode (FlashDecoding): few query rows per KV head against many keys.
 //
-// A block of 4 warps takes one (batch, KV head) group, all its R = ratio x L
-// query rows (R <= 16, rows ordered head-major: r = hh * L + l), and one split
+// A block of 4 warps takes one (batch, KV head) group, up to 8 of its
+// ratio x L query rows (rows ordered head-major: r = hh * L + l; a group with
+// more has several row blocks, which read its keys once each), and one split
 // of the keys; the splits are merged by fa_merge_* (or normalised here when
-// there is one split). Each warp walks chunks of 32 keys:
+// there is one split). Each warp walks chunks of 32 keys, asking L2 for its
+// next chunks' rows ahead of use:
 //
 //   QK: lane j scores key j of the chunk against all R rows (K row read once,
 //       16-byte loads; the rows' queries are broadcast from shared memory)
 //   online softmax per row across the warp (shuffles)
-//   PV: lanes split the head dim; P of the chunk is broadcast from shared
-//       memory, each V row read once, coalesced
+//   PV: lanes split the head dim (E / 32 consecutive elements each, one
+//       vector load per row); P of the chunk is broadcast from shared
+//       memory, each V row read once, coalesced, 8 rows' loads at a time
 //
 // Keys a row cannot see get P = 0 and are skipped in P V (never 0 x NaN).
+
+#include <type_traits>
 
 #include "unit.cuh"
 
 namespace fa {
 
-constexpr int kDecWarps = 4, kMaxRows = 16;
+constexpr int kDecWarps = 4, kMaxRows = 8;
+// Chunks ahead of the current one whose rows a warp has asked into L2.
+constexpr int kAhead = 2;
 
 template <typename T>
 struct Vec16;  // 16 bytes of T, as floats
@@ -44,6 +51,27 @@ struct Vec16<__half> : Vec16Half<__half> {};
 template <>
 struct Vec16<__nv_bfloat16> : Vec16Half<__nv_bfloat16> {};
 
+// EL consecutive elements of T as floats (zeros when !valid): one vector load
+// where EL elements make 4, 8 or 16 aligned bytes.
+template <typename T, int EL>
+__device__ __forceinline__ void load_el(const T* p, bool valid, float* out) {
+  constexpr int kBytes = EL * (int)sizeof(T);
+  if (!valid) {
+#pragma unroll
+    for (int i = 0; i < EL; ++i) out[i] = 0.0f;
+  } else if constexpr (kBytes == 4 || kBytes == 8 || kBytes == 16) {
+    using Raw = typename std::conditional<kBytes == 4, uint32_t,
+                typename std::conditional<kBytes == 8, uint2, uint4>::type>::type;
+    const Raw raw = *reinterpret_cast<const Raw*>(p);
+    const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < EL; ++i) out[i] = to_f(h[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < EL; ++i) out[i] = to_f(p[i]);
+  }
+}
+
 template <typename T, int E>
 struct DecodeSmem {
   // The queries (scaled into the log2 domain) while keys are walked, then
@@ -63,30 +91,55 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
                                        float* __restrict__ o_part, float* __restrict__ ml_part,
                                        int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                        int mask_cs, int keys_per_split, float scale_log2) {
-  constexpr int EL = E / 32;  // head-dim elements per lane in P V (E % 32 == 0)
-  constexpr int kVRows = E <= 64 ? 8 : 4;  // value rows whose loads fly together
+  // P V: lane j holds head-dim elements [EL j, EL j + EL) (one vector load
+  // per value row), kVRows value rows' loads in flight together.
+  constexpr int EL = E / 32;  // E % 32 == 0
+  constexpr int kVRows = 8;
   using V16 = Vec16<T>;
   __shared__ DecodeSmem<T, E> sm;
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-  const int split = blockIdx.x, g = blockIdx.y;
+  // grid.y: KV heads x row blocks (a group's rows, kMaxRows at a time).
+  const int ratio = H_q / H_kv, rows_per_group = ratio * L;
+  const int row_blocks = (rows_per_group + kMaxRows - 1) / kMaxRows;
+  const int split = blockIdx.x, g = blockIdx.y / row_blocks, r0 = blockIdx.y % row_blocks * kMaxRows;
+  const int R = min(kMaxRows, rows_per_group - r0);
   const int64_t b = blockIdx.z;
-  const int ratio = H_q / H_kv, R = ratio * L;
   const int64_t n_kv = b * H_kv + g;
   const T* k_head = k + n_kv * (int64_t)S * E;
   const T* v_head = v + n_kv * (int64_t)S * E;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
   const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
-  // Row r of the group: query head g * ratio + r / L, position r % L.
-  auto row_n = [&](int r) { return b * H_q + (int64_t)g * ratio + r / L; };
-
-  for (int i = tid; i < R * E; i += kDecWarps * 32) {
-    const int r = i / E, e = i % E;
-    sm.q[r][e] = to_f(q[(row_n(r) * L + r % L) * E + e]) * scale_log2;
-  }
-  __syncthreads();
+  // Row r of the block, r0 + r of the group: query head g * ratio + (r0 + r) / L,
+  // position (r0 + r) % L.
+  auto row_n = [&](int r) { return b * H_q + (int64_t)g * ratio + (r0 + r) / L; };
+  auto pos = [&](int r) { return (r0 + r) % L; };
 
   const int c_begin = split * keys_per_split;
   const int c_end = min(S, c_begin + keys_per_split);
+  // Key c's K and V rows, asked into L2 ahead of use: each warp keeps its
+  // next kAhead chunks in flight while it works on one (a warp's own loads
+  // would otherwise wait a full memory latency per chunk, for K and again
+  // for V).
+  auto prefetch_rows = [&](int c) {
+    if (c < c_end) {
+      const char* k_row = reinterpret_cast<const char*>(k_head + (int64_t)c * E);
+      const char* v_row = reinterpret_cast<const char*>(v_head + (int64_t)c * E);
+#pragma unroll
+      for (int b = 0; b < E * (int)sizeof(T); b += 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_row + b));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_row + b));
+      }
+    }
+  };
+#pragma unroll
+  for (int a = 0; a <= kAhead; ++a) prefetch_rows(c_begin + (a * kDecWarps + w) * 32 + lane);
+
+  for (int i = tid; i < R * E; i += kDecWarps * 32) {
+    const int r = i / E, e = i % E;
+    sm.q[r][e] = to_f(q[(row_n(r) * L + pos(r)) * E + e]) * scale_log2;
+  }
+  __syncthreads();
+
   float m_i[kMaxRows], l_i[kMaxRows], o[kMaxRows][EL];
 #pragma unroll
   for (int r = 0; r < kMaxRows; ++r) {
@@ -97,6 +150,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 
   for (int c0 = c_begin + w * 32; c0 < c_end; c0 += kDecWarps * 32) {
     const int c = c0 + lane;
+    prefetch_rows(c + (kAhead + 1) * kDecWarps * 32);
     float s[kMaxRows];
 #pragma unroll
     for (int r = 0; r < kMaxRows; ++r) s[r] = 0.0f;
@@ -118,7 +172,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 #pragma unroll
     for (int r = 0; r < kMaxRows; ++r) {
       if (r >= R) break;
-      const int l = r % L;
+      const int l = pos(r);
       bool hidden = c >= c_end || (mask_kind == kCausal && c > l + S - L);
       if (!hidden && array_mask) {
         const float t = mask.term(mask.row_base(row_n(r), l), c);
@@ -153,7 +207,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
       for (int j = 0; j < kVRows; ++j) {
         const T* v_row = v_head + (int64_t)(c0 + j0 + j) * E;
 #pragma unroll
-        for (int i = 0; i < EL; ++i) vv[j][i] = j0 + j < keys ? to_f(v_row[lane + 32 * i]) : 0.0f;
+        load_el<T, EL>(v_row + EL * lane, j0 + j < keys, vv[j]);
       }
 #pragma unroll
       for (int j = 0; j < kVRows; ++j) {
@@ -178,7 +232,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     if (r >= R) break;
     if (lane == 0) sm.m[w][r] = m_i[r], sm.l[w][r] = l_i[r];
 #pragma unroll
-    for (int i = 0; i < EL; ++i) sm.o[w][r][lane + 32 * i] = o[r][i];
+    for (int i = 0; i < EL; ++i) sm.o[w][r][EL * lane + i] = o[r][i];
   }
   __syncthreads();
   for (int i = tid; i < R * E; i += kDecWarps * 32) {
@@ -194,7 +248,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
       l_sum += wgt * sm.l[ww][r];
       acc += wgt * sm.o[ww][r][e];
     }
-    const int64_t row = row_n(r) * L + r % L;
+    const int64_t row = row_n(r) * L + pos(r);
     if (o_part == nullptr) {
       out[row * E + e] = from_f<T>(l_sum == 0.0f ? 0.0f : acc / l_sum);
     } else {
@@ -208,7 +262,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 
 }  // namespace fa
 
-// fa_decode_<dtype>_<E>: grid (splits x 128, H_kv, batch), 128 threads;
+// fa_decode_<dtype>_<E>: grid (splits x 128, H_kv x row blocks, batch), 128 threads;
 // fa_decode_split_<dtype>_<E> writes partials for fa_merge_<dtype>.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"

@@ -119,11 +119,15 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scrat
   return x;
 }
 
+// Threads of a merge block (one block per query row); dispatch.cpp launches
+// it with as many.
+constexpr int kMergeThreads = 512;
+
 template <typename T>
 __device__ __forceinline__ void merge_splits(
     const float* __restrict__ o_part, const float* __restrict__ ml_part, T* __restrict__ out,
     int rows, int E, int splits) {
-  constexpr int kWarps = 4, kMaxEL = 8;  // E <= 256
+  constexpr int kWarps = kMergeThreads / 32, kMaxEL = 8;  // E <= 256
   __shared__ float weight[kMaxSplits];
   __shared__ float scratch[32];
   __shared__ float part[kWarps][kMaxEL * 32];
@@ -142,8 +146,9 @@ __device__ __forceinline__ void merge_splits(
     l_sum += wgt * ml_part[slot * 2 + 1];
   }
   l_sum = block_reduce(l_sum, false, scratch);  // its barrier also publishes weight[]
-  // Each warp sums a quarter of the splits (coalesced over the head dim),
-  // then the quarters are added.
+  // Each of the 16 warps sums every 16th split (coalesced over the head dim),
+  // then the warps' sums are added: a few hundred splits cost a few memory
+  // latencies per warp, not a hundred.
   float acc[kMaxEL] = {};
   // Unrolled so that several splits' loads are in flight at once (one at a
   // time, a few hundred splits cost a memory latency each).
@@ -162,7 +167,10 @@ __device__ __forceinline__ void merge_splits(
   __syncthreads();
   const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    out[row * E + e] = from_f<T>((part[0][e] + part[1][e] + part[2][e] + part[3][e]) * inv);
+    float sum = 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < kWarps; ++ww) sum += part[ww][e];
+    out[row * E + e] = from_f<T>(sum * inv);
   }
 }
 
@@ -195,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_split_, FA_
 #endif
 
 #if defined(FA_MERGE)
-extern "C" __global__ void __launch_bounds__(128) FA_CAT3(fa_merge_, FA_TNAME, )(
+extern "C" __global__ void __launch_bounds__(fa::kMergeThreads) FA_CAT3(fa_merge_, FA_TNAME, )(
     const float* o_part, const float* ml_part, FA_T* out, int rows, int E, int splits) {
   fa::merge_splits<FA_T>(o_part, ml_part, out, rows, E, splits);
 }
