@@ -1,18 +1,26 @@
 """One launch of each CUDA kernel family on benchmark shapes, for Nsight
-Compute: ncu --kernel-name regex:fa_ python3 scripts/ncu-probe.py"""
+Compute: ncu --kernel-name regex:fa_ python3 scripts/ncu-probe.py [decode]
+(decode: the decode cases only)."""
+
+import sys
 
 import mlx.core as mx
 
 from flashattn_core import flash_attention
 
-for dtype, L, H, H_kv, E in [(mx.bfloat16, 8192, 14, 2, 64), (mx.float32, 8192, 14, 2, 64),
-                             (mx.bfloat16, 4096, 32, 8, 128)]:
+
+def launch(H, H_kv, E, L, S, dtype):
     q = mx.random.normal((1, H, L, E)).astype(dtype)
-    k = mx.random.normal((1, H_kv, L, E)).astype(dtype)
-    mx.eval(q, k)
-    mx.eval(flash_attention(q, k, k, mask="causal"))
-q = mx.random.normal((1, 14, 1, 64)).astype(mx.bfloat16)
-k = mx.random.normal((1, 2, 32768, 64)).astype(mx.bfloat16)
-mx.eval(q, k)
-mx.eval(flash_attention(q, k, k))
-mx.synchronize()
+    k = mx.random.normal((1, H_kv, S, E)).astype(dtype)
+    v = mx.random.normal((1, H_kv, S, E)).astype(dtype)
+    mx.eval(q, k, v)
+    mx.eval(flash_attention(q, k, v, mask="causal" if L > 1 else None))
+    mx.synchronize()
+
+
+if sys.argv[1:] != ["decode"]:
+    launch(14, 2, 64, 8192, 8192, mx.bfloat16)
+    launch(14, 2, 64, 8192, 8192, mx.float32)
+    launch(32, 8, 128, 4096, 4096, mx.bfloat16)
+launch(14, 2, 64, 1, 32768, mx.bfloat16)
+launch(32, 8, 128, 1, 32768, mx.bfloat16)

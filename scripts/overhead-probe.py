@@ -1,5 +1,7 @@
 """Per-call time of flash_attention vs MLX's SDPA, one call per evaluation
-and 20 per evaluation, to separate kernel time from per-call overhead."""
+and 20 per evaluation (best of 10 each), to separate kernel time from
+per-call overhead: prefill at L = 8192 and decode at S = 1024-32768.
+python3 scripts/overhead-probe.py"""
 
 import time
 
@@ -17,16 +19,25 @@ def per_call(fn, batch, reps=10):
         mx.eval([fn() for _ in range(batch)])
         mx.synchronize()
         best = min(best, (time.perf_counter() - t) / batch)
-    return best * 1e3
+    return best * 1e6
 
 
-for name, L, S, dtype in [("prefill 8192 bf16", 8192, 8192, mx.bfloat16), ("prefill 8192 f32", 8192, 8192, mx.float32),
-                          ("decode 32768 bf16", 1, 32768, mx.bfloat16)]:
-    q = mx.random.normal((1, 14, L, 64)).astype(dtype)
-    k = mx.random.normal((1, 2, S, 64)).astype(dtype)
-    mx.eval(q, k)
+QWEN, HD128 = (14, 2, 64), (32, 8, 128)
+CASES = [  # name, (H, H_kv, E), L, S, dtype
+    ("qwen05b prefill", QWEN, 8192, 8192, mx.bfloat16),
+    ("qwen05b prefill", QWEN, 8192, 8192, mx.float32),
+    *[("qwen05b decode", QWEN, 1, S, mx.bfloat16) for S in (1024, 8192, 32768)],
+    ("qwen05b decode", QWEN, 1, 32768, mx.float32),
+    ("hd128 decode", HD128, 1, 32768, mx.bfloat16),
+]
+for name, (H, H_kv, E), L, S, dtype in CASES:
+    q = mx.random.normal((1, H, L, E)).astype(dtype)
+    k = mx.random.normal((1, H_kv, S, E)).astype(dtype)
+    v = mx.random.normal((1, H_kv, S, E)).astype(dtype)
+    mx.eval(q, k, v)
     mask = "causal" if L > 1 else None
-    f = lambda: flash_attention(q, k, k, mask=mask)
-    g = lambda: mx.fast.scaled_dot_product_attention(q, k, k, scale=0.125, mask=mask)
-    print(f"{name}: flash {per_call(f, 1):.3f} / {per_call(f, 20):.3f} ms, "
-          f"mlx {per_call(g, 1):.3f} / {per_call(g, 20):.3f} ms (1 / 20 calls per eval)")
+    f = lambda: flash_attention(q, k, v, mask=mask)
+    g = lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=E**-0.5, mask=mask)
+    f20, g20 = per_call(f, 20), per_call(g, 20)
+    print(f"{name:16s} L={L:5d} S={S:6d} {str(dtype):18s} flash {per_call(f, 1):9.1f} / {f20:9.1f} us, "
+          f"mlx {per_call(g, 1):9.1f} / {g20:9.1f} us (1 / 20 calls per eval), flash / mlx {f20 / g20:.2f}")

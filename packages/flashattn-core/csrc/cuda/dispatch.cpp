@@ -117,7 +117,7 @@ constexpr int kDecodeBlockRows = 8;
 // this short vary by up to +-50% between runs, so the threshold is rough.
 constexpr int kDecodeOneSplitMaxKeys = 1024;
 constexpr int kMaxSplits = 1024;
-// Blocks that keep a large GPU busy in decode. scripts/decode-probe.py on an
+// Blocks that keep a large GPU busy in decode. scripts/overhead-probe.py on an
 // H200 (qwen05b S = 1024-32768, hd128 S = 32768, two runs each): 512, 264
 // and 132 were within run-to-run noise for qwen05b; 132 was 8% faster for
 // hd128 and up to 40% slower for qwen05b.
