@@ -117,10 +117,11 @@ constexpr int kDecodeBlockRows = 8;
 // this short vary by up to +-50% between runs, so the threshold is rough.
 constexpr int kDecodeOneSplitMaxKeys = 1024;
 constexpr int kMaxSplits = 1024;
-// Blocks that keep a large GPU busy in decode. scripts/overhead-probe.py on an
-// H200 (qwen05b S = 1024-32768, hd128 S = 32768, two runs each): 512, 264
-// and 132 were within run-to-run noise for qwen05b; 132 was 8% faster for
-// hd128 and up to 40% slower for qwen05b.
+// Blocks that keep a large GPU busy in decode. With this constant set to 512,
+// 264 and 132 in turn, timed as scripts/overhead-probe.py times calls, on an
+// H200 (qwen05b S = 1024-32768, hd128 S = 32768, two runs each): the three
+// were within run-to-run noise for qwen05b; 132 was 8% faster for hd128 and
+// up to 40% slower for qwen05b.
 constexpr int kDecodeTargetBlocks = 512;
 
 bool has_decode_kernel(int E) {
@@ -141,8 +142,11 @@ namespace {
 // FLASHATTN_CUDA_IMAGE=ptx takes the PTX modules everywhere (tests of that
 // path on a Hopper GPU).
 bool runs_sm90(int device_index) {
-  static const char* forced = std::getenv("FLASHATTN_CUDA_IMAGE");
-  if (forced != nullptr && std::string(forced) == "ptx") return false;
+  static const bool forced_ptx = [] {
+    const char* image = std::getenv("FLASHATTN_CUDA_IMAGE");
+    return image != nullptr && std::string(image) == "ptx";
+  }();
+  if (forced_ptx) return false;
   static std::mutex mutex;
   static std::unordered_map<int, bool> known;
   std::lock_guard<std::mutex> lock(mutex);
