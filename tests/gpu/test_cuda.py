@@ -54,6 +54,51 @@ def test_decode_splits(S, dtype):
     assert relative_error(out, attention_reference(q, k, v)) <= TOLERANCE[dtype]
 
 
+def _misaligned(shape, dtype, seed):
+    """A row-contiguous view whose data starts one element into its buffer:
+    rows off 16-byte boundaries, which the fast kernels' vector loads need."""
+    flat = mx.random.normal((int(np.prod(shape)) + 1,), key=mx.random.key(seed)).astype(getattr(mx, dtype))
+    return flat[1:].reshape(shape)
+
+
+@pytest.mark.parametrize("L,S", [(1, 4096), (7, 300), (200, 333)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rows_off_16_byte_boundaries(L, S, dtype):
+    q = _misaligned((2, 8, L, 64), dtype, 1)
+    k = _misaligned((2, 2, S, 64), dtype, 2)
+    v = _misaligned((2, 2, S, 64), dtype, 3)
+    out = flash_attention(q, k, v, mask="causal")
+    assert relative_error(out, attention_reference(q, k, v, mask="causal")) <= TOLERANCE[dtype]
+
+
+def test_batch_axes_that_do_not_collapse():
+    # (2, 3) batch axes swapped: no single batch stride, so MLX copies first.
+    rng = np.random.default_rng(5)
+    q, k, v = (mx.swapaxes(mx.array(rng.standard_normal((3, 2, h, n, 64)), dtype=mx.bfloat16), 0, 1)
+               for h, n in ((4, 50), (2, 70), (2, 70)))
+    out = flash_attention(q, k, v, mask="causal")
+    assert relative_error(out, attention_reference(q, k, v, mask="causal")) <= TOLERANCE["bfloat16"]
+
+
+@pytest.mark.parametrize("L", [1, 512])
+def test_kv_cache_views_are_not_copied(L):
+    # mlx-lm's KVCache hands attention keys[..., :offset, :] of a larger
+    # buffer; a copy of keys and values would add 2 x 117 MiB here.
+    capacity, offset = 65536, 60000
+    keys = mx.random.normal((1, 8, capacity, 128)).astype(mx.bfloat16)
+    values = mx.random.normal((1, 8, capacity, 128)).astype(mx.bfloat16)
+    q = mx.random.normal((1, 32, L, 128)).astype(mx.bfloat16)
+    mx.eval(keys, values, q)
+    k, v = keys[..., :offset, :], values[..., :offset, :]
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, k, v, mask="causal")
+    mx.eval(out)
+    assert mx.get_peak_memory() - before < 32 * 2**20
+    assert sampled_error(q, k, v, out, "causal") <= TOLERANCE["bfloat16"]
+
+
 def test_broadcast_padding_mask_batched():
     case = Case(batch=(3,), heads=(4, 2), L=40, S=70, E=64, dtype="bfloat16")
     q, k, v, _ = make_inputs(case)

@@ -244,6 +244,14 @@ bool has_mask_array(MaskKind kind) {
   return kind == MaskKind::boolean || kind == MaskKind::additive;
 }
 
+// Whether a transformation (grad, vjp, vmap, compile) is tracing any of them.
+bool any_tracer(const std::vector<mx::array>& arrays) {
+  for (const auto& x : arrays) {
+    if (x.is_tracer()) return true;
+  }
+  return false;
+}
+
 // A GPU kernel launch (MLX's custom-kernel primitives have no gradient)
 // with our recomputing vjp attached. forward takes {q, k, v[, mask]}.
 using Forward = std::function<mx::array(const std::vector<mx::array>&)>;
@@ -295,6 +303,13 @@ mx::array flash_attention(
   const float softmax_scale = c.scale;
   const MaskKind mask_kind = c.mask_kind;
   const auto& target = c.mask_target;
+  if (backend == Backend::cuda && !any_tracer({queries, keys, values, mask_arr.value_or(queries)})) {
+    // No transformation can ask for a gradient: the launch alone, one node in
+    // the graph (mlx-lm's generation calls this once per layer and token).
+    std::optional<mx::array> m;
+    if (has_mask_array(mask_kind)) m = mask_arr;
+    return cuda::flash_attention(queries, keys, values, softmax_scale, mask_kind, m, stream);
+  }
   if (backend != Backend::cpu) {
     auto forward = [=](const std::vector<mx::array>& in) {
       std::optional<mx::array> m;

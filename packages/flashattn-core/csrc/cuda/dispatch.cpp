@@ -8,7 +8,9 @@
 //   everything else: the generic kernel (keys split and merged when the
 //       query rows are few)
 //
-// Inputs reach the kernels row-contiguous (MLX copies strided views first).
+// The launches are planned here, when the graph is built; they run in the
+// primitive (primitive.cpp) once the inputs exist, with their strides:
+// strided views (mlx-lm's KV cache, transposed queries) are read in place.
 // A mask keeps its own shape: the kernels address it through per-(batch,
 // query head) base offsets and row/column strides that are 0 where it
 // broadcasts, so a broadcast mask is never materialised.
@@ -26,6 +28,8 @@
 #include <variant>
 
 #include "cuda/kernel_images.h"
+#include "cuda/plan.h"
+#include "cuda/primitive.h"
 #include "mask_layout.h"
 #include "mlx/backend/gpu/device_info.h"
 #include "mlx/fast.h"
@@ -55,15 +59,6 @@ const char* dtype_name(mx::Dtype t) {
   return "bfloat16";
 }
 
-const std::string& image_of(const std::string& kernel, const mx::Stream& s) {
-  const std::string* image = find_image(kernel, s.device.index);
-  if (!image) {
-    throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
-  }
-  return *image;
-}
-
-using Scalar = std::variant<bool, int, float>;
 
 // The mask as the kernels read it: (data, per-(b, h_q) base offsets, row
 // stride, column stride). Without an array mask the kernels never read
@@ -179,6 +174,85 @@ bool kernels_available() {
   return !kernel_images().empty();
 }
 
+namespace {
+
+// What the launches depend on, from the shapes.
+struct Dims {
+  int64_t batch;
+  int H_q, H_kv, L, S, E;
+  std::string dt;
+  int kind, mask_rs, mask_cs;
+  float scale_log2;
+};
+
+Step merge_step(const Dims& d, int rows, int splits) {
+  return {"fa_merge_" + d.dt, {rows, d.E, splits}, {rows * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0};
+}
+
+// The generic kernel's key splits when it is the planned kernel: as many as
+// keep the GPU busy when the rows are few.
+int generic_splits(const Dims& d) {
+  const int64_t rows = d.batch * d.H_q * d.L;
+  if (rows >= kTargetWarps || d.S < 2 * kMinKeysPerSplit) return 1;
+  const int splits = static_cast<int>(std::min<int64_t>((kTargetWarps + rows - 1) / rows, d.S / kMinKeysPerSplit));
+  return std::min(splits, kMaxSplits);
+}
+
+// The generic kernel: one warp per query row, any head dim, any strides.
+Launches generic_launches(const Dims& d, int splits) {
+  const int64_t rows = d.batch * d.H_q * d.L;
+  const int keys_per_split = (d.S + splits - 1) / splits;
+  const int64_t threads = ((rows * 32 + kThreads - 1) / kThreads) * kThreads;
+  if (threads > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument("flash_attention: too many query rows for one CUDA launch");
+  }
+  std::vector<Scalar> scalars = {static_cast<int>(d.batch), d.H_q, d.H_kv, d.L, d.S, d.E, d.kind,
+                                 d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
+  const std::string suffix = d.dt + "_" + std::to_string((d.E + 31) / 32);
+  Step attend{splits == 1 ? "fa_generic_" + suffix : "fa_generic_split_" + suffix, scalars,
+              {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0};
+  if (splits == 1) return {attend, std::nullopt};
+  return {attend, merge_step(d, static_cast<int>(rows), splits)};
+}
+
+std::optional<Launches> decode_launches(const Dims& d, int& splits) {
+  const int rows_per_group = (d.H_q / d.H_kv) * d.L;
+  const int row_blocks = (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
+  if (d.L >= kMinPrefillL || rows_per_group > kDecodeMaxRows || !has_decode_kernel(d.E) || d.batch > 65535 ||
+      d.H_kv * row_blocks > 65535) {
+    return std::nullopt;
+  }
+  const int64_t groups = d.batch * d.H_kv;
+  splits = static_cast<int>(std::clamp<int64_t>(
+      (kDecodeTargetBlocks + groups - 1) / groups, 1, (d.S + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit));
+  splits = std::min(splits, kMaxSplits);
+  if (d.S <= kDecodeOneSplitMaxKeys) splits = 1;
+  int keys_per_split = (d.S + splits - 1) / splits;
+  keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
+  splits = (d.S + keys_per_split - 1) / keys_per_split;
+  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
+  const std::string suffix = d.dt + "_" + std::to_string(d.E);
+  Step attend{splits == 1 ? "fa_decode_" + suffix : "fa_decode_split_" + suffix, scalars,
+              {splits * kThreads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {kThreads, 1, 1}, 0};
+  if (splits == 1) return Launches{attend, std::nullopt};
+  return Launches{attend, merge_step(d, static_cast<int>(d.batch * d.H_q * d.L), splits)};
+}
+
+std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype) {
+  if (d.L < kMinPrefillL || !has_prefill_kernel(dtype, d.E) || d.batch > 65535 || d.H_q > 65535) {
+    return std::nullopt;
+  }
+  const int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E);
+  const int tiles = (d.L + rows - 1) / rows;
+  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
+  Step attend{"fa_prefill_" + d.dt + "_" + std::to_string(d.E), scalars,
+              {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1},
+              prefill_smem_bytes(dtype, d.E)};
+  return Launches{attend, std::nullopt};
+}
+
+}  // namespace
+
 mx::array flash_attention(
     const mx::array& q,
     const mx::array& k,
@@ -188,93 +262,44 @@ mx::array flash_attention(
     const std::optional<mx::array>& mask,
     mx::Stream s) {
   const int nd = q.ndim();
-  const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
-  const std::string dt = dtype_name(q.dtype());
-  const int kind = static_cast<int>(mask_kind);
-  const float scale_log2 = scale * kLog2e;
   MaskArgs m = mask_args(q, mask_kind, mask, s);
-  // FLASHATTN_CUDA_POISON=1 (tests) fills outputs with NaN before the
-  // kernels run, so an element a kernel forgets to write cannot pass.
-  static const bool poison = std::getenv("FLASHATTN_CUDA_POISON") != nullptr;
-  const std::optional<float> init = poison ? std::optional<float>(std::nanf("")) : std::nullopt;
-  std::vector<mx::array> inputs = {q, k, v, m.data, m.base};
-
-  const int rows_per_group = (H_q / H_kv) * L;
-  if (L < kMinPrefillL && rows_per_group <= kDecodeMaxRows && has_decode_kernel(E) && batch <= 65535 &&
-      H_kv * ((rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows) <= 65535) {
-    const int64_t groups = batch * H_kv;
-    int splits = static_cast<int>(std::clamp<int64_t>(
-        (kDecodeTargetBlocks + groups - 1) / groups, 1, (S + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit));
-    splits = std::min(splits, kMaxSplits);
-    if (S <= kDecodeOneSplitMaxKeys) splits = 1;
-    int keys_per_split = (S + splits - 1) / splits;
-    keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
-    splits = (S + keys_per_split - 1) / keys_per_split;
-    std::vector<Scalar> scalars = {H_q, H_kv, L, S, kind, m.row_stride, m.col_stride, keys_per_split, scale_log2};
-    const int row_blocks = (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
-    const std::tuple<int, int, int> grid = {splits * kThreads, H_kv * row_blocks, static_cast<int>(batch)};
-    const std::string suffix = dt + "_" + std::to_string(E);
-    if (splits == 1) {
-      const std::string name = "fa_decode_" + suffix;
-      return mx::fast::precompiled_cuda_kernel(
-          name, image_of(name, s), inputs, {q.shape()}, {q.dtype()}, scalars, grid, {kThreads, 1, 1}, 0,
-          init, true, s)[0];
-    }
-    const int rows = static_cast<int>(batch * H_q * L);
-    const std::string name = "fa_decode_split_" + suffix;
-    auto parts = mx::fast::precompiled_cuda_kernel(
-        name, image_of(name, s), inputs, {{splits, rows, E}, {splits, rows, 2}}, {mx::float32, mx::float32},
-        scalars, grid, {kThreads, 1, 1}, 0, init, true, s);
-    const std::string merge = "fa_merge_" + dt;
-    return mx::fast::precompiled_cuda_kernel(
-        merge, image_of(merge, s), parts, {q.shape()}, {q.dtype()}, {rows, E, splits},
-        {rows * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0, init, true, s)[0];
+  const Dims d{batch, q.shape(-3), k.shape(-3), q.shape(-2), k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
+               static_cast<int>(mask_kind), m.row_stride, m.col_stride, scale * kLog2e};
+  // Strides reach the kernels as 32-bit launch arguments.
+  const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
+  if (head_elements * std::max(d.H_q, d.H_kv) > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument(
+        "flash_attention: on CUDA one batch element of queries, keys or values must hold fewer than 2^31 "
+        "elements; got (H_q, H_kv, L, S, E) = (" + std::to_string(d.H_q) + ", " + std::to_string(d.H_kv) +
+        ", " + std::to_string(d.L) + ", " + std::to_string(d.S) + ", " + std::to_string(d.E) + ")");
   }
 
-  if (L >= kMinPrefillL && has_prefill_kernel(q.dtype(), E) && batch <= 65535 && H_q <= 65535) {
-    const std::string name = "fa_prefill_" + dt + "_" + std::to_string(E);
-    const int rows = prefill_rows(q.dtype(), E), threads = prefill_threads(q.dtype(), E);
-    const int tiles = (L + rows - 1) / rows;
-    std::vector<Scalar> scalars = {H_q, H_kv, L, S, kind, m.row_stride, m.col_stride, scale_log2};
-    return mx::fast::precompiled_cuda_kernel(
-        name, image_of(name, s), inputs, {q.shape()}, {q.dtype()}, scalars,
-        {tiles * threads, H_q, static_cast<int>(batch)}, {threads, 1, 1},
-        prefill_smem_bytes(q.dtype(), E), init, /* ensure_row_contiguous */ true, s)[0];
+  Plan plan;
+  int splits = 0;
+  if (auto decode = decode_launches(d, splits)) {
+    plan.aligned = *decode;
+  } else if (auto prefill = prefill_launches(d, q.dtype())) {
+    plan.aligned = *prefill;
+    splits = 1;
+  } else {
+    splits = generic_splits(d);
+    plan.aligned = generic_launches(d, splits);
   }
-
-  // Generic kernel: one warp per query row; split the keys when rows are few.
-  const int64_t rows = batch * H_q * L;
-  const int ept = (E + 31) / 32;
-  int splits = 1;
-  if (rows < kTargetWarps && S >= 2 * kMinKeysPerSplit) {
-    splits = static_cast<int>(std::min<int64_t>((kTargetWarps + rows - 1) / rows, S / kMinKeysPerSplit));
-    splits = std::min(splits, kMaxSplits);
+  // The same splits: the partials (outputs of the primitive) have one shape.
+  plan.any = generic_launches(d, splits);
+  const int rows = static_cast<int>(batch * d.H_q * d.L);
+  std::vector<mx::Shape> shapes = {q.shape()};
+  std::vector<mx::Dtype> dtypes = {q.dtype()};
+  if (plan.aligned.merge) {
+    plan.partials = {{splits, rows, d.E}, {splits, rows, 2}};
+    shapes.insert(shapes.end(), plan.partials.begin(), plan.partials.end());
+    dtypes.insert(dtypes.end(), {mx::float32, mx::float32});
   }
-  const int keys_per_split = (S + splits - 1) / splits;
-  const int64_t threads = ((rows * 32 + kThreads - 1) / kThreads) * kThreads;
-  if (threads > std::numeric_limits<int>::max()) {
-    throw std::invalid_argument("flash_attention: too many query rows for one CUDA launch");
-  }
-  std::vector<Scalar> scalars = {static_cast<int>(batch), H_q, H_kv, L, S, E, kind,
-                                 m.row_stride, m.col_stride, keys_per_split, scale_log2};
-  const std::string suffix = dt + "_" + std::to_string(ept);
-  if (splits == 1) {
-    const std::string name = "fa_generic_" + suffix;
-    return mx::fast::precompiled_cuda_kernel(
-        name, image_of(name, s), inputs, {q.shape()}, {q.dtype()}, scalars,
-        {static_cast<int>(threads), 1, 1}, {kThreads, 1, 1}, 0, init, true, s)[0];
-  }
-  const std::string name = "fa_generic_split_" + suffix;
-  const int r = static_cast<int>(rows);
-  auto parts = mx::fast::precompiled_cuda_kernel(
-      name, image_of(name, s), inputs, {{splits, r, E}, {splits, r, 2}}, {mx::float32, mx::float32},
-      scalars, {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0, init, true, s);
-  const std::string merge = "fa_merge_" + dt;
-  return mx::fast::precompiled_cuda_kernel(
-      merge, image_of(merge, s), parts, {q.shape()}, {q.dtype()}, {r, E, splits},
-      {r * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0, init, true, s)[0];
+  auto outputs = mx::array::make_arrays(
+      std::move(shapes), dtypes, std::make_shared<Attention>(s, std::move(plan)), {q, k, v, m.data, m.base});
+  return outputs[0];
 }
 
 }  // namespace flashattn::cuda

@@ -1,8 +1,9 @@
 // Device helpers shared by every CUDA kernel: dtype conversion, warp
-// reductions, masks. The kernels see row-contiguous (B..., H, rows, E) inputs
-// (MLX copies strided views before launch) and a mask made contiguous in its
-// own shape, addressed through per-(batch, query head) base offsets and its
-// row / column strides (0 on broadcast axes).
+// reductions, input layouts, masks. Queries, keys and values arrive as MLX
+// holds them (strided views included: their batch, head and row strides are
+// launch arguments; the head dim is contiguous), and a mask made contiguous
+// in its own shape, addressed through per-(batch, query head) base offsets
+// and its row / column strides (0 on broadcast axes).
 
 #pragma once
 
@@ -31,6 +32,25 @@ __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
+
+// Where the rows of Q, K or V lie: element e of row r of (batch b, head h)
+// is at b sb + h sh + r sr + e (MLX strides, in elements).
+struct Rows {
+  int sb, sh, sr;
+  __device__ __forceinline__ int64_t at(int64_t b, int64_t h, int64_t r) const {
+    return b * sb + h * sh + r * sr;
+  }
+};
+
+struct Layout {
+  Rows q, k, v;
+};
+
+// The layout as the last launch arguments of every attention kernel.
+#define FA_LAYOUT_PARAMS \
+  int q_sb, int q_sh, int q_sr, int k_sb, int k_sh, int k_sr, int v_sb, int v_sh, int v_sr
+#define FA_LAYOUT \
+  fa::Layout{{q_sb, q_sh, q_sr}, {k_sb, k_sh, k_sr}, {v_sb, v_sh, v_sr}}
 
 // The mask's contribution to one score, in the log2 domain: -inf hides.
 struct Mask {

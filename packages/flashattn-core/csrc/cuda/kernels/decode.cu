@@ -90,7 +90,8 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
                                        const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                        float* __restrict__ o_part, float* __restrict__ ml_part,
                                        int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-                                       int mask_cs, int keys_per_split, float scale_log2) {
+                                       int mask_cs, int keys_per_split, float scale_log2,
+                                       Layout lay) {
   // P V: lane j holds head-dim elements [EL j, EL j + EL) (one vector load
   // per value row), kVRows value rows' loads in flight together.
   constexpr int EL = E / 32;  // E % 32 == 0
@@ -104,14 +105,15 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
   const int split = blockIdx.x, g = blockIdx.y / row_blocks, r0 = blockIdx.y % row_blocks * kMaxRows;
   const int R = min(kMaxRows, rows_per_group - r0);
   const int64_t b = blockIdx.z;
-  const int64_t n_kv = b * H_kv + g;
-  const T* k_head = k + n_kv * (int64_t)S * E;
-  const T* v_head = v + n_kv * (int64_t)S * E;
+  const T* k_head = k + lay.k.at(b, g, 0);
+  const T* v_head = v + lay.v.at(b, g, 0);
+  const int64_t ks = lay.k.sr, vs = lay.v.sr;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
   const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
   // Row r of the block, r0 + r of the group: query head g * ratio + (r0 + r) / L,
   // position (r0 + r) % L.
-  auto row_n = [&](int r) { return b * H_q + (int64_t)g * ratio + (r0 + r) / L; };
+  auto head = [&](int r) { return g * ratio + (r0 + r) / L; };
+  auto row_n = [&](int r) { return b * H_q + head(r); };
   auto pos = [&](int r) { return (r0 + r) % L; };
 
   const int c_begin = split * keys_per_split;
@@ -122,8 +124,8 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
   // for V).
   auto prefetch_rows = [&](int c) {
     if (c < c_end) {
-      const char* k_row = reinterpret_cast<const char*>(k_head + (int64_t)c * E);
-      const char* v_row = reinterpret_cast<const char*>(v_head + (int64_t)c * E);
+      const char* k_row = reinterpret_cast<const char*>(k_head + c * ks);
+      const char* v_row = reinterpret_cast<const char*>(v_head + c * vs);
 #pragma unroll
       for (int b = 0; b < E * (int)sizeof(T); b += 128) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(k_row + b));
@@ -136,7 +138,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 
   for (int i = tid; i < R * E; i += kDecWarps * 32) {
     const int r = i / E, e = i % E;
-    sm.q[r][e] = to_f(q[(row_n(r) * L + pos(r)) * E + e]) * scale_log2;
+    sm.q[r][e] = to_f(q[lay.q.at(b, head(r), pos(r)) + e]) * scale_log2;
   }
   __syncthreads();
 
@@ -155,7 +157,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 #pragma unroll
     for (int r = 0; r < kMaxRows; ++r) s[r] = 0.0f;
     if (c < c_end) {
-      const T* k_row = k_head + (int64_t)c * E;
+      const T* k_row = k_head + c * ks;
 #pragma unroll
       for (int e0 = 0; e0 < E; e0 += V16::N) {
         float kv[V16::N];
@@ -205,7 +207,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
       float vv[kVRows][EL];
 #pragma unroll
       for (int j = 0; j < kVRows; ++j) {
-        const T* v_row = v_head + (int64_t)(c0 + j0 + j) * E;
+        const T* v_row = v_head + (c0 + j0 + j) * vs;
 #pragma unroll
         load_el<T, EL>(v_row + EL * lane, j0 + j < keys, vv[j]);
       }
@@ -271,16 +273,16 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
-    int keys_per_split, float scale_log2) {
+    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, nullptr, nullptr, H_q, H_kv, L, S,
-                         mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2);
+                         mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #else
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_split_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     float* o_part, float* ml_part, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-    int mask_cs, int keys_per_split, float scale_log2) {
+    int mask_cs, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, nullptr, o_part, ml_part, H_q, H_kv, L, S,
-                         mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2);
+                         mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif

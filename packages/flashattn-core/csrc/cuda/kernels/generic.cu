@@ -19,7 +19,7 @@ __device__ __forceinline__ void generic_attend(
     const void* mask_data, const int64_t* __restrict__ mask_base,
     T* __restrict__ out, float* __restrict__ o_part, float* __restrict__ ml_part,
     int B, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs, int mask_cs,
-    int keys_per_split, float scale_log2) {
+    int keys_per_split, float scale_log2, Layout lay) {
   const int64_t rows = (int64_t)B * H_q * L;
   const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -29,10 +29,10 @@ __device__ __forceinline__ void generic_attend(
   const int64_t n = row / L;  // b * H_q + h
   const int h = (int)(n % H_q);
   const int64_t b = n / H_q;
-  const int64_t n_kv = b * H_kv + h / (H_q / H_kv);
-  const T* q_row = q + row * E;
-  const T* k_head = k + n_kv * (int64_t)S * E;
-  const T* v_head = v + n_kv * (int64_t)S * E;
+  const int g = h / (H_q / H_kv);
+  const T* q_row = q + lay.q.at(b, h, l);
+  const T* k_head = k + lay.k.at(b, g, 0);
+  const T* v_head = v + lay.v.at(b, g, 0);
 
   float qv[EPT], o[EPT];
 #pragma unroll
@@ -54,7 +54,7 @@ __device__ __forceinline__ void generic_attend(
       add = mask.term(rb, c);
       if (add == FA_NEG_INF) continue;  // hidden: never reaches the output
     }
-    const T* k_row = k_head + (int64_t)c * E;
+    const T* k_row = k_head + (int64_t)c * lay.k.sr;
     float dot = 0.0f;
 #pragma unroll
     for (int i = 0; i < EPT; ++i) {
@@ -68,7 +68,7 @@ __device__ __forceinline__ void generic_attend(
     float alpha = exp2f(m - m_use);
     float p = exp2f(s - m_use);
     l_sum = l_sum * alpha + p;
-    const T* v_row = v_head + (int64_t)c * E;
+    const T* v_row = v_head + (int64_t)c * lay.v.sr;
 #pragma unroll
     for (int i = 0; i < EPT; ++i) {
       int e = lane + 32 * i;
@@ -184,10 +184,10 @@ __device__ __forceinline__ void merge_splits(
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_, FA_TNAME, _, FA_EPT, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int B, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
-    int mask_cs, int keys_per_split, float scale_log2) {
+    int mask_cs, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::generic_attend<FA_T, FA_EPT, false>(q, k, v, mask, mask_base, out, nullptr, nullptr, B,
                                           H_q, H_kv, L, S, E, mask_kind, mask_rs, mask_cs,
-                                          keys_per_split, scale_log2);
+                                          keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif
 
@@ -195,10 +195,11 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_, FA_TNAME,
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_split_, FA_TNAME, _, FA_EPT, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     float* o_part, float* ml_part, int B, int H_q, int H_kv, int L, int S, int E,
-    int mask_kind, int mask_rs, int mask_cs, int keys_per_split, float scale_log2) {
+    int mask_kind, int mask_rs, int mask_cs, int keys_per_split, float scale_log2,
+    FA_LAYOUT_PARAMS) {
   fa::generic_attend<FA_T, FA_EPT, true>(q, k, v, mask, mask_base, nullptr, o_part, ml_part,
                                          B, H_q, H_kv, L, S, E, mask_kind, mask_rs, mask_cs,
-                                         keys_per_split, scale_log2);
+                                         keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif
 

@@ -95,16 +95,17 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // The slice a prefill block takes: grid (row tiles, H_q, batch), with the
 // heaviest row tiles (under a causal mask, the last) launched first.
 struct PrefillBlock {
-  int64_t n, n_kv;  // (batch, query head) and (batch, KV head) slices
+  int64_t b, n;     // batch; (batch, query head) slice, b H_q + h
+  int h, g;         // query head, its KV head
   int l0;           // first query row of the tile
   int kv_end;       // keys [0, kv_end) hold every key a row of the tile may see
 
   __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind) {
     const int tile = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y;
-    const int64_t b = blockIdx.z;
+    h = blockIdx.y;
+    g = h / (H_q / H_kv);
+    b = blockIdx.z;
     n = b * H_q + h;
-    n_kv = b * H_kv + h / (H_q / H_kv);
     l0 = tile * rows_per_tile;
     kv_end = S;
     if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + rows_per_tile, L) - 1 + (S - L) + 1));

@@ -40,12 +40,13 @@ struct PrefillSmem {
 
 // rows x E elements from src rows first.., rows past count zero-filled.
 template <typename T, int E>
-__device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int rows, int count, int tid) {
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int first, int rows, int count,
+                                          int tid) {
   constexpr int LD = E + 8, CHUNKS = E / 8, THREADS = prefill_warps<E>() * 32;
   for (int idx = tid; idx < rows * CHUNKS; idx += THREADS) {
     const int r = idx / CHUNKS, c8 = idx % CHUNKS;
     const bool valid = r < count;
-    cp_async16(dst + r * LD + c8 * 8, valid ? src + (int64_t)(first + r) * E + c8 * 8 : src, valid);
+    cp_async16(dst + r * LD + c8 * 8, valid ? src + (first + r) * stride + c8 * 8 : src, valid);
   }
 }
 
@@ -64,18 +65,18 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
                                         const T* __restrict__ v, const void* mask_data,
                                         const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                         int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-                                        int mask_cs, float scale_log2) {
+                                        int mask_cs, float scale_log2, Layout lay) {
   constexpr int LD = E + 8, KS = E / 16, NB = kBc / 8, NO = E / 8;
   constexpr int kBr = PrefillSmem<T, E>::kBr;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrefillSmem<T, E>*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(kBr, H_q, H_kv, L, S, mask_kind);
-  const int64_t n = blk.n, n_kv = blk.n_kv;
+  const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
-  const T* q_head = q + n * (int64_t)L * E;
-  const T* k_head = k + n_kv * (int64_t)S * E;
-  const T* v_head = v + n_kv * (int64_t)S * E;
+  const T* q_head = q + lay.q.at(blk.b, blk.h, 0);
+  const T* k_head = k + lay.k.at(blk.b, blk.g, 0);
+  const T* v_head = v + lay.v.at(blk.b, blk.g, 0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
   const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
 
@@ -83,11 +84,11 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   const int n_tiles = (kv_end + kBc - 1) / kBc;
   const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
 
-  load_tile<T, E>(sm.q, q_head, l0, kBr, min(kBr, L - l0), tid);
+  load_tile<T, E>(sm.q, q_head, lay.q.sr, l0, kBr, min(kBr, L - l0), tid);
   cp_async_commit();
   if (n_tiles > 0) {
-    load_tile<T, E>(sm.k[0], k_head, 0, kBc, min(kBc, S), tid);
-    load_tile<T, E>(sm.v[0], v_head, 0, kBc, min(kBc, S), tid);
+    load_tile<T, E>(sm.k[0], k_head, lay.k.sr, 0, kBc, min(kBc, S), tid);
+    load_tile<T, E>(sm.v[0], v_head, lay.v.sr, 0, kBc, min(kBc, S), tid);
   }
   cp_async_commit();
 
@@ -100,8 +101,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
     const int count = min(kBc, S - c0);
     if (j + 1 < n_tiles) {  // the next tile flies while this one is computed
       const int c1 = c0 + kBc, n1 = min(kBc, S - c1);
-      load_tile<T, E>(sm.k[buf ^ 1], k_head, c1, kBc, n1, tid);
-      load_tile<T, E>(sm.v[buf ^ 1], v_head, c1, kBc, n1, tid);
+      load_tile<T, E>(sm.k[buf ^ 1], k_head, lay.k.sr, c1, kBc, n1, tid);
+      load_tile<T, E>(sm.v[buf ^ 1], v_head, lay.v.sr, c1, kBc, n1, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -207,7 +208,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 extern "C" __global__ void __launch_bounds__(fa::prefill_warps<FA_E>() * 32) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
-    float scale_log2) {
+    float scale_log2, FA_LAYOUT_PARAMS) {
   fa::prefill<FA_T, FA_E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs,
-                          mask_cs, scale_log2);
+                          mask_cs, scale_log2, FA_LAYOUT);
 }

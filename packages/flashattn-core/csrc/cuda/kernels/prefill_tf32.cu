@@ -25,12 +25,13 @@ struct Tf32Smem {
 };
 
 template <int E, int LDT>
-__device__ __forceinline__ void load_tile32(float* dst, const float* src, int first, int count, int tid) {
+__device__ __forceinline__ void load_tile32(float* dst, const float* src, int64_t stride, int first, int count,
+                                            int tid) {
   constexpr int CHUNKS = E / 4;
   for (int idx = tid; idx < kBr32 * CHUNKS; idx += kWarps32 * 32) {
     const int r = idx / CHUNKS, c4 = idx % CHUNKS;
     const bool valid = r < count;
-    cp_async16(dst + r * LDT + c4 * 4, valid ? src + (int64_t)(first + r) * E + c4 * 4 : src, valid);
+    cp_async16(dst + r * LDT + c4 * 4, valid ? src + (first + r) * stride + c4 * 4 : src, valid);
   }
 }
 
@@ -39,21 +40,22 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
                                              const float* __restrict__ v, const void* mask_data,
                                              const int64_t* __restrict__ mask_base,
                                              float* __restrict__ out, int H_q, int H_kv, int L, int S,
-                                             int mask_kind, int mask_rs, int mask_cs, float scale_log2) {
+                                             int mask_kind, int mask_rs, int mask_cs, float scale_log2,
+                                             Layout lay) {
   using Smem = Tf32Smem<E>;
   constexpr int LDQ = Smem::LDQ, LDV = Smem::LDV, NB = kBc32 / 8, NO = E / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(kBr32, H_q, H_kv, L, S, mask_kind);
-  const int64_t n = blk.n, n_kv = blk.n_kv;
+  const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
-  const float* k_head = k + n_kv * (int64_t)S * E;
-  const float* v_head = v + n_kv * (int64_t)S * E;
+  const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
+  const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
   const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
 
-  load_tile32<E, LDQ>(sm.q, q + n * (int64_t)L * E, l0, min(kBr32, L - l0), tid);
+  load_tile32<E, LDQ>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kBr32, L - l0), tid);
   cp_async_commit();
 
   const int ra = l0 + w * 16 + g;
@@ -65,8 +67,8 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 
   for (int c0 = 0; c0 < kv_end; c0 += kBc32) {
     const int count = min(kBc32, S - c0);
-    load_tile32<E, LDQ>(sm.k, k_head, c0, count, tid);
-    load_tile32<E, LDV>(sm.v, v_head, c0, count, tid);
+    load_tile32<E, LDQ>(sm.k, k_head, lay.k.sr, c0, count, tid);
+    load_tile32<E, LDV>(sm.v, v_head, lay.v.sr, c0, count, tid);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -181,7 +183,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 extern "C" __global__ void __launch_bounds__(128) FA_CAT3(fa_prefill_float32_, FA_E, )(
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
     float* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
-    float scale_log2) {
+    float scale_log2, FA_LAYOUT_PARAMS) {
   fa::prefill_tf32<FA_E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs,
-                         mask_cs, scale_log2);
+                         mask_cs, scale_log2, FA_LAYOUT);
 }

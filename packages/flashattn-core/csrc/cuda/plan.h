@@ -1,0 +1,46 @@
+// The CUDA launches of one flash_attention call, decided when the graph is
+// built (from shapes, dtypes and the mask) and run when the inputs exist
+// (primitive.cpp), which is when their strides are known.
+
+#pragma once
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <variant>
+#include <vector>
+
+#include "../flash_attention.h"
+
+namespace flashattn::cuda {
+
+using Scalar = std::variant<bool, int, float>;
+
+// One kernel launch through MLX's custom-kernel API. An attention kernel
+// takes {q, k, v, mask data, mask base offsets} and, after `scalars`, the
+// inputs' layout (9 strides); the merge takes the attention kernel's
+// partials.
+struct Step {
+  std::string kernel;
+  std::vector<Scalar> scalars;
+  std::tuple<int, int, int> grid;  // threads, as MLX counts them
+  std::tuple<int, int, int> block;
+  int smem = 0;
+};
+
+// An attention kernel, and the merge when it split the keys (its partials
+// (o, and m / l per row) are the primitive's second and third outputs).
+struct Launches {
+  Step attend;
+  std::optional<Step> merge;
+};
+
+struct Plan {
+  // Launches for inputs whose rows start on 16-byte boundaries (the fast
+  // kernels' vector loads), and the generic kernel's for any others; both
+  // write partials of the same shapes, or none.
+  Launches aligned, any;
+  std::vector<mx::Shape> partials;  // empty: one launch writes the output
+};
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,141 @@
+// The flash_attention node on a CUDA stream: reads the inputs' strides, then
+// runs the planned launches through MLX's custom-kernel primitive (which
+// allocates the outputs on MLX's stream-ordered allocator and orders the
+// launches in MLX's CUDA graph, as a launch of our own could not).
+
+#include "cuda/primitive.h"
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+
+#include "cuda/kernel_images.h"
+#include "mlx/fast.h"
+
+namespace flashattn::cuda {
+
+namespace {
+
+const std::string& image_of(const std::string& kernel, const mx::Stream& s) {
+  const std::string* image = find_image(kernel, s.device.index);
+  if (!image) {
+    throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
+  }
+  return *image;
+}
+
+// Batch, head and row strides of q, k or v (B..., H, N, E), in elements;
+// 0 on axes of size 1.
+struct Rows {
+  int64_t sb = 0, sh = 0, sr = 0;
+};
+
+bool fits_int(int64_t x) {
+  return std::abs(x) <= std::numeric_limits<int>::max();
+}
+
+// x's rows as they lie, when the kernels can read them there: the head dim
+// contiguous, the batch axes collapsing into one (each axis's stride the
+// next inner one's times its size), strides that fit the 32-bit launch
+// arguments. Otherwise nullopt: MLX copies x first.
+std::optional<Rows> rows_in_place(const mx::array& x) {
+  const int nd = x.ndim();
+  const auto& shape = x.shape();
+  const auto& strides = x.strides();
+  if (shape[nd - 1] > 1 && strides[nd - 1] != 1) return std::nullopt;
+  Rows r;
+  r.sh = shape[nd - 3] > 1 ? strides[nd - 3] : 0;
+  r.sr = shape[nd - 2] > 1 ? strides[nd - 2] : 0;
+  int64_t outer = 0;  // the stride the next outer batch axis must have; 0: none seen
+  for (int d = nd - 4; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (outer == 0) {
+      r.sb = strides[d];
+    } else if (strides[d] != outer) {
+      return std::nullopt;
+    }
+    outer = strides[d] * shape[d];
+    if (outer == 0) return std::nullopt;  // a broadcast batch axis
+  }
+  if (!fits_int(r.sb) || !fits_int(r.sh) || !fits_int(r.sr)) return std::nullopt;
+  return r;
+}
+
+// The rows of x's row-contiguous copy.
+Rows contiguous_rows(const mx::array& x) {
+  const int64_t E = x.shape(-1), N = x.shape(-2), H = x.shape(-3);
+  return {H * N * E, N * E, E};
+}
+
+// Whether every row starts on a 16-byte boundary (the fast kernels' vector
+// loads; the generic kernel reads element by element).
+bool rows_aligned(const Rows& r, int64_t offset_bytes, int64_t itemsize) {
+  auto ok = [](int64_t bytes) { return bytes % 16 == 0; };
+  return ok(offset_bytes) && ok(r.sb * itemsize) && ok(r.sh * itemsize) && ok(r.sr * itemsize);
+}
+
+// FLASHATTN_CUDA_POISON=1 (tests) fills outputs with NaN before the kernels
+// run, so an element a kernel forgets to write cannot pass.
+std::optional<float> init_value() {
+  static const bool poison = std::getenv("FLASHATTN_CUDA_POISON") != nullptr;
+  return poison ? std::optional<float>(std::nanf("")) : std::nullopt;
+}
+
+// One launch: MLX's custom-kernel primitive for `step`, evaluated into `out`.
+// copy: MLX copies inputs that are not row-contiguous first.
+void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vector<mx::array>& in,
+            std::vector<mx::array>& out, bool copy, const mx::Stream& s) {
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+  for (const auto& o : out) {
+    shapes.push_back(o.shape());
+    dtypes.push_back(o.dtype());
+  }
+  auto node = mx::fast::precompiled_cuda_kernel(step.kernel, image_of(step.kernel, s), in, shapes, dtypes, scalars,
+                                                step.grid, step.block, step.smem, init_value(), copy, s);
+  node[0].primitive().eval_gpu(in, out);
+}
+
+}  // namespace
+
+void Attention::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("flash_attention: the CUDA node ran on a CPU stream");
+}
+
+void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::Stream s = stream();
+  // inputs: q, k, v, mask data (read row-contiguous), mask base offsets.
+  std::array<std::optional<Rows>, 3> in_place;
+  bool copy = !inputs[3].flags().row_contiguous;
+  for (int i = 0; i < 3; ++i) {
+    in_place[i] = rows_in_place(inputs[i]);
+    copy |= !in_place[i].has_value();
+  }
+  std::array<Rows, 3> rows;
+  bool aligned = true;
+  for (int i = 0; i < 3; ++i) {
+    const mx::array& x = inputs[i];
+    const bool copied = copy && !x.flags().row_contiguous;  // MLX copies it: row-contiguous, offset 0
+    rows[i] = copied ? contiguous_rows(x) : *in_place[i];
+    aligned &= rows_aligned(rows[i], copied ? 0 : x.offset(), x.itemsize());
+  }
+
+  const Launches& run = aligned ? plan_.aligned : plan_.any;
+  std::vector<Scalar> scalars = run.attend.scalars;
+  for (const Rows& r : rows) {
+    scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
+  }
+  if (!run.merge) {
+    launch(run.attend, scalars, inputs, outputs, copy, s);
+    return;
+  }
+  std::vector<mx::array> partials = {outputs[1], outputs[2]};
+  launch(run.attend, scalars, inputs, partials, copy, s);
+  std::vector<mx::array> out = {outputs[0]};
+  launch(*run.merge, run.merge->scalars, partials, out, false, s);
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,30 @@
+// The flash_attention node of a CUDA graph. Its launches were planned from
+// shapes (plan.h); it runs them through MLX's custom-kernel primitive once
+// the inputs exist and their strides are known, so strided views reach the
+// kernels without a copy. Outputs: the attention output, then the key
+// splits' partials when there is a merge (MLX keeps a node's outputs alive
+// until its kernels have run).
+
+#pragma once
+
+#include "cuda/plan.h"
+#include "mlx/primitives.h"
+
+namespace flashattn::cuda {
+
+class Attention : public mx::Primitive {
+ public:
+  Attention(mx::Stream stream, Plan plan) : mx::Primitive(stream), plan_(std::move(plan)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override {
+    return "FlashAttentionCUDA";
+  }
+
+ private:
+  Plan plan_;
+};
+
+}  // namespace flashattn::cuda
