@@ -46,12 +46,26 @@ def test_every_prefill_kernel(E, dtype, mask):
 
 
 @pytest.mark.parametrize("S", [513, 4096, 32768])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_splits(S, dtype):
-    case = Case(batch=(2,), heads=(14, 2), L=1, S=S, E=64, dtype=dtype, layout="kv_cache")
-    q, k, v, _ = make_inputs(case)
-    out = flash_attention(q, k, v)
-    assert relative_error(out, attention_reference(q, k, v)) <= TOLERANCE[dtype]
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("heads,E", [((14, 2), 64), ((32, 8), 128), ((16, 1), 64), ((12, 4), 96)])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_decode_splits(S, dtype, heads, E, mask):
+    # 16-bit E = 64 / 128 take the tensor-core decode kernel, the rest decode.cu.
+    case = Case(batch=(2,), heads=heads, L=1, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
+    q, k, v, m = make_inputs(case)
+    out = flash_attention(q, k, v, mask=m)
+    assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
+
+
+def test_decode_nan_key_reaches_only_its_rows():
+    # A NaN in one key row: every query row sees it (no mask), so every output
+    # row of that group is NaN, and the other group's rows are not.
+    q = mx.random.normal((1, 8, 1, 128)).astype(mx.bfloat16)
+    k = mx.random.normal((1, 2, 3000, 128)).astype(mx.bfloat16)
+    v = mx.random.normal((1, 2, 3000, 128)).astype(mx.bfloat16)
+    k[0, 1, 1234, 5] = float("nan")
+    out = np.array(flash_attention(q, k, v).astype(mx.float32))
+    assert np.isnan(out[0, 4:]).all() and not np.isnan(out[0, :4]).any()
 
 
 def _misaligned(shape, dtype, seed):

@@ -2,7 +2,9 @@
 //
 //   L <= 8, ratio x L <= 16 query rows per KV head, E in {64, 96, 128}:
 //       decode (FlashDecoding: keys split across blocks, then merged; up to
-//       1024 keys one block per group, no merge)
+//       1024 keys one block per group, no merge); on tensor cores
+//       (decode_mma.cu) for float16 / bfloat16, E in {64, 128} when no key
+//       in the range is hidden (no mask, or causal with L = 1)
 //   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill
 //   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill
 //   everything else: the generic kernel (keys split and merged when the
@@ -106,6 +108,8 @@ constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeys
 // Query rows of one decode block (kMaxRows in decode.cu): groups with more
 // rows (up to kDecodeMaxRows) take several blocks.
 constexpr int kDecodeBlockRows = 8;
+// Query rows of a tensor-core decode block (the M of mma.sync m16n8k16).
+constexpr int kMmaDecodeRows = 16;
 // Up to this many keys one block per group walks them all and writes the
 // output: one launch, no merge. In one H200 run (qwen05b / hd128) that took
 // S = 256-1024 from 27-46 to 19-36 us a call and made S >= 2048 slower; calls
@@ -215,9 +219,19 @@ Launches generic_launches(const Dims& d, int splits) {
   return {attend, merge_step(d, static_cast<int>(rows), splits)};
 }
 
+// The tensor-core decode kernel (decode_mma.cu): float16 / bfloat16, E = 64
+// or 128, one block's 16 rows hold the group's, and no key inside the range
+// is hidden (no mask, or causal with one query position).
+bool takes_mma_decode(const Dims& d, int rows_per_group) {
+  const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
+      (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1);
+  return d.dt != "float32" && (d.E == 64 || d.E == 128) && rows_per_group <= kMmaDecodeRows && hides_none;
+}
+
 std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const int rows_per_group = (d.H_q / d.H_kv) * d.L;
-  const int row_blocks = (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
+  const bool mma = takes_mma_decode(d, rows_per_group);
+  const int row_blocks = mma ? 1 : (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
   if (d.L >= kMinPrefillL || rows_per_group > kDecodeMaxRows || !has_decode_kernel(d.E) || d.batch > 65535 ||
       d.H_kv * row_blocks > 65535) {
     return std::nullopt;
@@ -232,7 +246,8 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   splits = (d.S + keys_per_split - 1) / keys_per_split;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
-  Step attend{splits == 1 ? "fa_decode_" + suffix : "fa_decode_split_" + suffix, scalars,
+  const std::string family = mma ? "fa_decode_mma_" : "fa_decode_";
+  Step attend{splits == 1 ? family + suffix : family + "split_" + suffix, scalars,
               {splits * kThreads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {kThreads, 1, 1}, 0};
   if (splits == 1) return Launches{attend, std::nullopt};
   return Launches{attend, merge_step(d, static_cast<int>(d.batch * d.H_q * d.L), splits)};

@@ -1,0 +1,249 @@
+// Decode on tensor cores for float16 / bfloat16: FlashDecoding with the
+// query rows of one GQA group packed into the 16 rows of mma.sync m16n8k16
+// (float32 accumulation). Dispatched when no key inside the range is hidden
+// (no mask, or causal with one query position) and a group has at most 16
+// rows; decode.cu takes the other decode cases and float32.
+//
+// Grid as decode.cu's: (splits x 128 threads, H_kv, batch). A block of 4
+// warps takes one (batch, KV head) group (ratio x L rows, the rest of the 16
+// zero) and one split of the keys; warp w walks chunks of KC keys (32 for
+// E = 64, 16 for E = 128). K and V go from global memory straight into mma
+// fragments, each lane loading 16 contiguous bytes of a row (every sector
+// read whole, no shared-memory staging), the rows a few chunks ahead asked
+// into L2:
+//
+//   S = Q K^T   lane (g, t) loads dims [32b + 8t, +8) of key g of an 8-key
+//               tile. The head-dim sum runs in a permuted order (k-step
+//               (b, j): slot 2t + i is dim 32b + 8t + 4j + i, slot 2t + 8 + i
+//               is dim 32b + 8t + 4j + 2 + i); the query fragments use the same.
+//   softmax     online, on the accumulators (rows g and g + 8 per thread)
+//   O += P V    P re-packed from S as the A operand; lane (g, t) loads dims
+//               [64d + 8g, +8) of keys 2t, 2t + 1, 2t + 8, 2t + 9 of a 16-key
+//               step and pairs them into B fragments, so output dim
+//               64d + 8n + i lands in tile i, column n.
+//
+// Keys past the split's end load as zeros (P = 0 multiplies only zeros), so
+// no hidden value reaches a row. The 4 warps' (m, l, o) are combined through
+// shared memory as in decode.cu.
+
+#include "mma.cuh"
+#include "unit.cuh"
+
+namespace fa {
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaAhead = 2;  // chunks ahead of the current one asked into L2
+
+template <int E>
+struct MmaDecodeSmem {
+  float o[kMmaWarps][16][E];
+  float m[kMmaWarps][16], l[kMmaWarps][16];
+};
+
+__device__ __forceinline__ uint4 load16(const void* p, bool valid) {
+  return valid ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& u, int i) {
+  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+// Element i of u and element i of v (16-bit each), as one B register: u's in
+// the low half (the lower k slot).
+__device__ __forceinline__ uint32_t pair(const uint4& u, const uint4& v, int i) {
+  return __byte_perm(word(u, i >> 1), word(v, i >> 1), (i & 1) ? 0x7632 : 0x5410);
+}
+
+template <typename T, int E>
+__device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __restrict__ k,
+                                           const T* __restrict__ v, T* __restrict__ out,
+                                           float* __restrict__ o_part, float* __restrict__ ml_part, int H_q,
+                                           int H_kv, int L, int S, int keys_per_split, float scale_log2,
+                                           Layout lay) {
+  static_assert(E == 64 || E == 128, "tensor-core decode takes E = 64 or 128");
+  constexpr int KC = 2048 / E;  // keys per chunk: what the registers hold
+  constexpr int NT = KC / 8, KB = E / 32, KS = KC / 16, DB = E / 64;
+  __shared__ MmaDecodeSmem<E> sm;
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int ratio = H_q / H_kv, R = ratio * L;  // R <= 16 (the dispatch's condition)
+  const int split = blockIdx.x, kvh = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const T* k_head = k + lay.k.at(b, kvh, 0);
+  const T* v_head = v + lay.v.at(b, kvh, 0);
+  const int64_t ks = lay.k.sr, vs = lay.v.sr;
+  const int c_begin = split * keys_per_split;
+  const int c_end = min(S, c_begin + keys_per_split);
+  auto q_row = [&](int r) { return q + lay.q.at(b, kvh * ratio + r / L, r % L); };
+
+  auto prefetch_chunk = [&](int c0) {
+    for (int r = lane; r < KC; r += 32) {
+      if (c0 + r < c_end) {
+        const char* k_row = reinterpret_cast<const char*>(k_head + (c0 + r) * ks);
+        const char* v_row = reinterpret_cast<const char*>(v_head + (c0 + r) * vs);
+#pragma unroll
+        for (int by = 0; by < E * (int)sizeof(T); by += 128) {
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(k_row + by));
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(v_row + by));
+        }
+      }
+    }
+  };
+#pragma unroll
+  for (int a = 0; a <= kMmaAhead; ++a) prefetch_chunk(c_begin + (a * kMmaWarps + w) * KC);
+
+  // Query fragments of rows g and g + 8 (zeros past R), per 32-dim block.
+  uint4 qa[KB], qb[KB];
+#pragma unroll
+  for (int kb = 0; kb < KB; ++kb) {
+    qa[kb] = load16(q_row(g) + 32 * kb + 8 * t, g < R);
+    qb[kb] = load16(q_row(g + 8) + 32 * kb + 8 * t, g + 8 < R);
+  }
+
+  float o[DB][8][4] = {};
+  float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+  for (int c0 = c_begin + w * KC; c0 < c_end; c0 += kMmaWarps * KC) {
+    prefetch_chunk(c0 + (kMmaAhead + 1) * kMmaWarps * KC);
+    uint4 kf[NT][KB], vf[KS][4][DB];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int key = c0 + 8 * nt + g;
+#pragma unroll
+      for (int kb = 0; kb < KB; ++kb) kf[nt][kb] = load16(k_head + key * ks + 32 * kb + 8 * t, key < c_end);
+    }
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int key = c0 + 16 * s + 2 * t + (j & 1) + (j >> 1) * 8;
+#pragma unroll
+        for (int db = 0; db < DB; ++db) vf[s][j][db] = load16(v_head + key * vs + 64 * db + 8 * g, key < c_end);
+      }
+    }
+
+    // S = Q K^T, then the log2-domain scores; keys past the end hidden.
+    float sc[NT][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int kb = 0; kb < KB; ++kb) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t a[4] = {word(qa[kb], 2 * j), word(qb[kb], 2 * j), word(qa[kb], 2 * j + 1),
+                                 word(qb[kb], 2 * j + 1)};
+          mma16816<T>(sc[nt], a, word(kf[nt][kb], 2 * j), word(kf[nt][kb], 2 * j + 1));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = c0 + 8 * nt + 2 * t + (i & 1);
+        sc[nt][i] = key < c_end ? sc[nt][i] * scale_log2 : FA_NEG_INF;
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = FA_NEG_INF;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * rr], sc[nt][2 * rr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_i[rr], mx);
+      const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
+      const float alpha = fast_exp2(m_i[rr] - m_use);
+      m_i[rr] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float p = fast_exp2(sc[nt][2 * rr + i] - m_use);
+          sc[nt][2 * rr + i] = p;
+          sum += p;
+        }
+      }
+      l_i[rr] = l_i[rr] * alpha + sum;
+#pragma unroll
+      for (int db = 0; db < DB; ++db)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[db][i][2 * rr] *= alpha, o[db][i][2 * rr + 1] *= alpha;
+    }
+
+    // O += P V
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      const uint32_t a[4] = {pack2<T>(sc[2 * s][0], sc[2 * s][1]), pack2<T>(sc[2 * s][2], sc[2 * s][3]),
+                             pack2<T>(sc[2 * s + 1][0], sc[2 * s + 1][1]),
+                             pack2<T>(sc[2 * s + 1][2], sc[2 * s + 1][3])};
+#pragma unroll
+      for (int db = 0; db < DB; ++db)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          mma16816<T>(o[db][i], a, pair(vf[s][0][db], vf[s][1][db], i), pair(vf[s][2][db], vf[s][3][db], i));
+    }
+  }
+
+  // This warp's rows g and g + 8 into shared memory (l summed over the quad).
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l_i[rr] += __shfl_xor_sync(0xffffffffu, l_i[rr], 1);
+    l_i[rr] += __shfl_xor_sync(0xffffffffu, l_i[rr], 2);
+    if (t == 0) sm.m[w][g + 8 * rr] = m_i[rr], sm.l[w][g + 8 * rr] = l_i[rr];
+  }
+#pragma unroll
+  for (int db = 0; db < DB; ++db)
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) sm.o[w][g + 8 * (c >> 1)][64 * db + 8 * (2 * t + (c & 1)) + i] = o[db][i][c];
+  __syncthreads();
+
+  // Combine the warps: m = max, weights 2^(m_w - m).
+  for (int idx = tid; idx < R * E; idx += kMmaWarps * 32) {
+    const int r = idx / E, e = idx % E;
+    float m = FA_NEG_INF;
+#pragma unroll
+    for (int ww = 0; ww < kMmaWarps; ++ww) m = fmaxf(m, sm.m[ww][r]);
+    const float m_use = m == FA_NEG_INF ? 0.0f : m;
+    float l_sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < kMmaWarps; ++ww) {
+      const float wgt = exp2f(sm.m[ww][r] - m_use);
+      l_sum += wgt * sm.l[ww][r];
+      acc += wgt * sm.o[ww][r][e];
+    }
+    const int64_t row = (b * H_q + kvh * ratio + r / L) * L + r % L;
+    if (o_part == nullptr) {
+      out[row * E + e] = from_f<T>(l_sum == 0.0f ? 0.0f : acc / l_sum);
+    } else {
+      const int64_t slot = (int64_t)split * gridDim.z * H_q * L + row;
+      o_part[slot * E + e] = acc;
+      if (e == 0) ml_part[slot * 2] = m, ml_part[slot * 2 + 1] = l_sum;
+    }
+  }
+}
+
+}  // namespace fa
+
+// fa_decode_mma_<dtype>_<E>: grid (splits x 128, H_kv, batch), 128 threads;
+// fa_decode_mma_split_<dtype>_<E> writes partials for fa_merge_<dtype>. The
+// arguments are decode.cu's (the mask ones unused: no mask reaches here).
+#if !defined(FA_E) || !defined(FA_PARTIAL)
+#error "define FA_E and FA_PARTIAL"
+#endif
+#if FA_DTYPE == 0
+#error "decode_mma.cu takes float16 or bfloat16"
+#endif
+#if FA_PARTIAL == 0
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, int H_q, int H_kv,
+    int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
+  fa::decode_mma<FA_T, FA_E>(q, k, v, out, nullptr, nullptr, H_q, H_kv, L, S, keys_per_split, scale_log2,
+                             FA_LAYOUT);
+}
+#else
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_split_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, float* o_part, float* ml_part,
+    int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
+  fa::decode_mma<FA_T, FA_E>(q, k, v, nullptr, o_part, ml_part, H_q, H_kv, L, S, keys_per_split, scale_log2,
+                             FA_LAYOUT);
+}
+#endif
