@@ -18,6 +18,7 @@
 
 #include <type_traits>
 
+#include "decode_combine.cuh"
 #include "unit.cuh"
 
 namespace fa {
@@ -208,7 +209,6 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 #pragma unroll
       for (int j = 0; j < kVRows; ++j) {
         const T* v_row = v_head + (c0 + j0 + j) * vs;
-#pragma unroll
         load_el<T, EL>(v_row + EL * lane, j0 + j < keys, vv[j]);
       }
 #pragma unroll
@@ -237,29 +237,8 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     for (int i = 0; i < EL; ++i) sm.o[w][r][EL * lane + i] = o[r][i];
   }
   __syncthreads();
-  for (int i = tid; i < R * E; i += kDecWarps * 32) {
-    const int r = i / E, e = i % E;
-    float m = FA_NEG_INF;
-#pragma unroll
-    for (int ww = 0; ww < kDecWarps; ++ww) m = fmaxf(m, sm.m[ww][r]);
-    const float m_use = m == FA_NEG_INF ? 0.0f : m;
-    float l_sum = 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int ww = 0; ww < kDecWarps; ++ww) {
-      const float wgt = exp2f(sm.m[ww][r] - m_use);
-      l_sum += wgt * sm.l[ww][r];
-      acc += wgt * sm.o[ww][r][e];
-    }
-    const int64_t row = row_n(r) * L + pos(r);
-    if (o_part == nullptr) {
-      out[row * E + e] = from_f<T>(l_sum == 0.0f ? 0.0f : acc / l_sum);
-    } else {
-      const int64_t rows = (int64_t)gridDim.z * H_q * L;
-      const int64_t slot = (int64_t)split * rows + row;
-      o_part[slot * E + e] = acc;
-      if (e == 0) ml_part[slot * 2] = m, ml_part[slot * 2 + 1] = l_sum;
-    }
-  }
+  combine_decode_warps(sm.o, sm.m, sm.l, R, [&](int r) { return row_n(r) * L + pos(r); }, out, o_part, ml_part,
+                       split, (int64_t)gridDim.z * H_q * L);
 }
 
 }  // namespace fa

@@ -24,8 +24,9 @@
 //
 // Keys past the split's end load as zeros (P = 0 multiplies only zeros), so
 // no hidden value reaches a row. The 4 warps' (m, l, o) are combined through
-// shared memory as in decode.cu.
+// shared memory (decode_combine.cuh).
 
+#include "decode_combine.cuh"
 #include "mma.cuh"
 #include "unit.cuh"
 
@@ -62,7 +63,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
                                            Layout lay) {
   static_assert(E == 64 || E == 128, "tensor-core decode takes E = 64 or 128");
   constexpr int KC = 2048 / E;  // keys per chunk: what the registers hold
-  constexpr int NT = KC / 8, KB = E / 32, KS = KC / 16, DB = E / 64;
+  constexpr int NT = KC / 8, KB = E / 32, KS = KC / 16, DB = E / 64, NO = 8 * DB;
   __shared__ MmaDecodeSmem<E> sm;
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int ratio = H_q / H_kv, R = ratio * L;  // R <= 16 (the dispatch's condition)
@@ -99,7 +100,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
     qb[kb] = load16(q_row(g + 8) + 32 * kb + 8 * t, g + 8 < R);
   }
 
-  float o[DB][8][4] = {};
+  float o[NO][4] = {};  // tile 8 db + i: dims 64 db + 8 n + i (n: the fragment's column)
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
   for (int c0 = c_begin + w * KC; c0 < c_end; c0 += kMmaWarps * KC) {
     prefetch_chunk(c0 + (kMmaAhead + 1) * kMmaWarps * KC);
@@ -120,7 +121,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       }
     }
 
-    // S = Q K^T, then the log2-domain scores; keys past the end hidden.
+    // S = Q K^T
     float sc[NT][4] = {};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -133,39 +134,10 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
           mma16816<T>(sc[nt], a, word(kf[nt][kb], 2 * j), word(kf[nt][kb], 2 * j + 1));
         }
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = c0 + 8 * nt + 2 * t + (i & 1);
-        sc[nt][i] = key < c_end ? sc[nt][i] * scale_log2 : FA_NEG_INF;
-      }
     }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float mx = FA_NEG_INF;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * rr], sc[nt][2 * rr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_i[rr], mx);
-      const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
-      const float alpha = fast_exp2(m_i[rr] - m_use);
-      m_i[rr] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float p = fast_exp2(sc[nt][2 * rr + i] - m_use);
-          sc[nt][2 * rr + i] = p;
-          sum += p;
-        }
-      }
-      l_i[rr] = l_i[rr] * alpha + sum;
-#pragma unroll
-      for (int db = 0; db < DB; ++db)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[db][i][2 * rr] *= alpha, o[db][i][2 * rr + 1] *= alpha;
-    }
+    // Online softmax (mma.cuh): keys past the split's end and rows past R hidden.
+    const Mask none{kNone, nullptr, nullptr, 0, 0, 0};
+    softmax_step<NT, NO>(sc, o, m_i, l_i, none, 0, g, R, c_end, c0, scale_log2, c0 + KC > c_end, lane);
 
     // O += P V
 #pragma unroll
@@ -177,7 +149,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       for (int db = 0; db < DB; ++db)
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-          mma16816<T>(o[db][i], a, pair(vf[s][0][db], vf[s][1][db], i), pair(vf[s][2][db], vf[s][3][db], i));
+          mma16816<T>(o[8 * db + i], a, pair(vf[s][0][db], vf[s][1][db], i), pair(vf[s][2][db], vf[s][3][db], i));
     }
   }
 
@@ -193,32 +165,11 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) sm.o[w][g + 8 * (c >> 1)][64 * db + 8 * (2 * t + (c & 1)) + i] = o[db][i][c];
+      for (int c = 0; c < 4; ++c) sm.o[w][g + 8 * (c >> 1)][64 * db + 8 * (2 * t + (c & 1)) + i] = o[8 * db + i][c];
   __syncthreads();
 
-  // Combine the warps: m = max, weights 2^(m_w - m).
-  for (int idx = tid; idx < R * E; idx += kMmaWarps * 32) {
-    const int r = idx / E, e = idx % E;
-    float m = FA_NEG_INF;
-#pragma unroll
-    for (int ww = 0; ww < kMmaWarps; ++ww) m = fmaxf(m, sm.m[ww][r]);
-    const float m_use = m == FA_NEG_INF ? 0.0f : m;
-    float l_sum = 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int ww = 0; ww < kMmaWarps; ++ww) {
-      const float wgt = exp2f(sm.m[ww][r] - m_use);
-      l_sum += wgt * sm.l[ww][r];
-      acc += wgt * sm.o[ww][r][e];
-    }
-    const int64_t row = (b * H_q + kvh * ratio + r / L) * L + r % L;
-    if (o_part == nullptr) {
-      out[row * E + e] = from_f<T>(l_sum == 0.0f ? 0.0f : acc / l_sum);
-    } else {
-      const int64_t slot = (int64_t)split * gridDim.z * H_q * L + row;
-      o_part[slot * E + e] = acc;
-      if (e == 0) ml_part[slot * 2] = m, ml_part[slot * 2 + 1] = l_sum;
-    }
-  }
+  combine_decode_warps(sm.o, sm.m, sm.l, R, [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; },
+                       out, o_part, ml_part, split, (int64_t)gridDim.z * H_q * L);
 }
 
 }  // namespace fa
