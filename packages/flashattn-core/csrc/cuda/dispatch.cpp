@@ -20,21 +20,18 @@
 #include "cuda/dispatch.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <variant>
 
 #include "cuda/kernel_images.h"
 #include "cuda/plan.h"
 #include "cuda/primitive.h"
 #include "mask_layout.h"
 #include "mlx/backend/gpu/device_info.h"
-#include "mlx/fast.h"
 
 namespace flashattn::cuda {
 
@@ -108,7 +105,8 @@ constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeys
 // Query rows of one decode block (kMaxRows in decode.cu): groups with more
 // rows (up to kDecodeMaxRows) take several blocks.
 constexpr int kDecodeBlockRows = 8;
-// Query rows of a tensor-core decode block (the M of mma.sync m16n8k16).
+// Query rows of a tensor-core decode block (the M of mma.sync m16n8k16;
+// decode_mma.cu packs a group into them).
 constexpr int kMmaDecodeRows = 16;
 // Up to this many keys one block per group walks them all and writes the
 // output: one launch, no merge. In one H200 run (qwen05b / hd128) that took
@@ -228,6 +226,7 @@ bool takes_mma_decode(const Dims& d, int rows_per_group) {
   return d.dt != "float32" && (d.E == 64 || d.E == 128) && rows_per_group <= kMmaDecodeRows && hides_none;
 }
 
+// The decode launches, when decode takes the call; splits: the key splits chosen.
 std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const int rows_per_group = (d.H_q / d.H_kv) * d.L;
   const bool mma = takes_mma_decode(d, rows_per_group);
