@@ -126,8 +126,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // s becomes P, m_i / l_i are updated, o (NO accumulator tiles) rescaled.
 // Row ra = first row + g, rb = ra + 8 (positions in the sequence); keys from
 // c0. Rows at or past L (the last tile's padding) are fully hidden: their
-// mask rows do not exist.
-template <int NB, int NO>
+// mask rows do not exist. PairedKeys: the accumulator's columns 2t, 2t + 1 of
+// each 8-key block hold keys t, t + 4 (K's rows permuted so that P is already
+// in the A-operand layout of the P V product: prefill_tf32_wg.cu).
+template <int NB, int NO, bool PairedKeys = false>
 __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4], float* m_i,
                                              float* l_i, const Mask& mask, int64_t n, int ra,
                                              int L, int S, int c0, float scale_log2,
@@ -144,7 +146,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int c = c0 + nb * 8 + 2 * t + (i & 1);
+        const int c = c0 + nb * 8 + (PairedKeys ? t + 4 * (i & 1) : 2 * t + (i & 1));
         const int r = ra + (i >> 1) * 8;
         float term = 0.0f;
         if (c >= S || r >= L || (mask.kind == kCausal && c > r + mask.offset)) {

@@ -1,0 +1,320 @@
+// FlashAttention-2 forward for float32 inputs at float32 accuracy on Hopper
+// (sm_90a): the 3xTF32 split of prefill_tf32.cu, with the products on
+// warpgroup tensor-core instructions (wgmma.cuh) instead of mma.sync.
+//
+// Nsight Compute put prefill_tf32.cu at ~8 issued instructions per mma.sync:
+// every warp split each K and V element it used into TF32 high and low parts
+// itself, with scalar shared-memory loads around it. Here each element is
+// split once per block, as it is stored to shared memory, into the layouts
+// wgmma reads directly; a product is then one instruction per 64 x 64 x 8.
+//
+// Block: two warpgroups x 64 query rows; key/value tiles of 64. Per tile:
+//   1. the tile, loaded into registers during the previous tile, is split and
+//      stored: K as it is (K-major along the head dim), V transposed (K-major
+//      along the keys, as wgmma's B operand of P V must be);
+//   2. the next tile's loads are issued (they land while 3-4 run);
+//   3. S = Q K^T: 3 wgmma per 8 head-dim columns (lo*hi, hi*lo, hi*hi), from
+//      shared memory;
+//   4. online softmax on the accumulators (mma.cuh), then O += P V: P split
+//      in registers (A operand), V^T from shared memory.
+// Q is split into shared memory once. Only Hopper runs it (the planner asks);
+// other GPUs take prefill_tf32.cu.
+
+#include "unit.cuh"
+#include "wgmma.cuh"
+
+namespace fa {
+
+constexpr int kWgRows = 64;               // query rows per warpgroup (wgmma's M)
+constexpr int kWgGroups = 2;              // warpgroups per block
+constexpr int kWgBr = kWgRows * kWgGroups;
+constexpr int kWgBc = 64;                 // keys per tile
+constexpr int kWgThreads = 128 * kWgGroups;
+
+// Operands in wgmma's K-major core-matrix layout (wgmma.cuh), TF32 high and
+// low parts apart; two key/value tiles (one is read while the next is stored).
+template <int E>
+struct WgSmem {
+  float q_hi[kWgBr * E], q_lo[kWgBr * E];  // rows: queries; K: head dim
+  struct Tile {
+    float k_hi[kWgBc * E], k_lo[kWgBc * E];  // rows: keys (paired order); K: head dim
+    float v_hi[E * kWgBc], v_lo[E * kWgBc];  // V^T: rows: head dim; K: keys
+  } kv[2];
+};
+
+// Row r of a K tile in shared memory holds key paired_key(r) of the tile:
+// within each 8 keys, rows 2t, 2t + 1 hold keys t, t + 4. S = Q K^T then
+// leaves in each thread exactly the keys (t, t + 4) that the A operand of
+// P V asks of it, so P needs no shuffles between the two products.
+__device__ __forceinline__ int paired_key(int r) { return (r & ~7) | ((r & 1) << 2) | ((r & 7) >> 1); }
+
+__device__ __forceinline__ void split4(const float4& x, float4& hi, float4& lo) {
+  uint32_t h[4], l[4];
+  split_tf32(x.x, h[0], l[0]);
+  split_tf32(x.y, h[1], l[1]);
+  split_tf32(x.z, h[2], l[2]);
+  split_tf32(x.w, h[3], l[3]);
+  hi = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
+  lo = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
+}
+
+// split_tf32 for a probability: never infinite, so lo = x - hi as it is (a
+// NaN keeps its quiet bit in hi and stays NaN in both).
+__device__ __forceinline__ void split_prob(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// One thread's part of a ROWS x E tile of Q or K, held in registers between
+// its load from global memory and its split into shared memory. Thread
+// element idx is core-matrix row idx % 8 of core matrix idx / 8 (row-major
+// over (row / 8, column / 4)): 8 neighbouring threads fill one core matrix's
+// 128 bytes (no bank conflicts) and read 16 bytes from each of 8 rows.
+template <int E, int ROWS, bool PAIRED>
+struct RowTile {
+  static constexpr int N = ROWS * E / 4 / kWgThreads;
+  static_assert(ROWS * E / 4 % kWgThreads == 0, "tile must divide over the block");
+  float4 x[N];
+
+  __device__ __forceinline__ static int row_of(int idx) {
+    const int r = ((idx >> 3) / (E / 4)) * 8 + (idx & 7);
+    return PAIRED ? paired_key(r) : r;
+  }
+  __device__ __forceinline__ static const float4* at(const float* src, int64_t stride, int row, int idx) {
+    return reinterpret_cast<const float4*>(src + row * stride + ((idx >> 3) % (E / 4)) * 4);
+  }
+  // Rows first .. first + count - 1 of src (zeros past count).
+  __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int tid) {
+    src += first * stride;
+    if (count >= ROWS) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] = *at(src, stride, row_of(tid + i * kWgThreads), tid + i * kWgThreads);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int idx = tid + i * kWgThreads, r = row_of(idx);
+        x[i] = r < count ? *at(src, stride, r, idx) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+  }
+  __device__ __forceinline__ void store(float* hi, float* lo, int tid) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int idx = tid + i * kWgThreads;
+      float4 h, l;
+      split4(x[i], h, l);
+      *reinterpret_cast<float4*>(hi + idx * 4) = h;
+      *reinterpret_cast<float4*>(lo + idx * 4) = l;
+    }
+  }
+};
+
+// One thread's part of a V tile, stored transposed: element idx holds 4
+// consecutive keys of head-dim column idx % E (a warp's loads read 32
+// consecutive floats of a key row), one core-matrix row of V^T.
+template <int E>
+struct VTile {
+  static constexpr int N = E * kWgBc / 4 / kWgThreads;
+  static_assert(E * kWgBc / 4 % kWgThreads == 0, "tile must divide over the block");
+  float x[N][4];
+
+  __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int tid) {
+    src += first * stride;
+    const bool full = count >= kWgBc;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int idx = tid + i * kWgThreads, e = idx % E, key = (idx / E) * 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[i][j] = full || key + j < count ? src[(key + j) * stride + e] : 0.0f;
+    }
+  }
+  // bad: set when check and a value is NaN or +-inf (the masked tiles' rare path).
+  __device__ __forceinline__ void store(float* hi, float* lo, int tid, bool check, bool& bad) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int idx = tid + i * kWgThreads, e = idx % E, kc = idx / E;
+      const int at = ((e >> 3) * (kWgBc / 4) + kc) * 32 + (e & 7) * 4;
+      const float4 v = make_float4(x[i][0], x[i][1], x[i][2], x[i][3]);
+      if (check) bad |= !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w));
+      float4 h, l;
+      split4(v, h, l);
+      *reinterpret_cast<float4*>(hi + at) = h;
+      *reinterpret_cast<float4*>(lo + at) = l;
+    }
+  }
+};
+
+template <int E>
+__device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, const float* __restrict__ k,
+                                                const float* __restrict__ v, const void* mask_data,
+                                                const int64_t* __restrict__ mask_base, float* __restrict__ out,
+                                                int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
+                                                int mask_cs, float scale_log2, Layout lay) {
+  constexpr int NB = kWgBc / 8, NO = E / 8;
+  static_assert(E == 64, "the wgmma products are written for 64 x 64 tiles");
+  using Smem = WgSmem<E>;
+  // Descriptor strides (bytes): core matrices along K are adjacent (128 B);
+  // along rows, one 8-row band of the whole K extent apart. Stepping 8
+  // columns along K adds 256 B (16 in the descriptor's units); stepping to
+  // the other key/value buffer adds sizeof(Tile).
+  constexpr uint32_t kLbo = 128, kSboRows = 8 * E * 4, kSboV = 8 * kWgBc * 4;
+  constexpr uint64_t kStepK = 256 >> 4, kStepBuf = sizeof(typename Smem::Tile) >> 4;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<Smem*>(smem_raw);
+  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const PrefillBlock blk(kWgBr, H_q, H_kv, L, S, mask_kind);
+  const int64_t n = blk.n;
+  const int l0 = blk.l0, kv_end = blk.kv_end, offset = S - L;
+  const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
+  const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, offset};
+  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+  // Whether some key of the tile at c0 is hidden from some row from `first` on.
+  auto masked = [&](int c0, int first) {
+    return c0 + kWgBc > S || array_mask || (mask_kind == kCausal && c0 + kWgBc - 1 > first + offset);
+  };
+
+  RowTile<E, kWgBc, true> kt;
+  VTile<E> vt;
+  if (kv_end > 0) {
+    kt.load(k_head, lay.k.sr, 0, min(kWgBc, S), tid);
+    vt.load(v_head, lay.v.sr, 0, min(kWgBc, S), tid);
+  }
+  {
+    RowTile<E, kWgBr, false> qt;
+    qt.load(q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kWgBr, L - l0), tid);
+    qt.store(sm.q_hi, sm.q_lo, tid);
+  }
+  bool bad = false;  // a NaN / Inf value in a masked tile: the rare path
+  if (kv_end > 0) {
+    kt.store(sm.kv[0].k_hi, sm.kv[0].k_lo, tid);
+    vt.store(sm.kv[0].v_hi, sm.kv[0].v_lo, tid, masked(0, l0), bad);
+    if (kWgBc < kv_end) {
+      kt.load(k_head, lay.k.sr, kWgBc, min(kWgBc, S - kWgBc), tid);
+      vt.load(v_head, lay.v.sr, kWgBc, min(kWgBc, S - kWgBc), tid);
+    }
+  }
+  fence_proxy_async();
+
+  const int row0 = l0 + wg * kWgRows;               // this warpgroup's first row
+  const int ra = row0 + w * 16 + g;
+  const uint64_t d_qh = wgmma_desc(sm.q_hi + wg * kWgRows * E, kLbo, kSboRows);
+  const uint64_t d_ql = wgmma_desc(sm.q_lo + wg * kWgRows * E, kLbo, kSboRows);
+  const uint64_t d_kh = wgmma_desc(sm.kv[0].k_hi, kLbo, kSboRows);
+  const uint64_t d_kl = wgmma_desc(sm.kv[0].k_lo, kLbo, kSboRows);
+  const uint64_t d_vh = wgmma_desc(sm.kv[0].v_hi, kLbo, kSboV);
+  const uint64_t d_vl = wgmma_desc(sm.kv[0].v_lo, kLbo, kSboV);
+
+  float o[NO][4] = {};
+  float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+
+  int buf = 0;
+  for (int c0 = 0; c0 < kv_end; c0 += kWgBc, buf ^= 1) {
+    const bool need_mask = masked(c0, row0);
+    // The tile is stored (and visible to wgmma) and every product of the last
+    // tile has read its buffer.
+    const bool guard = __syncthreads_or(bad);
+    bad = false;
+    const uint64_t b_off = buf * kStepBuf;
+
+    // S = Q K^T, issued. (Also where the causal mask hides the whole tile
+    // from this warpgroup, once per block: wgmma's issue and wait must not
+    // sit in branches, or the compiler serializes every product.)
+    float s[NB][4] = {};
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < E / 8; ++kk) {
+      const uint64_t kq = kk * kStepK, kb = kq + b_off;
+      wgmma_64x64x8_ss(s, d_ql + kq, d_kh + kb, 1);
+      wgmma_64x64x8_ss(s, d_qh + kq, d_kl + kb, 1);
+      wgmma_64x64x8_ss(s, d_qh + kq, d_kh + kb, 1);
+    }
+    wgmma_commit();
+    // While the products run: the next tile into the other buffer, and the
+    // one after it on its way from global memory.
+    const int c1 = c0 + kWgBc;
+    if (c1 < kv_end) {
+      auto& next = sm.kv[buf ^ 1];
+      kt.store(next.k_hi, next.k_lo, tid);
+      vt.store(next.v_hi, next.v_lo, tid, masked(c1, l0), bad);
+      fence_proxy_async();
+      if (c1 + kWgBc < kv_end) {
+        kt.load(k_head, lay.k.sr, c1 + kWgBc, min(kWgBc, S - c1 - kWgBc), tid);
+        vt.load(v_head, lay.v.sr, c1 + kWgBc, min(kWgBc, S - c1 - kWgBc), tid);
+      }
+    }
+
+    wgmma_wait_all();
+    fence_fragments(s);
+    softmax_step<NB, NO, true>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
+    if (!guard) {  // O += P V, P (already in the A layout) split in registers
+      uint32_t ph[NB][4], pl[NB][4];
+#pragma unroll
+      for (int kb = 0; kb < NB; ++kb) {
+        split_prob(s[kb][0], ph[kb][0], pl[kb][0]);  // row g, key t
+        split_prob(s[kb][2], ph[kb][1], pl[kb][1]);  // row g + 8, key t
+        split_prob(s[kb][1], ph[kb][2], pl[kb][2]);  // row g, key t + 4
+        split_prob(s[kb][3], ph[kb][3], pl[kb][3]);  // row g + 8, key t + 4
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < NB; ++kb) {
+        const uint64_t vk = kb * kStepK + b_off;
+        wgmma_64x64x8_rs(o, pl[kb], d_vh + vk);
+        wgmma_64x64x8_rs(o, ph[kb], d_vl + vk);
+        wgmma_64x64x8_rs(o, ph[kb], d_vh + vk);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_fragments(o);
+    } else {
+      // The rare path. Each warp sums P V over the keys its rows see into a
+      // 16 x E buffer where this tile's K was (every warpgroup's Q K^T has
+      // read it after the barrier); a value reaches only the rows that see
+      // it (0 x NaN would not stay 0).
+      __syncthreads();
+      auto& cur = sm.kv[buf];
+      float* delta = cur.k_hi + (tid >> 5) * 16 * E;
+      for (int i = lane; i < 16 * E; i += 32) delta[i] = 0.0f;
+      __syncwarp();
+#pragma unroll
+      for (int kb = 0; kb < NB; ++kb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rr = i >> 1, r = ra + rr * 8, c = kb * 8 + t + 4 * (i & 1), key = c0 + c;
+          if (r >= L || key >= S || (mask_kind == kCausal && key > r + offset)) continue;
+          if (array_mask && mask.term(mask.row_base(n, r), key) == FA_NEG_INF) continue;
+          const float p = s[kb][i];
+#pragma unroll 1
+          for (int e = 0; e < E; ++e) {
+            const int at = ((e >> 3) * (kWgBc / 4) + (c >> 2)) * 32 + (e & 7) * 4 + (c & 3);
+            atomicAdd(&delta[(g + 8 * rr) * E + e], p * (cur.v_hi[at] + cur.v_lo[at]));
+          }
+        }
+      }
+      __syncwarp();
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[eb][i] += delta[(g + (i >> 1) * 8) * E + eb * 8 + 2 * t + (i & 1)];
+    }
+  }
+
+  store_rows<float, NO>(o, l_i, out, n, L, E, ra, t);
+}
+
+}  // namespace fa
+
+#if !defined(FA_E)
+#error "define FA_E"
+#endif
+#if FA_DTYPE != 0
+#error "prefill_tf32_wg.cu takes float32"
+#endif
+extern "C" __global__ void __launch_bounds__(fa::kWgThreads, 1) FA_CAT3(fa_prefill_wg_float32_, FA_E, )(
+    const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
+    float* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    float scale_log2, FA_LAYOUT_PARAMS) {
+  fa::prefill_tf32_wg<FA_E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+                            scale_log2, FA_LAYOUT);
+}
