@@ -6,7 +6,8 @@
 //       (decode_mma.cu) for float16 / bfloat16, E in {64, 128} when no key
 //       in the range is hidden (no mask, or causal with L = 1)
 //   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill
-//   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill
+//   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill; for
+//       E = 64 on Hopper, on wgmma (prefill_tf32_wg.cu)
 //   everything else: the generic kernel (keys split and merged when the
 //       query rows are few)
 //
@@ -41,6 +42,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 128;
 constexpr int kMergeThreads = 512;  // kMergeThreads in generic.cu
 constexpr int kPrefillRows32 = 64;  // Br of the float32 prefill kernel
+// The Hopper float32 prefill (prefill_tf32_wg.cu): two warpgroups of 64 rows;
+// shared memory: Q, and two key/value tiles of 64, as TF32 high and low parts.
+constexpr int kWgRows = 128, kWgThreads = 256, kWgE = 64;
+constexpr int kWgSmemBytes = (2 * kWgRows * kWgE + 2 * 4 * 64 * kWgE) * 4;
 
 // Warps (16 query rows each) of the float16 / bfloat16 prefill kernel.
 int prefill_warps(int E) {
@@ -169,7 +174,8 @@ const std::string* find_image(const std::string& kernel, int device_index) {
   });
   auto it = index.find(kernel);
   if (it == index.end()) return nullptr;
-  return runs_sm90(device_index) ? &it->second->sm90 : &it->second->ptx;
+  const std::string* image = runs_sm90(device_index) ? &it->second->sm90 : &it->second->ptx;
+  return image->empty() ? nullptr : image;  // e.g. a Hopper-only kernel elsewhere
 }
 
 bool kernels_available() {
@@ -252,16 +258,19 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   return Launches{attend, merge_step(d, static_cast<int>(d.batch * d.H_q * d.L), splits)};
 }
 
-std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype) {
+std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
   if (d.L < kMinPrefillL || !has_prefill_kernel(dtype, d.E) || d.batch > 65535 || d.H_q > 65535) {
     return std::nullopt;
   }
-  const int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E);
+  std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
+  int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
+  if (dtype == mx::float32 && d.E == kWgE && find_image("fa_prefill_wg_float32_64", device_index)) {
+    kernel = "fa_prefill_wg_float32_64";
+    rows = kWgRows, threads = kWgThreads, smem = kWgSmemBytes;
+  }
   const int tiles = (d.L + rows - 1) / rows;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
-  Step attend{"fa_prefill_" + d.dt + "_" + std::to_string(d.E), scalars,
-              {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1},
-              prefill_smem_bytes(dtype, d.E)};
+  Step attend{kernel, scalars, {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1}, smem};
   return Launches{attend, std::nullopt};
 }
 
@@ -294,7 +303,7 @@ mx::array flash_attention(
   int splits = 0;
   if (auto decode = decode_launches(d, splits)) {
     plan.aligned = *decode;
-  } else if (auto prefill = prefill_launches(d, q.dtype())) {
+  } else if (auto prefill = prefill_launches(d, q.dtype(), s.device.index)) {
     plan.aligned = *prefill;
     splits = 1;
   } else {

@@ -14,13 +14,15 @@ namespace flashattn::cuda {
 struct KernelImage {
   std::string kernel;  // the extern "C" entry point it defines
   std::string sm90;    // what cuModuleLoadData takes (fatbin): Hopper
-  std::string ptx;     // the same for other GPUs (compute_80 PTX)
+  std::string ptx;     // the same for other GPUs (compute_80 PTX); empty for
+                       // a Hopper-only kernel (sm_90a machine code alone)
 };
 
 // Every embedded module (empty when the build had no nvcc).
 const std::vector<KernelImage>& kernel_images();
 
-// The image of `kernel`'s module for the GPU of `device_index`, or nullptr.
+// The image of `kernel`'s module for the GPU of `device_index`, or nullptr
+// (no such kernel, or none for that GPU).
 const std::string* find_image(const std::string& kernel, int device_index);
 
 }  // namespace flashattn::cuda
