@@ -92,8 +92,12 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// The slice a prefill block takes: grid (row tiles, H_q, batch), with the
-// heaviest row tiles (under a causal mask, the last) launched first.
+// The slice a prefill block takes: grid (row tiles, H_q, batch). Blocks start
+// in the order of their linear index, which is mapped so that the heaviest
+// row tiles (under a causal mask, the last) of every head start first: the
+// greedy order that leaves the GPU the least ragged tail. (Mapping within
+// each head only, qwen05b 8K causal on 132 SMs would end ~13% after the
+// balanced time.)
 struct PrefillBlock {
   int64_t b, n;     // batch; (batch, query head) slice, b H_q + h
   int h, g;         // query head, its KV head
@@ -101,10 +105,12 @@ struct PrefillBlock {
   int kv_end;       // keys [0, kv_end) hold every key a row of the tile may see
 
   __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind) {
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    h = blockIdx.y;
+    const int64_t slices = int64_t(gridDim.y) * gridDim.z;
+    const int64_t j = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+    const int tile = gridDim.x - 1 - int(j / slices);
+    h = int(j % slices % gridDim.y);
     g = h / (H_q / H_kv);
-    b = blockIdx.z;
+    b = j % slices / gridDim.y;
     n = b * H_q + h;
     l0 = tile * rows_per_tile;
     kv_end = S;
