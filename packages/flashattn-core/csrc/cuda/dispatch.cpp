@@ -43,9 +43,9 @@ constexpr int kThreads = 128;
 constexpr int kMergeThreads = 512;  // kMergeThreads in generic.cu
 constexpr int kPrefillRows32 = 64;  // Br of the float32 prefill kernel
 // The Hopper float32 prefill (prefill_tf32_wg.cu): two warpgroups of 64 rows;
-// shared memory: Q, and two key/value tiles of 64, as TF32 high and low parts.
+// shared memory: two key/value tiles of 64 keys, as TF32 high and low parts.
 constexpr int kWgRows = 128, kWgThreads = 256, kWgE = 64;
-constexpr int kWgSmemBytes = (2 * kWgRows * kWgE + 2 * 4 * 64 * kWgE) * 4;
+constexpr int kWgSmemBytes = 2 * 4 * 64 * kWgE * 4;
 
 // Warps (16 query rows each) of the float16 / bfloat16 prefill kernel.
 int prefill_warps(int E) {

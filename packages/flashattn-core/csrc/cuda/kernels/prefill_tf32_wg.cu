@@ -8,17 +8,20 @@
 // split once per block, as it is stored to shared memory, into the layouts
 // wgmma reads directly; a product is then one instruction per 64 x 64 x 8.
 //
-// Block: two warpgroups x 64 query rows; key/value tiles of 64. Per tile:
-//   1. the tile, loaded into registers during the previous tile, is split and
-//      stored: K as it is (K-major along the head dim), V transposed (K-major
-//      along the keys, as wgmma's B operand of P V must be);
-//   2. the next tile's loads are issued (they land while 3-4 run);
-//   3. S = Q K^T: 3 wgmma per 8 head-dim columns (lo*hi, hi*lo, hi*hi), from
-//      shared memory;
-//   4. online softmax on the accumulators (mma.cuh), then O += P V: P split
+// Block: two warpgroups x 64 query rows; key/value tiles of 64, in two
+// shared-memory buffers. Q is split once into registers (the A operand of
+// S = Q K^T: with both operands in shared memory those products would ask
+// more of its bandwidth than it has at full tensor rate). Per tile:
+//   1. S = Q K^T is issued: 3 wgmma per 8 head-dim columns (lo*hi, hi*lo,
+//      hi*hi), K from shared memory;
+//   2. while it runs, the next tile (loaded into registers during the last
+//      one) is split and stored into the other buffer: K as it is (K-major
+//      along the head dim, rows in paired order), V transposed (K-major
+//      along the keys, as wgmma's B operand of P V must be); the tile after
+//      it is loaded from global memory;
+//   3. online softmax on the accumulators (mma.cuh), then O += P V: P split
 //      in registers (A operand), V^T from shared memory.
-// Q is split into shared memory once. Only Hopper runs it (the planner asks);
-// other GPUs take prefill_tf32.cu.
+// Only Hopper runs it (the planner asks); other GPUs take prefill_tf32.cu.
 
 #include "unit.cuh"
 #include "wgmma.cuh"
@@ -35,7 +38,6 @@ constexpr int kWgThreads = 128 * kWgGroups;
 // low parts apart; two key/value tiles (one is read while the next is stored).
 template <int E>
 struct WgSmem {
-  float q_hi[kWgBr * E], q_lo[kWgBr * E];  // rows: queries; K: head dim
   struct Tile {
     float k_hi[kWgBc * E], k_lo[kWgBc * E];  // rows: keys (paired order); K: head dim
     float v_hi[E * kWgBc], v_lo[E * kWgBc];  // V^T: rows: head dim; K: keys
@@ -180,11 +182,6 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     kt.load(k_head, lay.k.sr, 0, min(kWgBc, S), tid);
     vt.load(v_head, lay.v.sr, 0, min(kWgBc, S), tid);
   }
-  {
-    RowTile<E, kWgBr, false> qt;
-    qt.load(q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kWgBr, L - l0), tid);
-    qt.store(sm.q_hi, sm.q_lo, tid);
-  }
   bool bad = false;  // a NaN / Inf value in a masked tile: the rare path
   if (kv_end > 0) {
     kt.store(sm.kv[0].k_hi, sm.kv[0].k_lo, tid);
@@ -198,8 +195,21 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
 
   const int row0 = l0 + wg * kWgRows;               // this warpgroup's first row
   const int ra = row0 + w * 16 + g;
-  const uint64_t d_qh = wgmma_desc(sm.q_hi + wg * kWgRows * E, kLbo, kSboRows);
-  const uint64_t d_ql = wgmma_desc(sm.q_lo + wg * kWgRows * E, kLbo, kSboRows);
+  // Q stays in registers as the A operand of S = Q K^T (shared memory would
+  // carry both operands of those products, more than its bandwidth at full
+  // tensor rate): rows ra, ra + 8, columns 8 kk + t, + 4, split once.
+  uint32_t qh[E / 8][4], ql[E / 8][4];
+  {
+    const float* q_rows = q + lay.q.at(blk.b, blk.h, 0);
+#pragma unroll
+    for (int kk = 0; kk < E / 8; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = ra + (i & 1) * 8, e = kk * 8 + t + (i >> 1) * 4;
+        split_tf32(r < L ? q_rows[int64_t(r) * lay.q.sr + e] : 0.0f, qh[kk][i], ql[kk][i]);
+      }
+    }
+  }
   const uint64_t d_kh = wgmma_desc(sm.kv[0].k_hi, kLbo, kSboRows);
   const uint64_t d_kl = wgmma_desc(sm.kv[0].k_lo, kLbo, kSboRows);
   const uint64_t d_vh = wgmma_desc(sm.kv[0].v_hi, kLbo, kSboV);
@@ -224,10 +234,10 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
-      const uint64_t kq = kk * kStepK, kb = kq + b_off;
-      wgmma_64x64x8_ss(s, d_ql + kq, d_kh + kb, 1);
-      wgmma_64x64x8_ss(s, d_qh + kq, d_kl + kb, 1);
-      wgmma_64x64x8_ss(s, d_qh + kq, d_kh + kb, 1);
+      const uint64_t kb = kk * kStepK + b_off;
+      wgmma_64x64x8_rs(s, ql[kk], d_kh + kb);
+      wgmma_64x64x8_rs(s, qh[kk], d_kl + kb);
+      wgmma_64x64x8_rs(s, qh[kk], d_kh + kb);
     }
     wgmma_commit();
     // While the products run: the next tile into the other buffer, and the

@@ -56,14 +56,15 @@ __device__ __forceinline__ void wgmma_64x64x8_ss(float (&d)[8][4], uint64_t a, u
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// d (64 x 64) += a (64 x 8, registers) * b (8 x 64, shared).
-__device__ __forceinline__ void wgmma_64x64x8_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {
+// d (64 x 64) = a (64 x 8, registers) * b (8 x 64, shared) + (accumulate ? d : 0).
+__device__ __forceinline__ void wgmma_64x64x8_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                                 int accumulate = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 " FA_R32
       ", {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
       : FA_D64
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
 #undef FA_D8
