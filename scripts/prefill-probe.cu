@@ -169,6 +169,7 @@ void run(const Case& c, const std::vector<Launch>& launches, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout's kill
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s\n", prop.name);

@@ -45,6 +45,33 @@ def test_every_prefill_kernel(E, dtype, mask):
     assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("mask", ["causal", "bool", None])
+def test_non_finite_inputs_in_float32_prefill(E, where, value, mask):
+    # tests/core/test_values.py's semantics on the tensor-core float32 prefill
+    # kernels (its E = 16 takes the generic kernel): one poisoned row early,
+    # seen by most queries, one late, hidden from most; L != S, three key
+    # tiles, so the masked tiles' rare path for NaN / Inf values runs.
+    case = Case(batch=(1,), heads=(4, 2), L=70, S=150, E=E)
+    q, k, v, _ = (np.array(x) for x in make_inputs(case))
+    L, S = q.shape[-2], k.shape[-2]
+    target = {"q": q, "k": k, "v": v}[where]
+    target[0, 1, 3, 5] = value
+    target[0, 0, target.shape[-2] - 2, 0] = value
+    m = {"causal": "causal", None: None}.get(mask)
+    if mask == "bool":
+        m = mx.array(causal_mask(L, S) & (np.arange(S) % 3 != 1))
+    args = [mx.array(x) for x in (q, k, v)]
+    out = np.array(flash_attention(*args, mask=m), dtype=np.float64)
+    ref = attention_reference(*args, mask=m)
+    assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN in different places"
+    assert np.array_equal(np.isinf(out), np.isinf(ref)), "Inf in different places"
+    finite = np.isfinite(ref)
+    assert relative_error(out[finite], ref[finite]) <= TOLERANCE["float32"]
+
+
 @pytest.mark.parametrize("S", [513, 4096, 32768])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("heads,E", [((14, 2), 64), ((32, 8), 128), ((16, 1), 64), ((12, 4), 96)])

@@ -230,12 +230,12 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     // S = Q K^T, issued. (Also where the causal mask hides the whole tile
     // from this warpgroup, once per block: wgmma's issue and wait must not
     // sit in branches, or the compiler serializes every product.)
-    float s[NB][4] = {};
+    float s[NB][4];  // the first product ignores it
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
       const uint64_t kb = kk * kStepK + b_off;
-      wgmma_64x64x8_rs(s, ql[kk], d_kh + kb);
+      wgmma_64x64x8_rs(s, ql[kk], d_kh + kb, kk > 0);
       wgmma_64x64x8_rs(s, qh[kk], d_kl + kb);
       wgmma_64x64x8_rs(s, qh[kk], d_kh + kb);
     }
