@@ -95,13 +95,15 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
     const bool need_mask = c0 + kBc32 > S || partial_causal || array_mask;
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
 
-    // Rare path: values that are NaN / Inf where some row cannot see them.
-    bool guard = false;
-    if (need_mask) {
-      bool bad = false;
-      for (int idx = tid; idx < count * E; idx += kWarps32 * 32) bad |= !isfinite(sm.v[(idx / E) * LDV + idx % E]);
-      guard = __syncthreads_or(bad);
+    // Rare path: values that are +-inf (a product's low-part term would make
+    // 0 x inf = NaN of them wherever P's low part is 0, as at a row's
+    // maximum), or NaN where some row cannot see them.
+    bool bad = false;
+    for (int idx = tid; idx < count * E; idx += kWarps32 * 32) {
+      const float x = sm.v[(idx / E) * LDV + idx % E];
+      bad |= fabsf(x) == INFINITY || (need_mask && isnan(x));
     }
+    const bool guard = __syncthreads_or(bad);
 
     // On the rare path each warp sums P V over visible keys into a 16 x E
     // buffer where K was (no warp reads K any more after the barrier).

@@ -130,19 +130,25 @@ struct VTile {
       for (int j = 0; j < 4; ++j) x[i][j] = full || key + j < count ? src[(key + j) * stride + e] : 0.0f;
     }
   }
-  // bad: set when check and a value is NaN or +-inf (the masked tiles' rare path).
-  __device__ __forceinline__ void store(float* hi, float* lo, int tid, bool check, bool& bad) const {
+  // bad: set when a value is +-inf, or NaN in a tile with hidden keys
+  // (masked): the rare path. A product's low-part term would make 0 x inf =
+  // NaN of an infinite value wherever P's low part is 0 (P = 1 at a row's
+  // maximum); a NaN is NaN in every term, so unmasked tiles carry it as is.
+  __device__ __forceinline__ void store(float* hi, float* lo, int tid, bool masked, bool& bad) const {
+    float big = 0.0f;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int idx = tid + i * kWgThreads, e = idx % E, kc = idx / E;
       const int at = ((e >> 3) * (kWgBc / 4) + kc) * 32 + (e & 7) * 4;
       const float4 v = make_float4(x[i][0], x[i][1], x[i][2], x[i][3]);
-      if (check) bad |= !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w));
+      if (masked) bad |= !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w));
+      big = fmaxf(big, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
       float4 h, l;
       split4(v, h, l);
       *reinterpret_cast<float4*>(hi + at) = h;
       *reinterpret_cast<float4*>(lo + at) = l;
     }
+    bad |= big == INFINITY;
   }
 };
 
@@ -182,7 +188,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     kt.load(k_head, lay.k.sr, 0, min(kWgBc, S), tid);
     vt.load(v_head, lay.v.sr, 0, min(kWgBc, S), tid);
   }
-  bool bad = false;  // a NaN / Inf value in a masked tile: the rare path
+  bool bad = false;  // the rare path for the tile (VTile::store)
   if (kv_end > 0) {
     kt.store(sm.kv[0].k_hi, sm.kv[0].k_lo, tid);
     vt.store(sm.kv[0].v_hi, sm.kv[0].v_lo, tid, masked(0, l0), bad);
@@ -278,10 +284,11 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
       wgmma_wait_all();
       fence_fragments(o);
     } else {
-      // The rare path. Each warp sums P V over the keys its rows see into a
-      // 16 x E buffer where this tile's K was (every warpgroup's Q K^T has
-      // read it after the barrier); a value reaches only the rows that see
-      // it (0 x NaN would not stay 0).
+      // The rare path (an infinite value, or a NaN one where some key is
+      // hidden). Each warp sums P V over the keys its rows see, in plain
+      // float32, into a 16 x E buffer where this tile's K was (every
+      // warpgroup's Q K^T has read it after the barrier): a value reaches only
+      // the rows that see it (0 x NaN would not stay 0), and p x inf is inf.
       __syncthreads();
       auto& cur = sm.kv[buf];
       float* delta = cur.k_hi + (tid >> 5) * 16 * E;
