@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import time
@@ -43,15 +42,17 @@ def _batch(first_s: float, on_gpu: bool) -> int:
     return min(MAX_BATCH, max(2, int(BATCH_BELOW_S / max(first_s, 1e-6))))
 
 
-def _repeats(repeats: int, per_repeat_s: float) -> int:
-    return max(repeats, min(MAX_REPEATS, math.ceil(MIN_TIMED_S / max(per_repeat_s, 1e-9))))
+def _more(times: list[float], repeats: int) -> bool:
+    """Whether to time another repeat: until `repeats` are timed and, for
+    short calls, until MIN_TIMED_S has been (at most MAX_REPEATS)."""
+    return len(times) < repeats or (sum(times) < MIN_TIMED_S and len(times) < MAX_REPEATS)
 
 
 def measure(fn: Callable[[], mx.array], repeats: int = 3, warmup: int = 1) -> tuple[mx.array, Measurement]:
     """Run fn (which returns a lazy MLX array) to completion repeatedly. The
     first timed call runs alone: it gives the peak-memory figure and decides
-    the batch and the number of repeats; when later calls are batched, its
-    time (which carries a whole evaluation's overhead) is not kept."""
+    the batch; when later calls are batched, its time (which carries a whole
+    evaluation's overhead) is not kept. Repeats follow _more()."""
     out = None
     for _ in range(warmup):
         out = fn()
@@ -68,8 +69,7 @@ def measure(fn: Callable[[], mx.array], repeats: int = 3, warmup: int = 1) -> tu
     peak = mx.get_peak_memory() - before
     batch = _batch(first, mx.default_device() == mx.gpu)
     times = [first] if batch == 1 else []
-    n = _repeats(repeats, first * batch)
-    while len(times) < n:
+    while _more(times, repeats):
         mx.synchronize()
         start = time.perf_counter()
         outs = [fn() for _ in range(batch)]
@@ -96,8 +96,7 @@ def measure_host(fn: Callable[[], object], repeats: int = 3, warmup: int = 1,
     first = time.perf_counter() - start
     batch = _batch(first, on_gpu)
     times = [first] if batch == 1 else []
-    n = _repeats(repeats, first * batch)
-    while len(times) < n:
+    while _more(times, repeats):
         start = time.perf_counter()
         for _ in range(batch):
             out = fn()
