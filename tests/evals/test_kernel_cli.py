@@ -105,3 +105,25 @@ def test_short_calls_are_repeated_until_enough_is_timed():
     assert sum(fast.times_s) >= MIN_TIMED_S or len(fast.times_s) == MAX_REPEATS
     _, slow = measure(sleeper(0.3), repeats=2, warmup=0)
     assert len(slow.times_s) == 2
+
+
+def test_page_setting_says_which_pages_mlx_buffers_get(monkeypatch):
+    # The copy (NumPy asks for huge pages) and MLX's buffers (glibc's malloc
+    # asks only when told to) may stream through different page sizes.
+    import os
+
+    from flash_eval.measure import page_setting
+
+    path = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if not os.path.exists(path):
+        pytest.skip(f"{path} (Linux transparent huge pages) is not on this machine")
+    mode = open(path).read().split("[")[1].split("]")[0]
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    default = page_setting()
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    told = page_setting()
+    assert default.startswith(f"transparent huge pages: {mode};")
+    expected = {"always": ("huge pages", "huge pages"), "never": ("4 KiB pages", "4 KiB pages"),
+                "madvise": ("4 KiB pages", "huge pages")}[mode]
+    assert default.endswith(f"MLX's buffers on {expected[0]}")
+    assert told.endswith(f"MLX's buffers on {expected[1]}")

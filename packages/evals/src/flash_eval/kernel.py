@@ -18,7 +18,7 @@ from flashattn_core.reference import attention_reference, causal_mask
 
 from . import report
 from .impls import Inputs, flash_impl, make_inputs, mlx_impl, torch_impls
-from .measure import copy_bandwidth, device_copy_bandwidth, measure, measure_host
+from .measure import copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
 from .options import comma_list, int_list
 from .progress import progress_bar
 from .shapes import SHAPES, KernelCase
@@ -103,6 +103,7 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, se
         machine["copy_bandwidth_GBps"] = device_copy_bandwidth() / 1e9
     elif any(c.kind == "decode" for c in cases):
         machine["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
+        machine["pages"] = page_setting()
 
     results = []
     rate = {}  # (impl, kind) -> FLOP/s of its last case: predicts the next call

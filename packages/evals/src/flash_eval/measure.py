@@ -143,6 +143,33 @@ def copy_bandwidth(nbytes: int = 1 << 29, threads: int | None = None, repeats: i
     return 2 * src.nbytes / best
 
 
+def page_setting() -> str | None:
+    """On Linux, which page size the copy and MLX's buffers stream through.
+    Transparent huge pages in "madvise" mode (a common default) go only to
+    memory that asks for them: NumPy asks for its large arrays (so the copy
+    above gets them), MLX's CPU buffers ask only when glibc's malloc is told
+    to (GLIBC_TUNABLES=glibc.malloc.hugetlb=1). A decode that streams its
+    keys and values through 4 KiB pages is held to a copy that did not."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return None
+    try:
+        from numpy._core.multiarray import _get_madvise_hugepage
+
+        numpy_asks = _get_madvise_hugepage()
+    except ImportError:
+        numpy_asks = False
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    mlx_asks = any(t in tunables for t in ("glibc.malloc.hugetlb=1", "glibc.malloc.hugetlb=2"))
+
+    def pages(asks: bool) -> str:
+        return "huge pages" if mode == "always" or (mode == "madvise" and asks) else "4 KiB pages"
+
+    return f"transparent huge pages: {mode}; the copy on {pages(numpy_asks)}, MLX's buffers on {pages(mlx_asks)}"
+
+
 def mib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 2**20:,.1f} MiB"
 

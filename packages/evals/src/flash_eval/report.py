@@ -36,6 +36,8 @@ def machine_lines(machine: dict) -> list[str]:
     ]
     if "copy_bandwidth_GBps" in machine:
         lines.append(f"memory: copy on all cores {machine['copy_bandwidth_GBps']:.1f} GB/s (read + write)")
+    if machine.get("pages"):
+        lines.append(machine["pages"])
     lines += [f"{name}: {text}" for name, text in machine.get("impls", {}).items()]
     return lines
 
