@@ -322,6 +322,14 @@ struct Decode {
 
   void pv(const T* V, int64_t vs, const decode_detail::Ahead& ahead, int cols) {
     int e0 = 0;
+    if constexpr (R <= 7) {
+      // 64 columns of up to 7 rows in 28 accumulators, the value row in 4:
+      // all 32 vector registers, each probability broadcast from memory
+      // inside its multiply-add, once per key instead of once per 32 columns.
+      for (; e0 + 64 <= p.E; e0 += 64) {
+        pv_block<4>(V, vs, e0, e0 == 0 ? &ahead : nullptr, cols);
+      }
+    }
     for (; e0 + 32 <= p.E; e0 += 32) {
       pv_block<2>(V, vs, e0, e0 == 0 ? &ahead : nullptr, cols);
     }
