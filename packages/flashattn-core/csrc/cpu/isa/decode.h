@@ -11,15 +11,20 @@
 //   softmax     per row over 8-key vectors, m / l as scalars.
 //   O += P V    head-dim-vectorised: each value row is loaded once and meets
 //               the R rows' broadcast probabilities; o stays in registers for
-//               32 columns at a time (16-lane vectors).
+//               64 columns at a time (16-lane vectors) when R <= 7, 32 when
+//               R = 8.
 //
 // The row-vectorised layout of attend.h needs a broadcast per multiply-add
 // in both products, and broadcast operands run at half rate on some cores
-// (Zen 4); here a broadcast serves two 16-lane multiply-adds in P V and
-// none is needed in S = Q K^T. Keys and values stream through the caches once:
-// they are asked for into L2 64 KiB ahead, row by row as rows are used,
-// which keeps the stream ahead of the 4 KiB-page limit of the hardware
-// prefetchers. float16 / bfloat16 rows are converted in registers.
+// (Zen 4); here none is needed in S = Q K^T, and in P V one probability
+// serves four 16-lane multiply-adds for up to 7 rows (all 32 registers
+// hold accumulators and the value row, so it is broadcast from memory inside
+// them: on the CI machine one pass over each value row this way beat two
+// passes of 32 columns by ~15% at S = 131072). Keys and values stream
+// through the caches once: they are asked for into L2 64 KiB ahead, row by
+// row as rows are used, which keeps the stream ahead of the 4 KiB-page limit
+// of the hardware prefetchers. float16 / bfloat16 rows are converted in
+// registers.
 //
 // Needs 32 vector registers (AVX-512), E a multiple of 8 up to 256, key and
 // value rows contiguous, and no array mask (none or causal); the planner's
