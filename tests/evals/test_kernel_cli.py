@@ -1,6 +1,7 @@
 """flash-eval kernel and demo on tiny shapes, through click's test runner."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -107,17 +108,17 @@ def test_short_calls_are_repeated_until_enough_is_timed():
     assert len(slow.times_s) == 2
 
 
+THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+@pytest.mark.skipif(not os.path.exists(THP_SETTING),
+                    reason=f"{THP_SETTING} (Linux transparent huge pages) is not on this machine")
 def test_page_setting_says_which_pages_mlx_buffers_get(monkeypatch):
     # The copy (NumPy asks for huge pages) and MLX's buffers (glibc's malloc
     # asks only when told to) may stream through different page sizes.
-    import os
-
     from flash_eval.measure import page_setting
 
-    path = "/sys/kernel/mm/transparent_hugepage/enabled"
-    if not os.path.exists(path):
-        pytest.skip(f"{path} (Linux transparent huge pages) is not on this machine")
-    mode = open(path).read().split("[")[1].split("]")[0]
+    mode = open(THP_SETTING).read().split("[")[1].split("]")[0]
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     default = page_setting()
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")

@@ -155,12 +155,14 @@ def page_setting() -> str | None:
             mode = f.read().split("[")[1].split("]")[0]
     except (OSError, IndexError):
         return None
-    try:
+    try:  # NumPy 2, then NumPy 1 (1.20 on)
         from numpy._core.multiarray import _get_madvise_hugepage
-
-        numpy_asks = _get_madvise_hugepage()
     except ImportError:
-        numpy_asks = False
+        try:
+            from numpy.core.multiarray import _get_madvise_hugepage
+        except ImportError:
+            _get_madvise_hugepage = lambda: False  # noqa: E731 (older NumPy never asks)
+    numpy_asks = _get_madvise_hugepage()
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     mlx_asks = any(t in tunables for t in ("glibc.malloc.hugetlb=1", "glibc.malloc.hugetlb=2"))
 
