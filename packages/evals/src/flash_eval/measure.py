@@ -161,7 +161,7 @@ def page_setting() -> str | None:
         try:
             from numpy.core.multiarray import _get_madvise_hugepage
         except ImportError:
-            _get_madvise_hugepage = lambda: False  # noqa: E731 (older NumPy never asks)
+            _get_madvise_hugepage = lambda: False  # noqa: E731 (older NumPy cannot say: assumed not)
     numpy_asks = _get_madvise_hugepage()
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     mlx_asks = any(t in tunables for t in ("glibc.malloc.hugetlb=1", "glibc.malloc.hugetlb=2"))
