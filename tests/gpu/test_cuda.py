@@ -45,6 +45,16 @@ def test_every_prefill_kernel(E, dtype, mask):
     assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
 
 
+def assert_non_finite_semantics(q, k, v, m):
+    args = [mx.array(x) for x in (q, k, v)]
+    out = np.array(flash_attention(*args, mask=m), dtype=np.float64)
+    ref = attention_reference(*args, mask=m)
+    assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN in different places"
+    assert np.array_equal(np.isinf(out), np.isinf(ref)), "Inf in different places"
+    finite = np.isfinite(ref)
+    assert relative_error(out[finite], ref[finite]) <= TOLERANCE["float32"]
+
+
 @pytest.mark.parametrize("E", [64, 128])
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
@@ -63,13 +73,28 @@ def test_non_finite_inputs_in_float32_prefill(E, where, value, mask):
     m = {"causal": "causal", None: None}.get(mask)
     if mask == "bool":
         m = mx.array(causal_mask(L, S) & (np.arange(S) % 3 != 1))
-    args = [mx.array(x) for x in (q, k, v)]
-    out = np.array(flash_attention(*args, mask=m), dtype=np.float64)
-    ref = attention_reference(*args, mask=m)
-    assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN in different places"
-    assert np.array_equal(np.isinf(out), np.isinf(ref)), "Inf in different places"
-    finite = np.isfinite(ref)
-    assert relative_error(out[finite], ref[finite]) <= TOLERANCE["float32"]
+    assert_non_finite_semantics(q, k, v, m)
+
+
+@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("value", [float("inf"), -float("inf")])
+def test_infinity_meets_values_exact_in_tf32(E, where, value):
+    # 3xTF32 adds low-part products (q_lo k_hi, q_hi k_lo). Where the element
+    # an infinity meets is exactly representable in TF32 (as every value
+    # upcast from bfloat16 is), its low part is 0, and 0 x inf must not make
+    # a NaN score out of what float64 makes +-inf. Every value here is
+    # bfloat16-exact; the column the infinity meets is positive, so a -inf
+    # key hides itself from every row (the rest stays finite), and a -inf
+    # query element gives its row only -inf scores (a row of zeros).
+    case = Case(batch=(1,), heads=(4, 2), L=70, S=150, E=E)
+    q, k, v, _ = (np.array(x) for x in make_inputs(case))
+    other = k if where == "q" else q
+    other[..., 5] = np.abs(other[..., 5]) + 0.5
+    q, k, v = (np.array(mx.array(x).astype(mx.bfloat16).astype(mx.float32)) for x in (q, k, v))
+    {"q": q, "k": k}[where][0, 1, 3, 5] = value
+    assert_non_finite_semantics(q, k, v, "causal")
+    assert_non_finite_semantics(q, k, v, None)
 
 
 @pytest.mark.parametrize("S", [513, 4096, 32768])

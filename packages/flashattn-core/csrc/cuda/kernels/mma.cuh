@@ -79,6 +79,20 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   lo = __float_as_uint(x == h ? 0.0f : x - h);
 }
 
+// split_tf32 for the query side of S = Q K^T, where a zero lo would meet an
+// infinite key: lo k_hi = 0 x inf = NaN where x * inf is +-inf (and with
+// hi x k_lo the same for an infinite query element against a key that TF32
+// holds exactly, k_lo = 0). So a nonzero x that TF32 holds exactly splits
+// into hi one TF32 step nearer zero and lo that step (a power of two; still
+// hi + lo = x exactly), and an infinite x into a finite hi and an infinite
+// lo. Every term then carries x * inf's sign; 0 and NaN split as before.
+__device__ __forceinline__ void split_tf32_query(float x, uint32_t& hi, uint32_t& lo) {
+  const uint32_t b = __float_as_uint(x);
+  const bool exact = (b & 0x1fffu) == 0 && (b << 1) != 0;
+  hi = (b & 0xffffe000u) - (exact ? 0x2000u : 0u);
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <>
@@ -178,6 +192,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
         for (int i = 0; i < 4; ++i) s[nb][i] *= scale_log2;
     }
   }
+  float alpha[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float mx = FA_NEG_INF;
@@ -187,7 +202,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m_i[rr], mx * mul);
     const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;  // nothing seen yet: exp2(-inf) = 0
-    const float alpha = fast_exp2(m_i[rr] - m_use);
+    alpha[rr] = fast_exp2(m_i[rr] - m_use);
     m_i[rr] = m_new;
     float sum = 0.0f;
 #pragma unroll
@@ -199,11 +214,15 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
         sum += p;
       }
     }
-    l_i[rr] = l_i[rr] * alpha + sum;  // this thread's part; the quad sums at the end
+    l_i[rr] = l_i[rr] * alpha[rr] + sum;  // this thread's part; the quad sums at the end
+  }
+  // Past the first tiles a row's maximum rarely moves (alpha = 1 exactly):
+  // the warp skips the rescale when none of its rows' did.
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb) {
-      o[eb][2 * rr] *= alpha;
-      o[eb][2 * rr + 1] *= alpha;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[eb][i] *= alpha[i >> 1];
     }
   }
 }

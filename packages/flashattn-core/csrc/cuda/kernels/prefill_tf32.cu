@@ -77,10 +77,10 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 #pragma unroll 2
     for (int kk = 0; kk < E / 8; ++kk) {
       uint32_t ah[4], al[4];
-      split_tf32(qw[g * LDQ + kk * 8 + t], ah[0], al[0]);
-      split_tf32(qw[(g + 8) * LDQ + kk * 8 + t], ah[1], al[1]);
-      split_tf32(qw[g * LDQ + kk * 8 + t + 4], ah[2], al[2]);
-      split_tf32(qw[(g + 8) * LDQ + kk * 8 + t + 4], ah[3], al[3]);
+      split_tf32_query(qw[g * LDQ + kk * 8 + t], ah[0], al[0]);
+      split_tf32_query(qw[(g + 8) * LDQ + kk * 8 + t], ah[1], al[1]);
+      split_tf32_query(qw[g * LDQ + kk * 8 + t + 4], ah[2], al[2]);
+      split_tf32_query(qw[(g + 8) * LDQ + kk * 8 + t + 4], ah[3], al[3]);
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
         uint32_t bh0, bl0, bh1, bl1;

@@ -50,21 +50,29 @@ struct WgSmem {
 // P V asks of it, so P needs no shuffles between the two products.
 __device__ __forceinline__ int paired_key(int r) { return (r & ~7) | ((r & 1) << 2) | ((r & 7) >> 1); }
 
-__device__ __forceinline__ void split4(const float4& x, float4& hi, float4& lo) {
-  uint32_t h[4], l[4];
-  split_tf32(x.x, h[0], l[0]);
-  split_tf32(x.y, h[1], l[1]);
-  split_tf32(x.z, h[2], l[2]);
-  split_tf32(x.w, h[3], l[3]);
-  hi = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
-  lo = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
-}
-
-// split_tf32 for a probability: never infinite, so lo = x - hi as it is (a
-// NaN keeps its quiet bit in hi and stays NaN in both).
-__device__ __forceinline__ void split_prob(float x, uint32_t& hi, uint32_t& lo) {
+// split_tf32 without its guard for +-inf (lo = inf - inf = NaN there): for
+// a probability, never infinite, and for values, whose infinities send the
+// tile down the rare path, which reads hi alone where it is infinite. A NaN
+// keeps its quiet bit in hi and stays NaN in both.
+__device__ __forceinline__ void split_finite(float x, uint32_t& hi, uint32_t& lo) {
   hi = __float_as_uint(x) & 0xffffe000u;
   lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+template <bool Finite>
+__device__ __forceinline__ void split4(const float4& x, float4& hi, float4& lo) {
+  uint32_t h[4], l[4];
+  const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (Finite) {
+      split_finite(xs[j], h[j], l[j]);
+    } else {
+      split_tf32(xs[j], h[j], l[j]);
+    }
+  }
+  hi = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
+  lo = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
 }
 
 // One thread's part of a ROWS x E tile of Q or K, held in registers between
@@ -104,7 +112,7 @@ struct RowTile {
     for (int i = 0; i < N; ++i) {
       const int idx = tid + i * kWgThreads;
       float4 h, l;
-      split4(x[i], h, l);
+      split4<false>(x[i], h, l);
       *reinterpret_cast<float4*>(hi + idx * 4) = h;
       *reinterpret_cast<float4*>(lo + idx * 4) = l;
     }
@@ -144,7 +152,7 @@ struct VTile {
       if (masked) bad |= !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w));
       big = fmaxf(big, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
       float4 h, l;
-      split4(v, h, l);
+      split4<true>(v, h, l);
       *reinterpret_cast<float4*>(hi + at) = h;
       *reinterpret_cast<float4*>(lo + at) = l;
     }
@@ -212,7 +220,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = ra + (i & 1) * 8, e = kk * 8 + t + (i >> 1) * 4;
-        split_tf32(r < L ? q_rows[int64_t(r) * lay.q.sr + e] : 0.0f, qh[kk][i], ql[kk][i]);
+        split_tf32_query(r < L ? q_rows[int64_t(r) * lay.q.sr + e] : 0.0f, qh[kk][i], ql[kk][i]);
       }
     }
   }
@@ -267,10 +275,10 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
       uint32_t ph[NB][4], pl[NB][4];
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {
-        split_prob(s[kb][0], ph[kb][0], pl[kb][0]);  // row g, key t
-        split_prob(s[kb][2], ph[kb][1], pl[kb][1]);  // row g + 8, key t
-        split_prob(s[kb][1], ph[kb][2], pl[kb][2]);  // row g, key t + 4
-        split_prob(s[kb][3], ph[kb][3], pl[kb][3]);  // row g + 8, key t + 4
+        split_finite(s[kb][0], ph[kb][0], pl[kb][0]);  // row g, key t
+        split_finite(s[kb][2], ph[kb][1], pl[kb][1]);  // row g + 8, key t
+        split_finite(s[kb][1], ph[kb][2], pl[kb][2]);  // row g, key t + 4
+        split_finite(s[kb][3], ph[kb][3], pl[kb][3]);  // row g + 8, key t + 4
       }
       wgmma_fence();
 #pragma unroll
@@ -305,7 +313,8 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
 #pragma unroll 1
           for (int e = 0; e < E; ++e) {
             const int at = ((e >> 3) * (kWgBc / 4) + (c >> 2)) * 32 + (e & 7) * 4 + (c & 3);
-            atomicAdd(&delta[(g + 8 * rr) * E + e], p * (cur.v_hi[at] + cur.v_lo[at]));
+            const float hi = cur.v_hi[at];  // lo is NaN where hi is +-inf (split_finite)
+            atomicAdd(&delta[(g + 8 * rr) * E + e], p * (isinf(hi) ? hi : hi + cur.v_lo[at]));
           }
         }
       }
