@@ -17,7 +17,9 @@ EXPECTED = (
     | {f"fa_prefill_float32_{e}" for e in (64, 80, 96, 128)}
 )
 # Hopper's arch-specific instructions (wgmma): sm_90a machine code, no PTX.
-HOPPER_ONLY = {"fa_prefill_wg_float32_64"}
+HOPPER_ONLY = {"fa_prefill_wg_float32_64"} | {
+    f"fa_prefill_wg_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 128)
+}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA compiler) is not installed here")

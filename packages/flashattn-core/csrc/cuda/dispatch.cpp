@@ -5,7 +5,8 @@
 //       1024 keys one block per group, no merge); on tensor cores
 //       (decode_mma.cu) for float16 / bfloat16, E in {64, 128} when no key
 //       in the range is hidden (no mask, or causal with L = 1)
-//   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill
+//   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill;
+//       for E = 64 or 128 on Hopper, on wgmma (prefill_f16_wg.cu)
 //   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill; for
 //       E = 64 on Hopper, on wgmma (prefill_tf32_wg.cu)
 //   everything else: the generic kernel (keys split and merged when the
@@ -29,6 +30,7 @@
 #include <unordered_map>
 
 #include "cuda/kernel_images.h"
+#include "cuda/kernels/wg_shapes.h"
 #include "cuda/plan.h"
 #include "cuda/primitive.h"
 #include "mask_layout.h"
@@ -42,10 +44,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 128;
 constexpr int kMergeThreads = 512;  // kMergeThreads in generic.cu
 constexpr int kPrefillRows32 = 64;  // Br of the float32 prefill kernel
-// The Hopper float32 prefill (prefill_tf32_wg.cu): two warpgroups of 64 rows;
-// shared memory: two key/value tiles of 64 keys, as TF32 high and low parts.
-constexpr int kWgRows = 128, kWgThreads = 256, kWgE = 64;
-constexpr int kWgSmemBytes = 2 * 4 * 64 * kWgE * 4;
 
 // Warps (16 query rows each) of the float16 / bfloat16 prefill kernel.
 int prefill_warps(int E) {
@@ -264,9 +262,16 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   }
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
   int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
-  if (dtype == mx::float32 && d.E == kWgE && find_image("fa_prefill_wg_float32_64", device_index)) {
-    kernel = "fa_prefill_wg_float32_64";
-    rows = kWgRows, threads = kWgThreads, smem = kWgSmemBytes;
+  // Hopper: the wgmma kernels (only sm_90a images exist: find_image finds none elsewhere).
+  namespace ws = fa::wg_shapes;
+  const std::string wg_kernel = "fa_prefill_wg_" + d.dt + "_" + std::to_string(d.E);
+  if (find_image(wg_kernel, device_index)) {
+    kernel = wg_kernel;
+    if (dtype == mx::float32) {
+      rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
+    } else {
+      rows = ws::f16_rows(d.E), threads = ws::f16_threads(d.E), smem = ws::f16_smem_bytes(d.E);
+    }
   }
   const int tiles = (d.L + rows - 1) / rows;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};

@@ -24,15 +24,15 @@
 // Only Hopper runs it (the planner asks); other GPUs take prefill_tf32.cu.
 
 #include "unit.cuh"
+#include "wg_shapes.h"
 #include "wgmma.cuh"
 
 namespace fa {
 
-constexpr int kWgRows = 64;               // query rows per warpgroup (wgmma's M)
-constexpr int kWgGroups = 2;              // warpgroups per block
-constexpr int kWgBr = kWgRows * kWgGroups;
-constexpr int kWgBc = 64;                 // keys per tile
-constexpr int kWgThreads = 128 * kWgGroups;
+constexpr int kWgRows = wg_shapes::kRowsPerGroup;  // query rows per warpgroup (wgmma's M)
+constexpr int kWgBr = wg_shapes::kTf32Rows;
+constexpr int kWgBc = wg_shapes::kTf32Bc;            // keys per tile
+constexpr int kWgThreads = wg_shapes::kTf32Threads;
 
 // Operands in wgmma's K-major core-matrix layout (wgmma.cuh), TF32 high and
 // low parts apart; two key/value tiles (one is read while the next is stored).
@@ -167,7 +167,8 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
                                                 int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                                 int mask_cs, float scale_log2, Layout lay) {
   constexpr int NB = kWgBc / 8, NO = E / 8;
-  static_assert(E == 64, "the wgmma products are written for 64 x 64 tiles");
+  static_assert(E == wg_shapes::kTf32E, "the wgmma products are written for 64 x 64 tiles");
+  static_assert(sizeof(WgSmem<E>) == wg_shapes::kTf32SmemBytes, "the planner's shared memory");
   using Smem = WgSmem<E>;
   // Descriptor strides (bytes): core matrices along K are adjacent (128 B);
   // along rows, one 8-row band of the whole K extent apart. Stepping 8

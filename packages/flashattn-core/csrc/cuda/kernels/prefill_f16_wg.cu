@@ -1,0 +1,213 @@
+// FlashAttention-2 forward for float16 / bfloat16 on Hopper (sm_90a): the
+// products of prefill_f16.cu on warpgroup tensor-core instructions (wgmma,
+// wgmma.cuh), which read their shared-memory operands themselves instead of
+// every warp loading fragments with ldmatrix. One unit per (dtype, E), E in
+// {64, 128}; other head dims and other GPUs take prefill_f16.cu.
+//
+// Block: three warpgroups x 64 query rows and key/value tiles of 128 keys
+// for E = 64, four and 64 for E = 128 (wg_shapes.h); tiles double buffered
+// (cp.async: tile j + 1 lands while tile j is computed). Q, K and V are stored in wgmma's unswizzled core-matrix layout: 8 rows x 16 bytes as
+// 128 contiguous bytes, core matrices of a row band side by side along the
+// head dim. The same layout serves all three: Q and K as K-major operands
+// (the head dim is the product's K), V as the MN-major B operand of P V
+// (the keys are its K, its rows stay as stored). Per tile and warpgroup:
+//   1. S = Q K^T: E / 16 wgmma of 64 x Bc x 16, both operands in shared memory;
+//   2. online softmax on the accumulators (mma.cuh), as prefill_f16.cu;
+//   3. O += P V: Bc / 16 wgmma of 64 x E x 16, P from registers (its accumulator
+//      layout is already wgmma's A layout), V from shared memory.
+// The warpgroups of a block interleave on the SM: one's softmax runs while
+// the others' products do.
+
+#include "unit.cuh"
+#include "wg_shapes.h"
+#include "wgmma.cuh"
+
+namespace fa {
+
+constexpr int kWhRows = wg_shapes::kRowsPerGroup;
+
+// G warpgroups per block, key/value tiles of BC keys (wg_shapes.h).
+template <int G, int BC>
+struct WhShape {
+  static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * G;
+};
+
+template <typename T, int E, typename Shape>
+struct WhSmem {
+  T q[Shape::kBr * E];
+  T k[2][Shape::kBc * E];
+  T v[2][Shape::kBc * E];
+};
+
+// Element (r, c) of a tile in the core-matrix layout: core matrix (r / 8, c / 8)
+// at ((r / 8) (E / 8) + c / 8) x 64 elements, its row r % 8 at 8 (r % 8).
+template <int E>
+__device__ __forceinline__ int cm_at(int r, int c) {
+  return ((r >> 3) * (E / 8) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+}
+
+// rows x E elements from src rows first.., rows past count zero-filled, into
+// the core-matrix layout. Chunk idx (16 bytes) is row idx % 8 of core matrix
+// idx / 8: 8 neighbouring threads fill one core matrix's 128 bytes.
+template <typename T, int E, int ROWS, int THREADS>
+__device__ __forceinline__ void load_cm(T* dst, const T* src, int64_t stride, int first, int count, int tid) {
+  constexpr int CH = E / 8;
+#pragma unroll
+  for (int idx = tid; idx < ROWS * CH; idx += THREADS) {
+    const int r = ((idx >> 3) / CH) * 8 + (idx & 7), c8 = (idx >> 3) % CH;
+    const bool valid = r < count;
+    cp_async16(dst + idx * 8, valid ? src + (first + r) * stride + c8 * 8 : src, valid);
+  }
+}
+
+template <typename T, int E, typename Shape>
+__device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
+                                           const T* __restrict__ v, const void* mask_data,
+                                           const int64_t* __restrict__ mask_base, T* __restrict__ out,
+                                           int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
+                                           int mask_cs, float scale_log2, Layout lay) {
+  constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
+  constexpr int NB = kWhBc / 8, NO = E / 8;
+  static_assert(E == 64 || E == 128, "wgmma's N is the head dim in P V");
+  using Smem = WhSmem<T, E, Shape>;
+  // Descriptor offsets (bytes): core matrices adjacent along the head dim are
+  // 128 apart, row bands 16 E apart. K-major (Q, K): LBO along K = the head
+  // dim, SBO along the rows. MN-major (V): SBO along N = the head dim, LBO
+  // along K = the keys. A step of 16 along the head dim adds 256 bytes, of 16
+  // keys 32 E; the other buffer is sizeof(k[0]) away.
+  constexpr uint32_t kBand = 16 * E;
+  constexpr uint64_t kStepE = 256 >> 4, kStepKeys = (32 * E) >> 4;
+  constexpr uint64_t kStepBuf = (kWhBc * E * sizeof(T)) >> 4;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<Smem*>(smem_raw);
+  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const PrefillBlock blk(kWhBr, H_q, H_kv, L, S, mask_kind);
+  const int64_t n = blk.n;
+  const int l0 = blk.l0, kv_end = blk.kv_end, offset = S - L;
+  const T* k_head = k + lay.k.at(blk.b, blk.g, 0);
+  const T* v_head = v + lay.v.at(blk.b, blk.g, 0);
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, offset};
+  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+  const int n_tiles = (kv_end + kWhBc - 1) / kWhBc;
+  const int row0 = l0 + wg * kWhRows;  // this warpgroup's first row
+  const int ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
+
+  load_cm<T, E, kWhBr, kWhThreads>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kWhBr, L - l0), tid);
+  if (n_tiles > 0) {
+    load_cm<T, E, kWhBc, kWhThreads>(sm.k[0], k_head, lay.k.sr, 0, min(kWhBc, S), tid);
+    load_cm<T, E, kWhBc, kWhThreads>(sm.v[0], v_head, lay.v.sr, 0, min(kWhBc, S), tid);
+  }
+  cp_async_commit();
+
+  const uint64_t d_q = wgmma_desc(sm.q + wg * kWhRows * E, 128, kBand);
+  const uint64_t d_k = wgmma_desc(sm.k[0], 128, kBand);
+  const uint64_t d_v = wgmma_desc(sm.v[0], kBand, 128);
+
+  float o[NO][4] = {};
+  float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int c0 = j * kWhBc, buf = j & 1;
+    // Tile j has landed and is visible to wgmma; every warpgroup is done with
+    // tile j - 1, whose buffer tile j + 1 now fills.
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < n_tiles) {
+      const int c1 = c0 + kWhBc;
+      load_cm<T, E, kWhBc, kWhThreads>(sm.k[buf ^ 1], k_head, lay.k.sr, c1, min(kWhBc, S - c1), tid);
+      load_cm<T, E, kWhBc, kWhThreads>(sm.v[buf ^ 1], v_head, lay.v.sr, c1, min(kWhBc, S - c1), tid);
+      cp_async_commit();
+    }
+    const uint64_t b_off = buf * kStepBuf;
+
+    float s[NB][4];  // the first product ignores it
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < E / 16; ++kk) wgmma16_ss<T, kWhBc>(s, d_q + kk * kStepE, d_k + b_off + kk * kStepE, kk > 0);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_fragments(s);
+
+    const bool need_mask =
+        c0 + kWhBc > S || array_mask || (mask_kind == kCausal && c0 + kWhBc - 1 > row0 + offset);
+    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
+
+    // Rare: a tile where some key is hidden from some row of the block and
+    // some value is not finite. P V in plain float32 over visible keys only
+    // (0 x NaN would leak a hidden value); P of key c sits with quad thread
+    // (c % 8) / 2, so the quad passes it round.
+    const bool block_masked =
+        c0 + kWhBc > S || array_mask || (mask_kind == kCausal && c0 + kWhBc - 1 > l0 + offset);
+    if (block_masked) {
+      bool bad = false;
+      const T* sv = sm.v[buf];
+      for (int idx = tid; idx < kWhBc * E; idx += kWhThreads) bad |= !isfinite(to_f(sv[idx]));
+      if (__syncthreads_or(bad)) {
+        const int64_t rb[2] = {array_mask && ra < L ? mask.row_base(n, ra) : 0,
+                               array_mask && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll 1
+          for (int i = 0; i < 8; ++i) {  // registers indexed statically: s stays out of local memory
+            const int c = nb * 8 + i, src = (lane & ~3) | (i >> 1), key = c0 + c;
+            const float p[2] = {__shfl_sync(0xffffffffu, i & 1 ? s[nb][1] : s[nb][0], src),
+                                __shfl_sync(0xffffffffu, i & 1 ? s[nb][3] : s[nb][2], src)};
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const int r = ra + rr * 8;
+              if (r >= L || key >= S || (mask_kind == kCausal && key > r + offset)) continue;
+              if (array_mask && mask.term(rb[rr], key) == FA_NEG_INF) continue;
+#pragma unroll
+              for (int eb = 0; eb < NO; ++eb) {
+                o[eb][2 * rr] += p[rr] * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t)]);
+                o[eb][2 * rr + 1] += p[rr] * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t + 1)]);
+              }
+            }
+          }
+        }
+        continue;
+      }
+    }
+
+    // O += P V
+    uint32_t p[kWhBc / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kWhBc / 16; ++kk) {
+      p[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      p[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      p[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      p[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kWhBc / 16; ++kk) wgmma16_rs_t<T, E>(o, p[kk], d_v + b_off + kk * kStepKeys);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_fragments(o);
+  }
+
+  cp_async_wait_all();  // nothing may be in flight at exit
+  store_rows<T, NO>(o, l_i, out, n, L, E, ra, t);
+}
+
+}  // namespace fa
+
+// fa_prefill_wg_<dtype>_<E>: grid (row tiles x threads, H_q, batch), threads
+// and dynamic shared memory as wg_shapes.h says.
+#if !defined(FA_E)
+#error "define FA_E"
+#endif
+#if FA_DTYPE == 0
+#error "prefill_f16_wg.cu takes float16 or bfloat16; float32 has prefill_tf32_wg.cu"
+#endif
+using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E), fa::wg_shapes::f16_bc(FA_E)>;
+static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_smem_bytes(FA_E),
+              "the planner's shared memory");
+extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(fa_prefill_wg_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
+    FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    float scale_log2, FA_LAYOUT_PARAMS) {
+  fa::prefill_wg<FA_T, FA_E, WhUnitShape>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+                             scale_log2, FA_LAYOUT);
+}

@@ -1,0 +1,29 @@
+// Block shapes of the Hopper (wgmma) prefill kernels, in plain C++: the
+// kernels build their tiles from them and the planner (dispatch.cpp) its
+// launches, so the two cannot disagree on rows, threads or shared memory.
+
+#pragma once
+
+namespace fa::wg_shapes {
+
+constexpr int kRowsPerGroup = 64;  // query rows per warpgroup (wgmma's M)
+
+// prefill_tf32_wg.cu (float32, E = 64): two warpgroups; two key/value tiles of
+// 64 keys, each as TF32 high and low parts of K and of V^T.
+constexpr int kTf32Groups = 2, kTf32Bc = 64, kTf32E = 64;
+constexpr int kTf32Rows = kRowsPerGroup * kTf32Groups, kTf32Threads = 128 * kTf32Groups;
+constexpr int kTf32SmemBytes = 2 * 4 * kTf32Bc * kTf32E * 4;
+
+// prefill_f16_wg.cu (float16 / bfloat16, E = 64 or 128): Q, and two
+// key/value tiles. Warpgroups per block and keys per tile from one H200
+// probe (scripts/prefill-probe-f16.cu) of 2-4 groups and 64 or 128 keys:
+// qwen05b causal 8K best at 3 x 128 (0.508 ms; 2 x 128: 0.638), hd128 causal
+// 4K at 4 x 64 (0.507 ms; 3 x 128: 0.537). More warpgroups, more of one's
+// softmax overlaps the others' products; four hold at most 128 registers.
+constexpr int f16_groups(int E) { return E <= 64 ? 3 : 4; }
+constexpr int f16_bc(int E) { return E <= 64 ? 128 : 64; }
+constexpr int f16_rows(int E) { return kRowsPerGroup * f16_groups(E); }
+constexpr int f16_threads(int E) { return 128 * f16_groups(E); }
+constexpr int f16_smem_bytes(int E) { return (f16_rows(E) + 4 * f16_bc(E)) * E * 2; }
+
+}  // namespace fa::wg_shapes

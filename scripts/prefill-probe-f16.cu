@@ -1,0 +1,59 @@
+// Standalone probe of the bfloat16 prefill kernels, without MLX (see
+// prefill-probe.cu): prefill_f16.cu (mma.sync) and prefill_f16_wg.cu (wgmma,
+// Hopper) at E = 64 and 128 on the same random inputs, against a float64
+// reference on sampled rows, timed with CUDA events.
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe16 scripts/prefill-probe-f16.cu && /tmp/probe16
+
+#define FA_DTYPE 2
+#define FA_E 64
+#include "../packages/flashattn-core/csrc/cuda/kernels/prefill_f16.cu"
+#include "../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
+#include "probe/harness.cuh"
+
+using T = __nv_bfloat16;
+
+// Entry points for both head dims (the kernel files' own take FA_E's only).
+template <int E>
+__global__ void __launch_bounds__(fa::prefill_warps<E>() * 32) mma_kernel(
+    const T* q, const T* k, const T* v, const void* mask, const int64_t* mask_base, T* out, int H_q, int H_kv,
+    int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
+  fa::prefill<T, E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
+                    FA_LAYOUT);
+}
+template <int E, int G, int BC>
+__global__ void __launch_bounds__(128 * G, 1) wg_kernel(
+    const T* q, const T* k, const T* v, const void* mask, const int64_t* mask_base, T* out, int H_q, int H_kv,
+    int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
+  fa::prefill_wg<T, E, fa::WhShape<G, BC>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
+                       FA_LAYOUT);
+}
+
+// A wgmma kernel of G warpgroups and key/value tiles of BC keys (the
+// shipped shapes are in wg_shapes.h).
+#define WG(E, G, BC)                                                                        \
+  probe::Launch<T> {                                                                        \
+    "wgmma bf16 " #G " x " #BC, wg_kernel<E, G, BC>, 64 * G, 128 * G,                       \
+        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC>>))                                  \
+  }
+template <int E>
+std::vector<probe::Launch<T>> launches() {
+  return {{"mma.sync bf16", mma_kernel<E>, 16 * fa::prefill_warps<E>(), 32 * fa::prefill_warps<E>(),
+           int(sizeof(fa::PrefillSmem<T, E>))},
+          WG(E, 2, 128), WG(E, 3, 128), WG(E, 3, 64), WG(E, 4, 64)};
+}
+
+int main(int argc, char** argv) {
+  using probe::run;
+  probe::print_gpu();
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  run<T, 64>({14, 2, 8192, 8192, 1, -1}, launches<64>(), reps);
+  run<T, 128>({32, 8, 4096, 4096, 1, -1}, launches<128>(), reps);
+  run<T, 64>({14, 2, 2048, 2048, 1, -1}, launches<64>(), reps);
+  run<T, 128>({32, 8, 1000, 1000, 0, -1}, launches<128>(), reps);
+  run<T, 64>({4, 2, 300, 1000, 1, -1}, launches<64>(), reps);
+  run<T, 128>({4, 1, 77, 77, 1, 40}, launches<128>(), 3);
+  run<T, 64>({4, 1, 200, 333, 1, 250}, launches<64>(), 3);
+  run<T, 128>({4, 4, 200, 333, 0, -1}, launches<128>(), 3);
+  return 0;
+}
