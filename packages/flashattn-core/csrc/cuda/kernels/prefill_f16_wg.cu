@@ -90,6 +90,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
   const int n_tiles = (kv_end + kWhBc - 1) / kWhBc;
   const int row0 = l0 + wg * kWhRows;  // this warpgroup's first row
+  // Whether some key of the tile at c0 is hidden from some row from `first` on.
+  auto masked = [&](int c0, int first) {
+    return c0 + kWhBc > S || array_mask || (mask_kind == kCausal && c0 + kWhBc - 1 > first + offset);
+  };
   const int ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
 
   load_cm<T, E, kWhBr, kWhThreads>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kWhBr, L - l0), tid);
@@ -129,17 +133,14 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     wgmma_wait_all();
     fence_fragments(s);
 
-    const bool need_mask =
-        c0 + kWhBc > S || array_mask || (mask_kind == kCausal && c0 + kWhBc - 1 > row0 + offset);
+    const bool need_mask = masked(c0, row0);
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
 
     // Rare: a tile where some key is hidden from some row of the block and
     // some value is not finite. P V in plain float32 over visible keys only
     // (0 x NaN would leak a hidden value); P of key c sits with quad thread
     // (c % 8) / 2, so the quad passes it round.
-    const bool block_masked =
-        c0 + kWhBc > S || array_mask || (mask_kind == kCausal && c0 + kWhBc - 1 > l0 + offset);
-    if (block_masked) {
+    if (masked(c0, l0)) {
       bool bad = false;
       const T* sv = sm.v[buf];
       for (int idx = tid; idx < kWhBc * E; idx += kWhThreads) bad |= !isfinite(to_f(sv[idx]));
