@@ -5,21 +5,26 @@
 // {64, 128}; other head dims and other GPUs take prefill_f16.cu.
 //
 // Block: three warpgroups x 64 query rows and key/value tiles of 128 keys
-// for E = 64, four and 64 for E = 128 (wg_shapes.h); tiles double buffered
-// (cp.async: tile j + 1 lands while tile j is computed). Q, K and V are stored in wgmma's unswizzled core-matrix layout: 8 rows x 16 bytes as
-// 128 contiguous bytes, core matrices of a row band side by side along the
-// head dim. The same layout serves all three: Q and K as K-major operands
+// for E = 64, four and 64 for E = 128 (wg_shapes.h); three tile buffers
+// (cp.async: tile j + 1 lands while tile j is computed; the third is the
+// slack for the warpgroups' skew, below). Q, K and V are stored in wgmma's
+// unswizzled core-matrix layout: 8 rows x 16 bytes as 128 contiguous bytes,
+// core matrices of a row band side by side along the head dim. The same layout serves all three: Q and K as K-major operands
 // (the head dim is the product's K), V as the MN-major B operand of P V
 // (the keys are its K, its rows stay as stored). Per tile and warpgroup:
 //   1. S = Q K^T: E / 16 wgmma of 64 x Bc x 16, both operands in shared memory;
 //   2. online softmax on the accumulators (mma.cuh), as prefill_f16.cu;
 //   3. O += P V: Bc / 16 wgmma of 64 x E x 16, P from registers (its accumulator
 //      layout is already wgmma's A layout), V from shared memory.
-// The warpgroups of a block interleave on the SM: one's softmax runs while
-// the others' products do.
+// The warpgroups of a block run skewed (pingpong.cuh): they take turns to
+// issue Q K^T, so one's softmax runs while the others' products do. A tile's
+// buffer has a full barrier (every thread's copies have landed: cp.async
+// arrives on it by itself) and an empty one (every thread is done with the
+// tile) instead of a block-wide barrier per tile.
 
 #include "unit.cuh"
 #include "wg_shapes.h"
+#include "pingpong.cuh"
 #include "wgmma.cuh"
 
 namespace fa {
@@ -32,11 +37,15 @@ struct WhShape {
   static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * G;
 };
 
+constexpr int kWhBuffers = wg_shapes::kF16Buffers;
+
 template <typename T, int E, typename Shape>
 struct WhSmem {
   T q[Shape::kBr * E];
-  T k[2][Shape::kBc * E];
-  T v[2][Shape::kBc * E];
+  T k[kWhBuffers][Shape::kBc * E];  // tile j in buffer j % 3
+  T v[kWhBuffers][Shape::kBc * E];
+  uint64_t full[kWhBuffers];   // every thread's copies of the tile have landed
+  uint64_t empty[kWhBuffers];  // every thread is done with it
 };
 
 // Element (r, c) of a tile in the core-matrix layout: core matrix (r / 8, c / 8)
@@ -60,13 +69,19 @@ __device__ __forceinline__ void load_cm(T* dst, const T* src, int64_t stride, in
   }
 }
 
+// This thread's arrival on bar once its cp.async copies so far have landed
+// (counted in the barrier's expected arrivals: .noinc).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
 template <typename T, int E, typename Shape>
 __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, const void* mask_data,
                                            const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                            int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                            int mask_cs, float scale_log2, Layout lay) {
-  constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
+  constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads, G = kWhThreads / 128;
   constexpr int NB = kWhBc / 8, NO = E / 8;
   static_assert(E == 64 || E == 128, "wgmma's N is the head dim in P V");
   using Smem = WhSmem<T, E, Shape>;
@@ -74,7 +89,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // 128 apart, row bands 16 E apart. K-major (Q, K): LBO along K = the head
   // dim, SBO along the rows. MN-major (V): SBO along N = the head dim, LBO
   // along K = the keys. A step of 16 along the head dim adds 256 bytes, of 16
-  // keys 32 E; the other buffer is sizeof(k[0]) away.
+  // keys 32 E; the next buffer is sizeof(k[0]) away.
   constexpr uint32_t kBand = 16 * E;
   constexpr uint64_t kStepE = 256 >> 4, kStepKeys = (32 * E) >> 4;
   constexpr uint64_t kStepBuf = (kWhBc * E * sizeof(T)) >> 4;
@@ -96,12 +111,25 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   };
   const int ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
 
-  load_cm<T, E, kWhBr, kWhThreads>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kWhBr, L - l0), tid);
-  if (n_tiles > 0) {
-    load_cm<T, E, kWhBc, kWhThreads>(sm.k[0], k_head, lay.k.sr, 0, min(kWhBc, S), tid);
-    load_cm<T, E, kWhBc, kWhThreads>(sm.v[0], v_head, lay.v.sr, 0, min(kWhBc, S), tid);
+  if (tid < kWhBuffers) {
+    mbar_init(&sm.full[tid], kWhThreads);
+    mbar_init(&sm.empty[tid], kWhThreads);
   }
+  // Tile j into buffer j % 3 once every thread is done with tile j - 3 there.
+  auto load_tile = [&](int j) {
+    const int b = j % kWhBuffers, c = j * kWhBc;
+    if (j >= kWhBuffers) mbar_wait(&sm.empty[b], (j / kWhBuffers - 1) & 1);
+    load_cm<T, E, kWhBc, kWhThreads>(sm.k[b], k_head, lay.k.sr, c, min(kWhBc, S - c), tid);
+    load_cm<T, E, kWhBc, kWhThreads>(sm.v[b], v_head, lay.v.sr, c, min(kWhBc, S - c), tid);
+    cp_async_arrive(&sm.full[b]);
+  };
+  load_cm<T, E, kWhBr, kWhThreads>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kWhBr, L - l0), tid);
   cp_async_commit();
+  __syncthreads();  // the barriers are initialised
+  if (n_tiles > 0) load_tile(0);
+  cp_async_wait<0>();  // Q has landed (tile 0 arrives on its barrier)
+  fence_proxy_async();
+  __syncthreads();
 
   const uint64_t d_q = wgmma_desc(sm.q + wg * kWhRows * E, 128, kBand);
   const uint64_t d_k = wgmma_desc(sm.k[0], 128, kBand);
@@ -110,26 +138,27 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
 
+  // Turns: warpgroup w waits on named barrier 1 + w to issue its Q K^T and
+  // then opens the next warpgroup's; the last opens the first's before the
+  // loop (and not after its last tile, so that every arrival is waited for).
+  const int my_turn = 1 + wg, next_turn = 1 + (wg + 1) % G;
+  const bool last_group = wg == G - 1;
+  if (last_group && n_tiles > 0) named_arrive(next_turn, 256);
+
   for (int j = 0; j < n_tiles; ++j) {
-    const int c0 = j * kWhBc, buf = j & 1;
-    // Tile j has landed and is visible to wgmma; every warpgroup is done with
-    // tile j - 1, whose buffer tile j + 1 now fills.
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-    if (j + 1 < n_tiles) {
-      const int c1 = c0 + kWhBc;
-      load_cm<T, E, kWhBc, kWhThreads>(sm.k[buf ^ 1], k_head, lay.k.sr, c1, min(kWhBc, S - c1), tid);
-      load_cm<T, E, kWhBc, kWhThreads>(sm.v[buf ^ 1], v_head, lay.v.sr, c1, min(kWhBc, S - c1), tid);
-      cp_async_commit();
-    }
+    const int c0 = j * kWhBc, buf = j % kWhBuffers;
+    mbar_wait(&sm.full[buf], (j / kWhBuffers) & 1);  // tile j has landed
+    fence_proxy_async();                              // and is visible to wgmma
+    if (j + 1 < n_tiles) load_tile(j + 1);
     const uint64_t b_off = buf * kStepBuf;
 
     float s[NB][4];  // the first product ignores it
+    named_sync(my_turn, 256);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 16; ++kk) wgmma16_ss<T, kWhBc>(s, d_q + kk * kStepE, d_k + b_off + kk * kStepE, kk > 0);
     wgmma_commit();
+    if (!last_group || j + 1 < n_tiles) named_arrive(next_turn, 256);
     wgmma_wait_all();
     fence_fragments(s);
 
@@ -167,6 +196,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
             }
           }
         }
+        mbar_arrive(&sm.empty[buf]);
         continue;
       }
     }
@@ -186,6 +216,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     wgmma_commit();
     wgmma_wait_all();
     fence_fragments(o);
+    mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
   }
 
   cp_async_wait_all();  // nothing may be in flight at exit

@@ -8,23 +8,29 @@
 // split once per block, as it is stored to shared memory, into the layouts
 // wgmma reads directly; a product is then one instruction per 64 x 64 x 8.
 //
-// Block: two warpgroups x 64 query rows; key/value tiles of 64, in two
+// Block: two warpgroups x 64 query rows; key/value tiles of 64, in three
 // shared-memory buffers. Q is split once into registers (the A operand of
 // S = Q K^T: with both operands in shared memory those products would ask
 // more of its bandwidth than it has at full tensor rate). Per tile:
 //   1. S = Q K^T is issued: 3 wgmma per 8 head-dim columns (lo*hi, hi*lo,
 //      hi*hi), K from shared memory;
 //   2. while it runs, the next tile (loaded into registers during the last
-//      one) is split and stored into the other buffer: K as it is (K-major
-//      along the head dim, rows in paired order), V transposed (K-major
-//      along the keys, as wgmma's B operand of P V must be); the tile after
-//      it is loaded from global memory;
+//      one) is split and stored into its buffer: K as it is (K-major along
+//      the head dim, rows in paired order), V transposed (K-major along the
+//      keys, as wgmma's B operand of P V must be); the tile after it is
+//      loaded from global memory;
 //   3. online softmax on the accumulators (mma.cuh), then O += P V: P split
 //      in registers (A operand), V^T from shared memory.
+// The two warpgroups run skewed (pingpong.cuh): they take turns to issue
+// their products, so one's softmax runs while the other's products do; the
+// buffers' full / empty barriers replace a block-wide barrier per tile, and
+// the third buffer is the slack the skew needs (a warpgroup stores tile j + 1
+// while the other may still read tile j - 1).
 // Only Hopper runs it (the planner asks); other GPUs take prefill_tf32.cu.
 
 #include "unit.cuh"
 #include "wg_shapes.h"
+#include "pingpong.cuh"
 #include "wgmma.cuh"
 
 namespace fa {
@@ -33,15 +39,21 @@ constexpr int kWgRows = wg_shapes::kRowsPerGroup;  // query rows per warpgroup (
 constexpr int kWgBr = wg_shapes::kTf32Rows;
 constexpr int kWgBc = wg_shapes::kTf32Bc;            // keys per tile
 constexpr int kWgThreads = wg_shapes::kTf32Threads;
+constexpr int kWgGroups = wg_shapes::kTf32Groups;
+constexpr int kWgBuffers = wg_shapes::kTf32Buffers;
 
 // Operands in wgmma's K-major core-matrix layout (wgmma.cuh), TF32 high and
-// low parts apart; two key/value tiles (one is read while the next is stored).
+// low parts apart; three key/value tiles, tile j in buffer j % 3, each with
+// its barriers and its rare-path flag.
 template <int E>
 struct WgSmem {
   struct Tile {
     float k_hi[kWgBc * E], k_lo[kWgBc * E];  // rows: keys (paired order); K: head dim
     float v_hi[E * kWgBc], v_lo[E * kWgBc];  // V^T: rows: head dim; K: keys
-  } kv[2];
+  } kv[kWgBuffers];
+  uint64_t full[kWgBuffers];   // every thread has stored its part of the tile
+  uint64_t empty[kWgBuffers];  // every thread is done reading it
+  int rare[kWgBuffers];        // j + 1 when tile j takes the rare path (VTile::store)
 };
 
 // Row r of a K tile in shared memory holds key paired_key(r) of the tile:
@@ -191,22 +203,38 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     return c0 + kWgBc > S || array_mask || (mask_kind == kCausal && c0 + kWgBc - 1 > first + offset);
   };
 
+  const int tiles = (kv_end + kWgBc - 1) / kWgBc;
+  if (tid < kWgBuffers) {
+    mbar_init(&sm.full[tid], kWgThreads);
+    mbar_init(&sm.empty[tid], kWgThreads);
+    sm.rare[tid] = 0;
+  }
+  __syncthreads();
+
+  // Tile j, held in registers, into buffer j % 3 once every thread has read
+  // tile j - 3 there; then tile j + 1 from global memory into the registers.
   RowTile<E, kWgBc, true> kt;
   VTile<E> vt;
-  if (kv_end > 0) {
+  auto store_tile = [&](int j) {
+    const int b = j % kWgBuffers, c = j * kWgBc;
+    if (j >= kWgBuffers) mbar_wait(&sm.empty[b], (j / kWgBuffers - 1) & 1);
+    auto& dst = sm.kv[b];
+    bool bad = false;
+    kt.store(dst.k_hi, dst.k_lo, tid);
+    vt.store(dst.v_hi, dst.v_lo, tid, masked(c, l0), bad);
+    if (bad) sm.rare[b] = j + 1;
+    fence_proxy_async();
+    mbar_arrive(&sm.full[b]);
+    if (c + kWgBc < kv_end) {
+      kt.load(k_head, lay.k.sr, c + kWgBc, min(kWgBc, S - c - kWgBc), tid);
+      vt.load(v_head, lay.v.sr, c + kWgBc, min(kWgBc, S - c - kWgBc), tid);
+    }
+  };
+  if (tiles > 0) {
     kt.load(k_head, lay.k.sr, 0, min(kWgBc, S), tid);
     vt.load(v_head, lay.v.sr, 0, min(kWgBc, S), tid);
+    store_tile(0);
   }
-  bool bad = false;  // the rare path for the tile (VTile::store)
-  if (kv_end > 0) {
-    kt.store(sm.kv[0].k_hi, sm.kv[0].k_lo, tid);
-    vt.store(sm.kv[0].v_hi, sm.kv[0].v_lo, tid, masked(0, l0), bad);
-    if (kWgBc < kv_end) {
-      kt.load(k_head, lay.k.sr, kWgBc, min(kWgBc, S - kWgBc), tid);
-      vt.load(v_head, lay.v.sr, kWgBc, min(kWgBc, S - kWgBc), tid);
-    }
-  }
-  fence_proxy_async();
 
   const int row0 = l0 + wg * kWgRows;               // this warpgroup's first row
   const int ra = row0 + w * 16 + g;
@@ -233,19 +261,26 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
 
-  int buf = 0;
-  for (int c0 = 0; c0 < kv_end; c0 += kWgBc, buf ^= 1) {
+  // Turns: warpgroup w waits on named barrier 1 + w to issue its Q K^T and
+  // then opens the next warpgroup's; the last opens the first's before the
+  // loop (and not after its last tile, so that every arrival is waited for).
+  const int my_turn = 1 + wg, next_turn = 1 + (wg + 1) % kWgGroups;
+  const bool last_group = wg == kWgGroups - 1;
+  if (last_group && tiles > 0) named_arrive(next_turn, 256);
+
+  for (int j = 0; j < tiles; ++j) {
+    const int c0 = j * kWgBc, buf = j % kWgBuffers;
     const bool need_mask = masked(c0, row0);
-    // The tile is stored (and visible to wgmma) and every product of the last
-    // tile has read its buffer.
-    const bool guard = __syncthreads_or(bad);
-    bad = false;
+    mbar_wait(&sm.full[buf], (j / kWgBuffers) & 1);  // stored, and visible to wgmma
+    const bool guard = sm.rare[buf] == j + 1;
     const uint64_t b_off = buf * kStepBuf;
 
-    // S = Q K^T, issued. (Also where the causal mask hides the whole tile
-    // from this warpgroup, once per block: wgmma's issue and wait must not
-    // sit in branches, or the compiler serializes every product.)
+    // S = Q K^T, issued in this warpgroup's turn. (Also where the causal mask
+    // hides the whole tile from this warpgroup, once per block: wgmma's issue
+    // and wait must not sit in branches, or the compiler serializes every
+    // product.)
     float s[NB][4];  // the first product ignores it
+    named_sync(my_turn, 256);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
@@ -255,19 +290,10 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
       wgmma_64x64x8_rs(s, qh[kk], d_kh + kb);
     }
     wgmma_commit();
-    // While the products run: the next tile into the other buffer, and the
-    // one after it on its way from global memory.
-    const int c1 = c0 + kWgBc;
-    if (c1 < kv_end) {
-      auto& next = sm.kv[buf ^ 1];
-      kt.store(next.k_hi, next.k_lo, tid);
-      vt.store(next.v_hi, next.v_lo, tid, masked(c1, l0), bad);
-      fence_proxy_async();
-      if (c1 + kWgBc < kv_end) {
-        kt.load(k_head, lay.k.sr, c1 + kWgBc, min(kWgBc, S - c1 - kWgBc), tid);
-        vt.load(v_head, lay.v.sr, c1 + kWgBc, min(kWgBc, S - c1 - kWgBc), tid);
-      }
-    }
+    if (!last_group || j + 1 < tiles) named_arrive(next_turn, 256);
+    // While the products run: the next tile into its buffer, and the one
+    // after it on its way from global memory.
+    if (j + 1 < tiles) store_tile(j + 1);
 
     wgmma_wait_all();
     fence_fragments(s);
@@ -295,8 +321,9 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     } else {
       // The rare path (an infinite value, or a NaN one where some key is
       // hidden). Each warp sums P V over the keys its rows see, in plain
-      // float32, into a 16 x E buffer where this tile's K was (every
-      // warpgroup's Q K^T has read it after the barrier): a value reaches only
+      // float32, into a 16 x E buffer where this tile's K was (both
+      // warpgroups take this path for the tile, and each has waited for its
+      // Q K^T before the barrier): a value reaches only
       // the rows that see it (0 x NaN would not stay 0), and p x inf is inf.
       __syncthreads();
       auto& cur = sm.kv[buf];
@@ -325,6 +352,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[eb][i] += delta[(g + (i >> 1) * 8) * E + eb * 8 + 2 * t + (i & 1)];
     }
+    mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
   }
 
   store_rows<float, NO>(o, l_i, out, n, L, E, ra, t);

@@ -8,22 +8,28 @@ namespace fa::wg_shapes {
 
 constexpr int kRowsPerGroup = 64;  // query rows per warpgroup (wgmma's M)
 
-// prefill_tf32_wg.cu (float32, E = 64): two warpgroups; two key/value tiles of
-// 64 keys, each as TF32 high and low parts of K and of V^T.
-constexpr int kTf32Groups = 2, kTf32Bc = 64, kTf32E = 64;
+// prefill_tf32_wg.cu (float32, E = 64): two warpgroups; three key/value tiles
+// of 64 keys, each as TF32 high and low parts of K and of V^T; then 64 bytes
+// of barriers and flags (two 8-byte barriers and a 4-byte flag per tile).
+constexpr int kTf32Groups = 2, kTf32Bc = 64, kTf32E = 64, kTf32Buffers = 3;
 constexpr int kTf32Rows = kRowsPerGroup * kTf32Groups, kTf32Threads = 128 * kTf32Groups;
-constexpr int kTf32SmemBytes = 2 * 4 * kTf32Bc * kTf32E * 4;
+constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 
-// prefill_f16_wg.cu (float16 / bfloat16, E = 64 or 128): Q, and two
-// key/value tiles. Warpgroups per block and keys per tile from one H200
-// probe (scripts/prefill-probe-f16.cu) of 2-4 groups and 64 or 128 keys:
-// qwen05b causal 8K best at 3 x 128 (0.508 ms; 2 x 128: 0.638), hd128 causal
-// 4K at 4 x 64 (0.507 ms; 3 x 128: 0.537). More warpgroups, more of one's
-// softmax overlaps the others' products; four hold at most 128 registers.
+// prefill_f16_wg.cu (float16 / bfloat16, E = 64 or 128): Q, three key/value
+// tiles, and two 8-byte barriers per tile. Warpgroups per block and keys per
+// tile from one H200 probe (scripts/prefill-probe-f16.cu) of 2-4 groups and
+// 64 or 128 keys: qwen05b causal 8K best at 3 x 128 (0.452 ms; 4 x 64: 0.480,
+// 2 x 128: 0.623), hd128 causal 4K at 4 x 64 (0.455 ms; 3 x 64: 0.512,
+// 2 x 128: 0.593; 3 x 128 does not fit shared memory). More warpgroups, more
+// of one's softmax overlaps the others' products; four hold at most 128
+// registers.
 constexpr int f16_groups(int E) { return E <= 64 ? 3 : 4; }
 constexpr int f16_bc(int E) { return E <= 64 ? 128 : 64; }
 constexpr int f16_rows(int E) { return kRowsPerGroup * f16_groups(E); }
 constexpr int f16_threads(int E) { return 128 * f16_groups(E); }
-constexpr int f16_smem_bytes(int E) { return (f16_rows(E) + 4 * f16_bc(E)) * E * 2; }
+constexpr int kF16Buffers = 3;
+constexpr int f16_smem_bytes(int E) {
+  return (f16_rows(E) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + 2 * kF16Buffers * 8;
+}
 
 }  // namespace fa::wg_shapes
