@@ -24,13 +24,15 @@
 #include "micro_kernels.h"
 #include "online_softmax.h"
 
-#ifndef PFD
-#define PFD 2
-#endif
-#ifndef PFH
-#define PFH 0
-#endif
 namespace flashattn::cpu::FLASHATTN_ISA {
+
+namespace attend_detail {
+// Key/value tiles are asked for this many tiles ahead of use, with
+// __builtin_prefetch's locality 0 (the non-temporal hint): the values an
+// earlier tuning pass on the CI machine kept.
+constexpr int kPrefetchTiles = 2;
+constexpr int kPrefetchLocality = 0;
+} // namespace attend_detail
 
 template <typename Cfg, typename T>
 struct Attend {
@@ -87,7 +89,7 @@ struct Attend {
     const int64_t stride = x.row_stride * int64_t(sizeof(T));
     for (int c = 0; c < count; ++c) {
       for (int64_t b = 0; b < row_bytes; b += 64) {
-        __builtin_prefetch(src + c * stride + b, 0, PFH);
+        __builtin_prefetch(src + c * stride + b, 0, attend_detail::kPrefetchLocality);
       }
     }
   }
@@ -231,10 +233,11 @@ struct Attend {
       if (visibility == TileVisibility::hidden) {
         continue;
       }
-      if (c0 + PFD * Bc < item.key_end) {
-        int next = int(std::min<int64_t>(Bc, item.key_end - c0 - PFD * Bc));
-        prefetch_rows(p.k, c0 + PFD * Bc, next);
-        prefetch_rows(p.v, c0 + PFD * Bc, next);
+      const int64_t ahead = c0 + attend_detail::kPrefetchTiles * Bc;
+      if (ahead < item.key_end) {
+        int next = int(std::min<int64_t>(Bc, item.key_end - ahead));
+        prefetch_rows(p.k, ahead, next);
+        prefetch_rows(p.v, ahead, next);
       }
       // K_j and V_j: in place when they are float32 full tiles.
       const float *K, *V;

@@ -47,4 +47,24 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Turns of G warpgroups to issue their Q K^T: warpgroup w waits on named
+// barrier 1 + w, then opens the next one's (128 threads wait, the other 128
+// of the barrier's 256 arrive). The last opens the first's before the loop
+// over `tiles` tiles, and not after its last tile, so that every arrival is
+// waited for.
+struct Turns {
+  int mine, next;
+  bool last;
+
+  __device__ Turns(int wg, int groups, int tiles)
+      : mine(1 + wg), next(1 + (wg + 1) % groups), last(wg == groups - 1) {
+    if (last && tiles > 0) named_arrive(next, 256);
+  }
+  __device__ void wait() const { named_sync(mine, 256); }
+  // After tile j's products are issued.
+  __device__ void pass(int j, int tiles) const {
+    if (!last || j + 1 < tiles) named_arrive(next, 256);
+  }
+};
+
 }  // namespace fa

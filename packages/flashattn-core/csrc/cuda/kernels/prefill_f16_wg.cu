@@ -138,12 +138,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
 
-  // Turns: warpgroup w waits on named barrier 1 + w to issue its Q K^T and
-  // then opens the next warpgroup's; the last opens the first's before the
-  // loop (and not after its last tile, so that every arrival is waited for).
-  const int my_turn = 1 + wg, next_turn = 1 + (wg + 1) % G;
-  const bool last_group = wg == G - 1;
-  if (last_group && n_tiles > 0) named_arrive(next_turn, 256);
+  const Turns turns(wg, G, n_tiles);
 
   for (int j = 0; j < n_tiles; ++j) {
     const int c0 = j * kWhBc, buf = j % kWhBuffers;
@@ -153,12 +148,12 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     const uint64_t b_off = buf * kStepBuf;
 
     float s[NB][4];  // the first product ignores it
-    named_sync(my_turn, 256);
+    turns.wait();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 16; ++kk) wgmma16_ss<T, kWhBc>(s, d_q + kk * kStepE, d_k + b_off + kk * kStepE, kk > 0);
     wgmma_commit();
-    if (!last_group || j + 1 < n_tiles) named_arrive(next_turn, 256);
+    turns.pass(j, n_tiles);
     wgmma_wait_all();
     fence_fragments(s);
 

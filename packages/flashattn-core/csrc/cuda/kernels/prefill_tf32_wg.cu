@@ -261,12 +261,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
 
-  // Turns: warpgroup w waits on named barrier 1 + w to issue its Q K^T and
-  // then opens the next warpgroup's; the last opens the first's before the
-  // loop (and not after its last tile, so that every arrival is waited for).
-  const int my_turn = 1 + wg, next_turn = 1 + (wg + 1) % kWgGroups;
-  const bool last_group = wg == kWgGroups - 1;
-  if (last_group && tiles > 0) named_arrive(next_turn, 256);
+  const Turns turns(wg, kWgGroups, tiles);
 
   for (int j = 0; j < tiles; ++j) {
     const int c0 = j * kWgBc, buf = j % kWgBuffers;
@@ -280,7 +275,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     // and wait must not sit in branches, or the compiler serializes every
     // product.)
     float s[NB][4];  // the first product ignores it
-    named_sync(my_turn, 256);
+    turns.wait();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
@@ -290,7 +285,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
       wgmma_64x64x8_rs(s, qh[kk], d_kh + kb);
     }
     wgmma_commit();
-    if (!last_group || j + 1 < tiles) named_arrive(next_turn, 256);
+    turns.pass(j, tiles);
     // While the products run: the next tile into its buffer, and the one
     // after it on its way from global memory.
     if (j + 1 < tiles) store_tile(j + 1);
