@@ -16,7 +16,7 @@ def run(args):
 
 
 def test_kernel_json_has_every_case_and_impl():
-    result = run([*TINY, "--dtype", "float32,bfloat16", "--impl", "flash,mlx", "--json"])
+    result = run([*TINY, "--prefill", "64,96", "--dtype", "float32,bfloat16", "--impl", "flash,mlx", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     rows = data["results"]
@@ -34,6 +34,12 @@ def test_kernel_json_has_every_case_and_impl():
     assert all("mlx" in r["speedup"] for r in flash)
     assert data["machine"]["flashattn_cpu"]["threads"] >= 1
     assert data["machine"]["copy_bandwidth_GBps"] > 0
+    # On the CPU each decode case's flash timing has a copy of its own moment.
+    assert all(("copy_GBps" in r) == (r["kind"] == "decode" and r["impl"] == "flash") for r in rows)
+    assert all(r["copy_GBps"] > 0 for r in rows if "copy_GBps" in r)
+    # The dtypes of one case run back to back.
+    order = [(r["kind"], r["case"]) for r in rows]
+    assert order == sorted(order, key=order.index)
 
 
 def test_kernel_table_and_plot(tmp_path):
