@@ -106,6 +106,18 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Element `half` (0: the low 16 bits, pack2's lo) of a pair packed by pack2.
+template <typename T>
+__device__ __forceinline__ float unpack_half(uint32_t w, int half);
+template <>
+__device__ __forceinline__ float unpack_half<__nv_bfloat16>(uint32_t w, int half) {
+  return __uint_as_float(half ? w & 0xffff0000u : w << 16);
+}
+template <>
+__device__ __forceinline__ float unpack_half<__half>(uint32_t w, int half) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(half ? w >> 16 : w & 0xffffu)));
+}
+
 // The slice a prefill block takes: grid (row tiles, H_q, batch). Blocks start
 // in the order of their linear index, which is mapped so that the heaviest
 // row tiles (under a causal mask, the last) of every head start first: the

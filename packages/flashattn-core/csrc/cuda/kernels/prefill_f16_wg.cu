@@ -23,8 +23,8 @@
 // tile) instead of a block-wide barrier per tile.
 
 #include "unit.cuh"
-#include "wg_shapes.h"
 #include "pingpong.cuh"
+#include "wg_shapes.h"
 #include "wgmma.cuh"
 
 namespace fa {
@@ -138,80 +138,96 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
 
-  const Turns turns(wg, G, n_tiles);
-
-  for (int j = 0; j < n_tiles; ++j) {
-    const int c0 = j * kWhBc, buf = j % kWhBuffers;
-    mbar_wait(&sm.full[buf], (j / kWhBuffers) & 1);  // tile j has landed
-    fence_proxy_async();                              // and is visible to wgmma
-    if (j + 1 < n_tiles) load_tile(j + 1);
-    const uint64_t b_off = buf * kStepBuf;
-
-    float s[NB][4];  // the first product ignores it
-    turns.wait();
+  constexpr int NK = kWhBc / 16;  // P V's K steps
+  float s[NB][4];                   // scores, then P (float)
+  uint32_t p[NK][4];                // P as P V's A operand
+  auto wait_tile = [&](int j) {
+    mbar_wait(&sm.full[j % kWhBuffers], (j / kWhBuffers) & 1);  // tile j has landed
+    fence_proxy_async();                                        // and is visible to wgmma
+  };
+  auto issue_qk = [&](int j) {  // s = Q K_j^T
+    const uint64_t b_off = (j % kWhBuffers) * kStepBuf;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 16; ++kk) wgmma16_ss<T, kWhBc>(s, d_q + kk * kStepE, d_k + b_off + kk * kStepE, kk > 0);
-    wgmma_commit();
-    turns.pass(j, n_tiles);
-    wgmma_wait_all();
-    fence_fragments(s);
-
-    const bool need_mask = masked(c0, row0);
-    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
-
-    // Rare: a tile where some key is hidden from some row of the block and
-    // some value is not finite. P V in plain float32 over visible keys only
-    // (0 x NaN would leak a hidden value); P of key c sits with quad thread
-    // (c % 8) / 2, so the quad passes it round.
-    if (masked(c0, l0)) {
-      bool bad = false;
-      const T* sv = sm.v[buf];
-      for (int idx = tid; idx < kWhBc * E; idx += kWhThreads) bad |= !isfinite(to_f(sv[idx]));
-      if (__syncthreads_or(bad)) {
-        const int64_t rb[2] = {array_mask && ra < L ? mask.row_base(n, ra) : 0,
-                               array_mask && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
+  };
+  auto issue_pv = [&](int j) {  // o += P V_j
+    const uint64_t b_off = (j % kWhBuffers) * kStepBuf;
+    wgmma_fence();
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll 1
-          for (int i = 0; i < 8; ++i) {  // registers indexed statically: s stays out of local memory
-            const int c = nb * 8 + i, src = (lane & ~3) | (i >> 1), key = c0 + c;
-            const float p[2] = {__shfl_sync(0xffffffffu, i & 1 ? s[nb][1] : s[nb][0], src),
-                                __shfl_sync(0xffffffffu, i & 1 ? s[nb][3] : s[nb][2], src)};
+    for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o, p[kk], d_v + b_off + kk * kStepKeys);
+  };
+  auto pack_p = [&] {
 #pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-              const int r = ra + rr * 8;
-              if (r >= L || key >= S || (mask_kind == kCausal && key > r + offset)) continue;
-              if (array_mask && mask.term(rb[rr], key) == FA_NEG_INF) continue;
-#pragma unroll
-              for (int eb = 0; eb < NO; ++eb) {
-                o[eb][2 * rr] += p[rr] * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t)]);
-                o[eb][2 * rr + 1] += p[rr] * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t + 1)]);
-              }
-            }
-          }
-        }
-        mbar_arrive(&sm.empty[buf]);
-        continue;
-      }
-    }
-
-    // O += P V
-    uint32_t p[kWhBc / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kWhBc / 16; ++kk) {
+    for (int kk = 0; kk < NK; ++kk) {
       p[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
       p[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
       p[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       p[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    wgmma_fence();
+  };
+  auto need_mask = [&](int j) { return masked(j * kWhBc, row0); };
+  // Rare: a tile where some key is hidden from some row of the block and
+  // some value is not finite (block-wide: every thread must ask).
+  auto rare = [&](int j) {
+    if (!masked(j * kWhBc, l0)) return false;
+    bool bad = false;
+    const T* sv = sm.v[j % kWhBuffers];
+    for (int idx = tid; idx < kWhBc * E; idx += kWhThreads) bad |= !isfinite(to_f(sv[idx]));
+    return __syncthreads_or(bad) != 0;
+  };
+  // Its P V in plain float32 over visible keys only (0 x NaN would leak a
+  // hidden value), P as P V would take it; P of key c sits with quad thread
+  // (c % 8) / 2, so the quad passes it round.
+  auto rare_pv = [&](int j) {
+    const int c0 = j * kWhBc;
+    const T* sv = sm.v[j % kWhBuffers];
+    const int64_t rb[2] = {array_mask && ra < L ? mask.row_base(n, ra) : 0,
+                           array_mask && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
 #pragma unroll
-    for (int kk = 0; kk < kWhBc / 16; ++kk) wgmma16_rs_t<T, E>(o, p[kk], d_v + b_off + kk * kStepKeys);
+    for (int nb = 0; nb < NB; ++nb) {
+      const uint32_t pair[2] = {p[nb >> 1][(nb & 1) * 2], p[nb >> 1][(nb & 1) * 2 + 1]};  // rows g, g + 8
+#pragma unroll 1
+      for (int i = 0; i < 8; ++i) {
+        const int c = nb * 8 + i, src = (lane & ~3) | (i >> 1), key = c0 + c;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float pr = unpack_half<T>(__shfl_sync(0xffffffffu, pair[rr], src), i & 1);
+          const int r = ra + rr * 8;
+          if (r >= L || key >= S || (mask_kind == kCausal && key > r + offset)) continue;
+          if (array_mask && mask.term(rb[rr], key) == FA_NEG_INF) continue;
+#pragma unroll
+          for (int eb = 0; eb < NO; ++eb) {
+            o[eb][2 * rr] += pr * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t)]);
+            o[eb][2 * rr + 1] += pr * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t + 1)]);
+          }
+        }
+      }
+    }
+  };
+
+  const Turns turns(wg, G, n_tiles);
+  for (int j = 0; j < n_tiles; ++j) {
+    wait_tile(j);
+    if (j + 1 < n_tiles) load_tile(j + 1);
+    turns.wait();
+    issue_qk(j);
     wgmma_commit();
+    turns.pass(j, n_tiles);
     wgmma_wait_all();
-    fence_fragments(o);
-    mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
+    fence_fragments(s);
+    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
+    pack_p();
+    if (rare(j)) {
+      rare_pv(j);
+    } else {
+      issue_pv(j);
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_fragments(o);
+      fence_fragments(p);
+    }
+    mbar_arrive(&sm.empty[j % kWhBuffers]);  // this thread's products have read the tile
   }
 
   cp_async_wait_all();  // nothing may be in flight at exit

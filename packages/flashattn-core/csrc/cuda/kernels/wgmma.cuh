@@ -40,6 +40,15 @@ __device__ __forceinline__ void fence_fragments(float (&d)[N][4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
 }
+// The same for A operands in registers, which wgmma reads after its issue:
+// kept (not reused) until this point, after the wait.
+template <int N>
+__device__ __forceinline__ void fence_fragments(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
+}
 
 #define FA_D8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define FA_D64 FA_D8(0), FA_D8(1), FA_D8(2), FA_D8(3), FA_D8(4), FA_D8(5), FA_D8(6), FA_D8(7)
