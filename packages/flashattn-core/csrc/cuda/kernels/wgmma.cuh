@@ -15,6 +15,8 @@
 
 #pragma once
 
+#include <type_traits>
+
 #include "mma.cuh"
 
 namespace fa {
@@ -31,23 +33,22 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 // Shared-memory writes by ordinary stores, made visible to wgmma's reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Ties accumulator registers to this point of the program: the compiler may
-// not move their reads above a wait, nor their writes below an issue.
-template <int N>
-__device__ __forceinline__ void fence_fragments(float (&d)[N][4]) {
+// Ties fragment registers to this point of the program: accumulators (float)
+// so that the compiler may not move their reads above a wait nor their
+// writes below an issue; A operands (uint32_t), which wgmma reads after its
+// issue, so that they are kept (not reused) until this point, after the wait.
+template <typename T, int N>
+__device__ __forceinline__ void fence_fragments(T (&d)[N][4]) {
 #pragma unroll
   for (int j = 0; j < N; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
-}
-// The same for A operands in registers, which wgmma reads after its issue:
-// kept (not reused) until this point, after the wait.
-template <int N>
-__device__ __forceinline__ void fence_fragments(uint32_t (&a)[N][4]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        asm volatile("" : "+f"(d[j][i])::"memory");
+      } else {
+        asm volatile("" : "+r"(d[j][i])::"memory");
+      }
+    }
 }
 
 #define FA_D8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
