@@ -30,6 +30,7 @@
 #include <unordered_map>
 
 #include "cuda/kernel_images.h"
+#include "cuda/kernels/merge_shapes.h"
 #include "cuda/kernels/wg_shapes.h"
 #include "cuda/plan.h"
 #include "cuda/primitive.h"
@@ -42,7 +43,7 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 128;
-constexpr int kMergeThreads = 512;  // kMergeThreads in generic.cu
+constexpr int kMergeThreads = fa::merge_shapes::kThreads;
 constexpr int kPrefillRows32 = 64;  // Br of the float32 prefill kernel
 
 // Warps (16 query rows each) of the float16 / bfloat16 prefill kernel.
@@ -116,7 +117,7 @@ constexpr int kMmaDecodeRows = 16;
 // S = 256-1024 from 27-46 to 19-36 us a call and made S >= 2048 slower; calls
 // this short vary by up to +-50% between runs, so the threshold is rough.
 constexpr int kDecodeOneSplitMaxKeys = 1024;
-constexpr int kMaxSplits = 1024;
+constexpr int kMaxSplits = fa::merge_shapes::kMaxSplits;  // what a merge takes
 // Blocks that keep a large GPU busy in decode. With this constant set to 512,
 // 264 and 132 in turn, timed as scripts/overhead-probe.py times calls, on an
 // H200 (qwen05b S = 1024-32768, hd128 S = 32768, two runs each): the three

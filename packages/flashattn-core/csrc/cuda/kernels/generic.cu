@@ -9,6 +9,7 @@
 //
 //   grid.x: query rows (B x H_q x L) / warps per block; grid.y: key splits
 
+#include "merge_shapes.h"
 #include "unit.cuh"
 
 namespace fa {
@@ -99,11 +100,6 @@ __device__ __forceinline__ void generic_attend(
   }
 }
 
-// out = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s.
-// One block per query row: the split weights go to shared memory once, then
-// the threads take the head dim.
-constexpr int kMaxSplits = 1024;
-
 __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scratch) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
 #pragma unroll
@@ -119,16 +115,15 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scrat
   return x;
 }
 
-// Threads of a merge block (one block per query row); dispatch.cpp launches
-// it with as many.
-constexpr int kMergeThreads = 512;
-
+// out = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s.
+// One block per query row: the split weights go to shared memory once, then
+// the threads take the head dim (merge_shapes.h).
 template <typename T>
 __device__ __forceinline__ void merge_splits(
     const float* __restrict__ o_part, const float* __restrict__ ml_part, T* __restrict__ out,
     int rows, int E, int splits) {
-  constexpr int kWarps = kMergeThreads / 32, kMaxEL = 8;  // E <= 256
-  __shared__ float weight[kMaxSplits];
+  constexpr int kWarps = merge_shapes::kThreads / 32, kMaxEL = 8;  // E <= 256
+  __shared__ float weight[merge_shapes::kMaxSplits];
   __shared__ float scratch[32];
   __shared__ float part[kWarps][kMaxEL * 32];
   const int64_t row = blockIdx.x;
@@ -204,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_split_, FA_
 #endif
 
 #if defined(FA_MERGE)
-extern "C" __global__ void __launch_bounds__(fa::kMergeThreads) FA_CAT3(fa_merge_, FA_TNAME, )(
+extern "C" __global__ void __launch_bounds__(fa::merge_shapes::kThreads) FA_CAT3(fa_merge_, FA_TNAME, )(
     const float* o_part, const float* ml_part, FA_T* out, int rows, int E, int splits) {
   fa::merge_splits<FA_T>(o_part, ml_part, out, rows, E, splits);
 }
