@@ -71,6 +71,18 @@ struct Mask {
     float a = static_cast<const float*>(data)[rb + (int64_t)c * col_stride];
     return a == FA_NEG_INF ? FA_NEG_INF : a * FA_LOG2E;
   }
+  __device__ __forceinline__ bool is_array() const { return kind == kBool || kind == kAdditive; }
+  // Whether key c is hidden from row r (of L rows, S keys); rb = row_base(n, r),
+  // read only for an array mask and a row and key that exist.
+  __device__ __forceinline__ bool hides(int64_t rb, int r, int c, int L, int S) const {
+    if (r >= L || c >= S || (kind == kCausal && c > r + offset)) return true;
+    return is_array() && term(rb, c) == FA_NEG_INF;
+  }
+  // Whether some key of the tile [c0, c0 + bc) may be hidden from some row
+  // from `first` on (S keys).
+  __device__ __forceinline__ bool tile_hides(int c0, int bc, int first, int S) const {
+    return c0 + bc > S || is_array() || (kind == kCausal && c0 + bc - 1 > first + offset);
+  }
 };
 
 }  // namespace fa

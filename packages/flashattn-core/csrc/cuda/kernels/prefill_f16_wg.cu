@@ -98,17 +98,12 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(kWhBr, H_q, H_kv, L, S, mask_kind);
   const int64_t n = blk.n;
-  const int l0 = blk.l0, kv_end = blk.kv_end, offset = S - L;
+  const int l0 = blk.l0, kv_end = blk.kv_end;
   const T* k_head = k + lay.k.at(blk.b, blk.g, 0);
   const T* v_head = v + lay.v.at(blk.b, blk.g, 0);
-  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, offset};
-  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
   const int n_tiles = (kv_end + kWhBc - 1) / kWhBc;
   const int row0 = l0 + wg * kWhRows;  // this warpgroup's first row
-  // Whether some key of the tile at c0 is hidden from some row from `first` on.
-  auto masked = [&](int c0, int first) {
-    return c0 + kWhBc > S || array_mask || (mask_kind == kCausal && c0 + kWhBc - 1 > first + offset);
-  };
   const int ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
 
   if (tid < kWhBuffers) {
@@ -166,11 +161,11 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       p[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
   };
-  auto need_mask = [&](int j) { return masked(j * kWhBc, row0); };
+  auto need_mask = [&](int j) { return mask.tile_hides(j * kWhBc, kWhBc, row0, S); };
   // Rare: a tile where some key is hidden from some row of the block and
   // some value is not finite (block-wide: every thread must ask).
   auto rare = [&](int j) {
-    if (!masked(j * kWhBc, l0)) return false;
+    if (!mask.tile_hides(j * kWhBc, kWhBc, l0, S)) return false;
     bool bad = false;
     const T* sv = sm.v[j % kWhBuffers];
     for (int idx = tid; idx < kWhBc * E; idx += kWhThreads) bad |= !isfinite(to_f(sv[idx]));
@@ -182,8 +177,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   auto rare_pv = [&](int j) {
     const int c0 = j * kWhBc;
     const T* sv = sm.v[j % kWhBuffers];
-    const int64_t rb[2] = {array_mask && ra < L ? mask.row_base(n, ra) : 0,
-                           array_mask && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
+    const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
+                           mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       const uint32_t pair[2] = {p[nb >> 1][(nb & 1) * 2], p[nb >> 1][(nb & 1) * 2 + 1]};  // rows g, g + 8
@@ -193,9 +188,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           const float pr = unpack_half<T>(__shfl_sync(0xffffffffu, pair[rr], src), i & 1);
-          const int r = ra + rr * 8;
-          if (r >= L || key >= S || (mask_kind == kCausal && key > r + offset)) continue;
-          if (array_mask && mask.term(rb[rr], key) == FA_NEG_INF) continue;
+          if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
 #pragma unroll
           for (int eb = 0; eb < NO; ++eb) {
             o[eb][2 * rr] += pr * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t)]);

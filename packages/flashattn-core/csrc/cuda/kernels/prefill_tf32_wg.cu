@@ -193,15 +193,11 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(kWgBr, H_q, H_kv, L, S, mask_kind);
   const int64_t n = blk.n;
-  const int l0 = blk.l0, kv_end = blk.kv_end, offset = S - L;
+  const int l0 = blk.l0, kv_end = blk.kv_end;
   const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
   const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
-  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, offset};
-  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
-  // Whether some key of the tile at c0 is hidden from some row from `first` on.
-  auto masked = [&](int c0, int first) {
-    return c0 + kWgBc > S || array_mask || (mask_kind == kCausal && c0 + kWgBc - 1 > first + offset);
-  };
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  auto masked = [&](int c0, int first) { return mask.tile_hides(c0, kWgBc, first, S); };
 
   const int tiles = (kv_end + kWgBc - 1) / kWgBc;
   if (tid < kWgBuffers) {
@@ -330,8 +326,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int rr = i >> 1, r = ra + rr * 8, c = kb * 8 + t + 4 * (i & 1), key = c0 + c;
-          if (r >= L || key >= S || (mask_kind == kCausal && key > r + offset)) continue;
-          if (array_mask && mask.term(mask.row_base(n, r), key) == FA_NEG_INF) continue;
+          if (mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, key, L, S)) continue;
           const float p = s[kb][i];
 #pragma unroll 1
           for (int e = 0; e < E; ++e) {
