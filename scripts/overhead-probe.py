@@ -1,8 +1,11 @@
 """Per-call time of flash_attention vs MLX's SDPA, one call per evaluation
 and 20 per evaluation (best of 10 each), to separate kernel time from
-per-call overhead: prefill at L = 8192 and decode at S = 1024-32768.
-python3 scripts/overhead-probe.py"""
+per-call overhead: prefill at L = 8192 and decode at S = 1024-32768. First
+the floors: one MLX op (a tiny add, one graph node) and one trivial custom
+kernel through mx.fast.cuda_kernel (the custom-kernel path flash_attention's
+launches take). python3 scripts/overhead-probe.py [decode]"""
 
+import sys
 import time
 
 import mlx.core as mx
@@ -22,6 +25,19 @@ def per_call(fn, batch, reps=10):
     return best * 1e6
 
 
+def floors():
+    a = mx.ones((16,))
+    mx.eval(a)
+    copy = mx.fast.cuda_kernel(
+        name="probe_copy", input_names=["a"], output_names=["out"],
+        source="auto i = cooperative_groups::this_grid().thread_rank(); if (i < 16) out[i] = a[i];")
+    run = lambda: copy(inputs=[a], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(16,)],
+                       output_dtypes=[mx.float32])[0]
+    for name, fn in (("mx add (one node)", lambda: a + 1.0), ("cuda_kernel (one node)", run)):
+        print(f"{name:40s} " + " / ".join(f"{per_call(fn, n):7.1f}" for n in (1, 20, 100)) +
+              " us (1 / 20 / 100 calls per eval)")
+
+
 QWEN, HD128 = (14, 2, 64), (32, 8, 128)
 CASES = [  # name, (H, H_kv, E), L, S, dtype
     ("qwen05b prefill", QWEN, 8192, 8192, mx.bfloat16),
@@ -30,7 +46,10 @@ CASES = [  # name, (H, H_kv, E), L, S, dtype
     ("qwen05b decode", QWEN, 1, 32768, mx.float32),
     ("hd128 decode", HD128, 1, 32768, mx.bfloat16),
 ]
+floors()
 for name, (H, H_kv, E), L, S, dtype in CASES:
+    if sys.argv[1:] == ["decode"] and L > 1:
+        continue
     q = mx.random.normal((1, H, L, E)).astype(dtype)
     k = mx.random.normal((1, H_kv, S, E)).astype(dtype)
     v = mx.random.normal((1, H_kv, S, E)).astype(dtype)

@@ -109,6 +109,23 @@ def test_decode_splits(S, dtype, heads, E, mask):
     assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fused_decode_calls_in_one_evaluation(dtype):
+    # The fused decode (one launch, the last split of a group merges) keeps
+    # its per-call flags in scratch MLX allocates afresh: calls evaluated
+    # together, whose kernels may run at once and whose scratch may reuse
+    # another call's memory, must each get their own answer. L = 2 with an
+    # 8:1 group fills all 16 rows of a block.
+    cases = [Case(batch=(1,), heads=heads, L=L, S=S, E=E, mask="none", dtype=dtype, layout="kv_cache")
+             for heads, E, L, S in [((14, 2), 64, 1, 32768), ((32, 8), 128, 1, 5000), ((16, 2), 64, 2, 9000),
+                                    ((14, 2), 64, 1, 2048), ((8, 8), 128, 4, 20000)]]
+    inputs = [make_inputs(c, seed=i) for i, c in enumerate(cases * 3)]
+    outs = [flash_attention(q, k, v, mask=m) for q, k, v, m in inputs]
+    mx.eval(outs)
+    for (q, k, v, m), out in zip(inputs, outs):
+        assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
+
+
 def test_decode_nan_key_reaches_only_its_rows():
     # A NaN in one key row: every query row sees it (no mask), so every output
     # row of that group is NaN, and the other group's rows are not.

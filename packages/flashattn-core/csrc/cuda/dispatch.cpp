@@ -124,6 +124,16 @@ constexpr int kMaxSplits = fa::merge_shapes::kMaxSplits;  // what a merge takes
 // were within run-to-run noise for qwen05b; 132 was 8% faster for hd128 and
 // up to 40% slower for qwen05b.
 constexpr int kDecodeTargetBlocks = 512;
+// The fused tensor-core decode (decode_mma.cu: one launch, the last block of
+// a group merges its splits) wants fewer, longer splits: its merge runs in
+// one block per group, at the end. About this many blocks, splits of at
+// least kFusedMinKeysPerSplit keys. On an H200 (scripts/decode-probe.cu,
+// bfloat16, GPU time per launch): qwen05b S = 32768 15.2 us at 64 splits of
+// 512 keys (22.1 at 128, 15.9 at 32; split + merge 20.7), S = 8192 10.9 us at
+// 32 splits of 256 keys (15.5 at 64; split + merge 9.5, one launch more);
+// hd128 S = 32768 54.2 us at 16 splits (58.7 at 32; split + merge 71.8).
+constexpr int kFusedTargetBlocks = 128, kFusedMinKeysPerSplit = 256;
+constexpr int kFusedMaxSplits = 64;  // of the kernel's 128 (decode_combine.cuh)
 
 bool has_decode_kernel(int E) {
   return E == 64 || E == 96 || E == 128;
@@ -241,9 +251,11 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
     return std::nullopt;
   }
   const int64_t groups = d.batch * d.H_kv;
-  splits = static_cast<int>(std::clamp<int64_t>(
-      (kDecodeTargetBlocks + groups - 1) / groups, 1, (d.S + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit));
-  splits = std::min(splits, kMaxSplits);
+  const bool fused = mma && d.S > kDecodeOneSplitMaxKeys;
+  const int target = fused ? kFusedTargetBlocks : kDecodeTargetBlocks;
+  const int min_keys = fused ? kFusedMinKeysPerSplit : kDecodeMinKeysPerSplit;
+  splits = static_cast<int>(std::clamp<int64_t>((target + groups - 1) / groups, 1, (d.S + min_keys - 1) / min_keys));
+  splits = std::min(splits, fused ? kFusedMaxSplits : kMaxSplits);
   if (d.S <= kDecodeOneSplitMaxKeys) splits = 1;
   int keys_per_split = (d.S + splits - 1) / splits;
   keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
@@ -251,9 +263,11 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
   const std::string family = mma ? "fa_decode_mma_" : "fa_decode_";
-  Step attend{splits == 1 ? family + suffix : family + "split_" + suffix, scalars,
+  const char* variant = splits == 1 ? "" : fused ? "fused_" : "split_";
+  Step attend{family + variant + suffix, scalars,
               {splits * kThreads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {kThreads, 1, 1}, 0};
   if (splits == 1) return Launches{attend, std::nullopt};
+  if (fused) return Launches{attend, std::nullopt, true};
   return Launches{attend, merge_step(d, static_cast<int>(d.batch * d.H_q * d.L), splits)};
 }
 
@@ -321,8 +335,12 @@ mx::array flash_attention(
   const int rows = static_cast<int>(batch * d.H_q * d.L);
   std::vector<mx::Shape> shapes = {q.shape()};
   std::vector<mx::Dtype> dtypes = {q.dtype()};
-  if (plan.aligned.merge) {
-    plan.partials = {{splits, rows, d.E}, {splits, rows, 2}};
+  if (plan.aligned.merge || plan.aligned.fused) {
+    // m / l per split and row; for the fused kernel then one flag (8 bytes)
+    // per split and group (decode_combine.cuh), which the generic kernel of
+    // plan.any leaves alone.
+    const int64_t flags = plan.aligned.fused ? 2 * batch * d.H_kv * splits : 0;
+    plan.partials = {{splits, rows, d.E}, {static_cast<int>(static_cast<int64_t>(splits) * rows * 2 + flags)}};
     shapes.insert(shapes.end(), plan.partials.begin(), plan.partials.end());
     dtypes.insert(dtypes.end(), {mx::float32, mx::float32});
   }

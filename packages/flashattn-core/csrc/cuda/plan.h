@@ -30,9 +30,12 @@ struct Step {
 
 // An attention kernel, and the merge when it split the keys (its partials
 // (o, and m / l per row) are the primitive's second and third outputs).
+// fused: the attention kernel splits the keys and merges them itself (the
+// partials are its scratch; it takes the call's tag as two last arguments).
 struct Launches {
   Step attend;
   std::optional<Step> merge;
+  bool fused = false;
 };
 
 struct Plan {
@@ -40,7 +43,7 @@ struct Plan {
   // kernels' vector loads), and the generic kernel's for any others; both
   // write partials of the same shapes, or none.
   Launches aligned, any;
-  std::vector<mx::Shape> partials;  // empty: one launch writes the output
+  std::vector<mx::Shape> partials;  // empty: the kernels need no scratch
 };
 
 }  // namespace flashattn::cuda

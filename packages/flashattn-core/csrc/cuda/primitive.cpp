@@ -6,10 +6,12 @@
 #include "cuda/primitive.h"
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <optional>
+#include <random>
 #include <stdexcept>
 
 #include "cuda/kernel_images.h"
@@ -84,6 +86,19 @@ std::optional<float> init_value() {
   return poison ? std::optional<float>(std::nanf("")) : std::nullopt;
 }
 
+// A number no earlier call of this process had (48 bits, the fused decode's
+// flags: decode_combine.cuh), as the two 24-bit launch arguments it takes.
+// Seeded at random so that no value another process left in recycled GPU
+// memory is likely to match either.
+std::array<int, 2> next_tag() {
+  static std::atomic<uint64_t> counter{[] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }()};
+  const uint64_t tag = counter.fetch_add(1, std::memory_order_relaxed) & ((uint64_t{1} << 48) - 1);
+  return {static_cast<int>(tag & 0xffffff), static_cast<int>(tag >> 24)};
+}
+
 // One launch: MLX's custom-kernel primitive for `step`, evaluated into `out`.
 // copy: MLX copies inputs that are not row-contiguous first.
 void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vector<mx::array>& in,
@@ -128,7 +143,11 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   for (const Rows& r : rows) {
     scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
   }
-  if (!run.merge) {
+  if (run.fused) {
+    const auto tag = next_tag();
+    scalars.insert(scalars.end(), {tag[0], tag[1]});
+  }
+  if (!run.merge) {  // one launch: the output, and the fused kernel's scratch
     launch(run.attend, scalars, inputs, outputs, copy, s);
     return;
   }

@@ -2,8 +2,8 @@
 // shapes (plan.h); it runs them through MLX's custom-kernel primitive once
 // the inputs exist and their strides are known, so strided views reach the
 // kernels without a copy. Outputs: the attention output, then the key
-// splits' partials when there is a merge (MLX keeps a node's outputs alive
-// until its kernels have run).
+// splits' partials when there is a merge or the fused decode merges them
+// (MLX keeps a node's outputs alive until its kernels have run).
 
 #pragma once
 

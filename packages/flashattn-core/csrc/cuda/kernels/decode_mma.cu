@@ -58,7 +58,8 @@ __device__ __forceinline__ uint32_t pair(const uint4& u, const uint4& v, int i) 
 template <typename T, int E>
 __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, T* __restrict__ out,
-                                           float* __restrict__ o_part, float* __restrict__ ml_part, int H_q,
+                                           float* __restrict__ o_part, float* __restrict__ ml_part,
+                                           unsigned long long* flags, unsigned long long tag, int H_q,
                                            int H_kv, int L, int S, int keys_per_split, float scale_log2,
                                            Layout lay) {
   static_assert(E == 64 || E == 128, "tensor-core decode takes E = 64 or 128");
@@ -168,14 +169,19 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       for (int c = 0; c < 4; ++c) sm.o[w][g + 8 * (c >> 1)][64 * db + 8 * (2 * t + (c & 1)) + i] = o[8 * db + i][c];
   __syncthreads();
 
-  combine_decode_warps(sm.o, sm.m, sm.l, R, [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; },
-                       out, o_part, ml_part, split, (int64_t)gridDim.z * H_q * L);
+  auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
+  const int64_t rows_total = (int64_t)gridDim.z * H_q * L;
+  combine_decode_warps(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, split, rows_total);
+  if (flags != nullptr && all_splits_done(flags + (b * gridDim.y + kvh) * gridDim.x, tag)) {
+    merge_group<E>(o_part, ml_part, R, row_of, out, rows_total);
+  }
 }
 
 }  // namespace fa
 
 // fa_decode_mma_<dtype>_<E>: grid (splits x 128, H_kv, batch), 128 threads;
-// fa_decode_mma_split_<dtype>_<E> writes partials for fa_merge_<dtype>. The
+// fa_decode_mma_split_<dtype>_<E> writes partials for fa_merge_<dtype>;
+// fa_decode_mma_fused_<dtype>_<E> merges them itself. The
 // arguments are decode.cu's (the mask ones unused: no mask reaches here).
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
@@ -187,14 +193,27 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, int H_q, int H_kv,
     int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_mma<FA_T, FA_E>(q, k, v, out, nullptr, nullptr, H_q, H_kv, L, S, keys_per_split, scale_log2,
-                             FA_LAYOUT);
+  fa::decode_mma<FA_T, FA_E>(q, k, v, out, nullptr, nullptr, nullptr, 0, H_q, H_kv, L, S, keys_per_split,
+                             scale_log2, FA_LAYOUT);
 }
-#else
+#elif FA_PARTIAL == 1
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_split_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, float* o_part, float* ml_part,
     int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_mma<FA_T, FA_E>(q, k, v, nullptr, o_part, ml_part, H_q, H_kv, L, S, keys_per_split, scale_log2,
-                             FA_LAYOUT);
+  fa::decode_mma<FA_T, FA_E>(q, k, v, nullptr, o_part, ml_part, nullptr, 0, H_q, H_kv, L, S, keys_per_split,
+                             scale_log2, FA_LAYOUT);
+}
+#else
+// fa_decode_mma_fused_<dtype>_<E>: split and merge in one launch (at most
+// kFusedMaxSplits splits); the partials and split flags are scratch
+// outputs. tag_lo, tag_hi: the call's tag, 24 bits each (decode_combine.cuh).
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_fused_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, float* o_part,
+    float* ml_part, int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2,
+    FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+  const int64_t rows_total = (int64_t)gridDim.z * H_q * L;
+  fa::decode_mma<FA_T, FA_E>(q, k, v, out, o_part, ml_part, fa::split_flags(ml_part, rows_total, 0),
+                             (unsigned long long)tag_hi << 24 | (unsigned)tag_lo, H_q, H_kv, L, S,
+                             keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif
