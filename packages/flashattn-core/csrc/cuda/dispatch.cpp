@@ -1,8 +1,9 @@
 // Which CUDA kernel runs, and its launch: the one place that decides.
 //
 //   L <= 8, ratio x L <= 16 query rows per KV head, E in {64, 96, 128}:
-//       decode (FlashDecoding: keys split across blocks, then merged; up to
-//       1024 keys one block per group, no merge); on tensor cores
+//       decode (FlashDecoding: keys split across blocks and merged in the
+//       same launch by the last block of a group; up to 1024 keys one block
+//       per group, no merge); on tensor cores
 //       (decode_mma.cu) for float16 / bfloat16, E in {64, 128} when no key
 //       in the range is hidden (no mask, or causal with L = 1)
 //   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill;
@@ -113,9 +114,11 @@ constexpr int kDecodeBlockRows = 8;
 // decode_mma.cu packs a group into them).
 constexpr int kMmaDecodeRows = 16;
 // Up to this many keys one block per group walks them all and writes the
-// output: one launch, no merge. In one H200 run (qwen05b / hd128) that took
-// S = 256-1024 from 27-46 to 19-36 us a call and made S >= 2048 slower; calls
+// output. In one H200 run (qwen05b / hd128) that took S = 256-1024 from 27-46
+// to 19-36 us a call against split + merge, and made S >= 2048 slower; calls
 // this short vary by up to +-50% between runs, so the threshold is rough.
+// With the fused decode (one launch either way) 256 was no better: qwen05b
+// S = 1024 bfloat16 17.4 us a call against 10.7-12.0 (scripts/overhead-probe.py).
 constexpr int kDecodeOneSplitMaxKeys = 1024;
 constexpr int kMaxSplits = fa::merge_shapes::kMaxSplits;  // what a merge takes
 // Blocks that keep a large GPU busy in decode. With this constant set to 512,
@@ -124,9 +127,9 @@ constexpr int kMaxSplits = fa::merge_shapes::kMaxSplits;  // what a merge takes
 // were within run-to-run noise for qwen05b; 132 was 8% faster for hd128 and
 // up to 40% slower for qwen05b.
 constexpr int kDecodeTargetBlocks = 512;
-// The fused tensor-core decode (decode_mma.cu: one launch, the last block of
-// a group merges its splits) wants fewer, longer splits: its merge runs in
-// one block per group, at the end. About this many blocks, splits of at
+// The fused decode (one launch: the last block of a group to finish merges
+// its splits; decode_combine.cuh) wants fewer, longer splits: its merge runs
+// in one block per group, at the end. About this many blocks, splits of at
 // least kFusedMinKeysPerSplit keys. On an H200 (scripts/decode-probe.cu,
 // bfloat16, GPU time per launch): qwen05b S = 32768 15.2 us at 64 splits of
 // 512 keys (22.1 at 128, 15.9 at 32; split + merge 20.7), S = 8192 10.9 us at
@@ -251,7 +254,7 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
     return std::nullopt;
   }
   const int64_t groups = d.batch * d.H_kv;
-  const bool fused = mma && d.S > kDecodeOneSplitMaxKeys;
+  const bool fused = d.S > kDecodeOneSplitMaxKeys;
   const int target = fused ? kFusedTargetBlocks : kDecodeTargetBlocks;
   const int min_keys = fused ? kFusedMinKeysPerSplit : kDecodeMinKeysPerSplit;
   splits = static_cast<int>(std::clamp<int64_t>((target + groups - 1) / groups, 1, (d.S + min_keys - 1) / min_keys));
@@ -267,7 +270,7 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   Step attend{family + variant + suffix, scalars,
               {splits * kThreads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {kThreads, 1, 1}, 0};
   if (splits == 1) return Launches{attend, std::nullopt};
-  if (fused) return Launches{attend, std::nullopt, true};
+  if (fused) return Launches{attend, std::nullopt, 2 * groups * row_blocks * splits};
   return Launches{attend, merge_step(d, static_cast<int>(d.batch * d.H_q * d.L), splits)};
 }
 
@@ -336,11 +339,13 @@ mx::array flash_attention(
   std::vector<mx::Shape> shapes = {q.shape()};
   std::vector<mx::Dtype> dtypes = {q.dtype()};
   if (plan.aligned.merge || plan.aligned.fused) {
-    // m / l per split and row; for the fused kernel then one flag (8 bytes)
-    // per split and group (decode_combine.cuh), which the generic kernel of
-    // plan.any leaves alone.
-    const int64_t flags = plan.aligned.fused ? 2 * batch * d.H_kv * splits : 0;
-    plan.partials = {{splits, rows, d.E}, {static_cast<int>(static_cast<int64_t>(splits) * rows * 2 + flags)}};
+    // m / l per split and row, then the fused kernel's flags (which the
+    // generic kernel of plan.any leaves alone).
+    const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2 + plan.aligned.fused;
+    if (ml_floats > std::numeric_limits<int>::max()) {
+      throw std::invalid_argument("flash_attention: too many query rows for one CUDA decode call");
+    }
+    plan.partials = {{splits, rows, d.E}, {static_cast<int>(ml_floats)}};
     shapes.insert(shapes.end(), plan.partials.begin(), plan.partials.end());
     dtypes.insert(dtypes.end(), {mx::float32, mx::float32});
   }

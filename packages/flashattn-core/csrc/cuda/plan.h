@@ -30,12 +30,14 @@ struct Step {
 
 // An attention kernel, and the merge when it split the keys (its partials
 // (o, and m / l per row) are the primitive's second and third outputs).
-// fused: the attention kernel splits the keys and merges them itself (the
-// partials are its scratch; it takes the call's tag as two last arguments).
+// fused: when not 0, the attention kernel splits the keys and merges them
+// itself: the partials are its scratch, followed by `fused` floats of flags
+// (one 8-byte flag per split and group), and it takes the call's tag as two
+// last arguments (decode_combine.cuh).
 struct Launches {
   Step attend;
   std::optional<Step> merge;
-  bool fused = false;
+  int64_t fused = 0;
 };
 
 struct Plan {

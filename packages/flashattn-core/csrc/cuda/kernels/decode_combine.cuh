@@ -56,6 +56,11 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
 constexpr int kFusedMaxSplits = 128;  // the merge's weights sit in shared memory
 constexpr int kFusedMaxRows = 16;     // rows of one decode block
 
+// The call's tag from its two 24-bit launch arguments.
+__device__ __forceinline__ unsigned long long call_tag(int lo, int hi) {
+  return (unsigned long long)hi << 24 | (unsigned)lo;
+}
+
 // The flags of group `group` (gridDim.x of them).
 __device__ __forceinline__ unsigned long long* split_flags(float* ml_part, int64_t rows_total, int64_t group) {
   return reinterpret_cast<unsigned long long*>(ml_part + 2 * (int64_t)gridDim.x * rows_total) +

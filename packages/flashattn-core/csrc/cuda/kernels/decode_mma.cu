@@ -213,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_fused_, 
     FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
   const int64_t rows_total = (int64_t)gridDim.z * H_q * L;
   fa::decode_mma<FA_T, FA_E>(q, k, v, out, o_part, ml_part, fa::split_flags(ml_part, rows_total, 0),
-                             (unsigned long long)tag_hi << 24 | (unsigned)tag_lo, H_q, H_kv, L, S,
+                             fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
                              keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif
