@@ -21,9 +21,7 @@ template <int E, bool kFused>
 __global__ void __launch_bounds__(128) attend(const T* q, const T* k, const T* v, T* out, float* o_part,
                                               float* ml_part, int H_q, int H_kv, int S, int keys_per_split,
                                               float scale_log2, fa::Layout lay, unsigned long long tag) {
-  const int64_t rows_total = (int64_t)gridDim.z * H_q;
-  fa::decode_mma<T, E>(q, k, v, kFused ? out : nullptr, o_part, ml_part,
-                       kFused ? fa::split_flags(ml_part, rows_total, 0) : nullptr, tag, H_q, H_kv, 1, S,
+  fa::decode_mma<T, E>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
                        keys_per_split, scale_log2, lay);
 }
 
@@ -47,27 +45,12 @@ void run(const Shape& sh, int reps) {
   const float scale = 1.0f / std::sqrt(float(E));
 
   // float64 reference, every row
-  std::vector<double> ref(nq);
+  std::vector<double> ref;
   const int ratio = H_q / H_kv;
   for (int h = 0; h < H_q; ++h) {
-    const int g = h / ratio;
-    std::vector<double> s(S);
-    double m = -INFINITY;
-    for (int c = 0; c < S; ++c) {
-      double d = 0;
-      for (int e = 0; e < E; ++e)
-        d += double(probe::to_float(q[size_t(h) * E + e])) * probe::to_float(k[(size_t(g) * S + c) * E + e]);
-      s[c] = d * scale;
-      m = std::max(m, s[c]);
-    }
-    double l = 0;
-    std::vector<double> o(E, 0.0);
-    for (int c = 0; c < S; ++c) {
-      const double p = std::exp(s[c] - m);
-      l += p;
-      for (int e = 0; e < E; ++e) o[e] += p * probe::to_float(v[(size_t(g) * S + c) * E + e]);
-    }
-    for (int e = 0; e < E; ++e) ref[size_t(h) * E + e] = o[e] / l;
+    const size_t kv = size_t(h / ratio) * S * E;
+    const std::vector<double> o = probe::reference_row(&q[size_t(h) * E], &k[kv], &v[kv], S - 1, E, scale);
+    ref.insert(ref.end(), o.begin(), o.end());
   }
 
   T *dq, *dkv, *dout;

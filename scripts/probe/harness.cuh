@@ -67,6 +67,28 @@ struct Launch {
   int rows, threads, smem;
 };
 
+// Softmax attention of one query row (E elements at q_row) over keys
+// [0, last] of one KV head (k_head, v_head: S x E), in float64.
+template <typename T>
+std::vector<double> reference_row(const T* q_row, const T* k_head, const T* v_head, int last, int E,
+                                  double scale) {
+  std::vector<double> sc(last + 1), o(E, 0.0);
+  double m = -INFINITY, l = 0;
+  for (int j = 0; j <= last; ++j) {
+    double d = 0;
+    for (int e = 0; e < E; ++e) d += double(to_float(q_row[e])) * to_float(k_head[size_t(j) * E + e]);
+    sc[j] = d * scale;
+    m = std::max(m, sc[j]);
+  }
+  for (int j = 0; j <= last; ++j) {
+    const double p = std::exp(sc[j] - m);
+    l += p;
+    for (int e = 0; e < E; ++e) o[e] += p * to_float(v_head[size_t(j) * E + e]);
+  }
+  for (auto& x : o) x /= l;
+  return o;
+}
+
 inline float median(std::vector<float> x) {
   std::sort(x.begin(), x.end());
   return x[x.size() / 2];
@@ -102,22 +124,8 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
   for (auto [h, r] : picks) {
     const int kvh = h / ratio;
     const int last = c.kind == 1 ? std::min(c.S - 1, r + offset) : c.S - 1;
-    std::vector<double> sc(last + 1), o(E, 0.0);
-    double m = -INFINITY, l = 0;
-    for (int j = 0; j <= last; ++j) {
-      double d = 0;
-      for (int e = 0; e < E; ++e)
-        d += double(to_float(q[(size_t(h) * c.L + r) * E + e])) * to_float(k[(size_t(kvh) * c.S + j) * E + e]);
-      sc[j] = d * scale;
-      m = std::max(m, sc[j]);
-    }
-    for (int j = 0; j <= last; ++j) {
-      const double p = std::exp(sc[j] - m);
-      l += p;
-      for (int e = 0; e < E; ++e) o[e] += p * to_float(v[(size_t(kvh) * c.S + j) * E + e]);
-    }
-    for (auto& x : o) x /= l;
-    ref.push_back(o);
+    const size_t kv = size_t(kvh) * c.S * E;
+    ref.push_back(reference_row(&q[(size_t(h) * c.L + r) * E], &k[kv], &v[kv], last, E, scale));
   }
 
   std::printf("E %d H_q %d H_kv %d L %d S %d %s%s\n", E, c.H_q, c.H_kv, c.L, c.S, c.kind ? "causal" : "none",

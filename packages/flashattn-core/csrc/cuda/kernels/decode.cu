@@ -90,7 +90,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
                                        const T* __restrict__ v, const void* mask_data,
                                        const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                        float* __restrict__ o_part, float* __restrict__ ml_part,
-                                       unsigned long long* flags, unsigned long long tag,
+                                       bool fused, unsigned long long tag,
                                        int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                        int mask_cs, int keys_per_split, float scale_log2,
                                        Layout lay) {
@@ -238,12 +238,8 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     for (int i = 0; i < EL; ++i) sm.o[w][r][EL * lane + i] = o[r][i];
   }
   __syncthreads();
-  auto row_of = [&](int r) { return row_n(r) * L + pos(r); };
-  const int64_t rows_total = (int64_t)gridDim.z * H_q * L;
-  combine_decode_warps(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, split, rows_total);
-  if (flags != nullptr && all_splits_done(flags + (b * gridDim.y + blockIdx.y) * gridDim.x, tag)) {
-    merge_group<E>(o_part, ml_part, R, row_of, out, rows_total);
-  }
+  finish_decode_block(sm.o, sm.m, sm.l, R, [&](int r) { return row_n(r) * L + pos(r); }, out, o_part, ml_part,
+                      (int64_t)gridDim.z * H_q * L, fused, tag);
 }
 
 }  // namespace fa
@@ -259,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_, FA_TNAME, 
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, nullptr, nullptr, nullptr, 0, H_q, H_kv, L, S,
+  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S,
                          mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #elif FA_PARTIAL == 1
@@ -267,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_split_, FA_T
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     float* o_part, float* ml_part, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
     int mask_cs, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, nullptr, o_part, ml_part, nullptr, 0, H_q, H_kv, L, S,
+  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, nullptr, o_part, ml_part, false, 0, H_q, H_kv, L, S,
                          mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #else
@@ -275,9 +271,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_fused_, FA_T
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base, FA_T* out,
     float* o_part, float* ml_part, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
-  const int64_t rows_total = (int64_t)gridDim.z * H_q * L;
-  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, o_part, ml_part, fa::split_flags(ml_part, rows_total, 0),
-                         fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                         keys_per_split, scale_log2, FA_LAYOUT);
+  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, o_part, ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q,
+                         H_kv, L, S, mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif

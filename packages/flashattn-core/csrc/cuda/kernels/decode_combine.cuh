@@ -61,8 +61,10 @@ __device__ __forceinline__ unsigned long long call_tag(int lo, int hi) {
   return (unsigned long long)hi << 24 | (unsigned)lo;
 }
 
-// The flags of group `group` (gridDim.x of them).
-__device__ __forceinline__ unsigned long long* split_flags(float* ml_part, int64_t rows_total, int64_t group) {
+// This block's group's flags (gridDim.x of them): groups are (batch,
+// grid.y) pairs in both decode kernels.
+__device__ __forceinline__ unsigned long long* split_flags(float* ml_part, int64_t rows_total) {
+  const int64_t group = (int64_t)blockIdx.z * gridDim.y + blockIdx.y;
   return reinterpret_cast<unsigned long long*>(ml_part + 2 * (int64_t)gridDim.x * rows_total) +
          group * gridDim.x;
 }
@@ -142,6 +144,21 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
     T* dst = out + row * E + e;
     dst[0] = from_f<T>(acc.x * inv), dst[1] = from_f<T>(acc.y * inv);
     dst[2] = from_f<T>(acc.z * inv), dst[3] = from_f<T>(acc.w * inv);
+  }
+}
+
+// The end of a decode block, after its warps have left (m, l, o) in shared
+// memory: combined into the output or this split's partials, and in the
+// fused decode (fused: o_part and ml_part are the call's scratch, tag its
+// tag) merged too, by a block that finds its group done.
+template <int E, int W, int ROWS, typename T, typename RowOf>
+__device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E], const float (&m)[W][ROWS],
+                                                    const float (&l)[W][ROWS], int R, RowOf row_of, T* out,
+                                                    float* o_part, float* ml_part, int64_t rows_total,
+                                                    bool fused, unsigned long long tag) {
+  combine_decode_warps(o, m, l, R, row_of, out, o_part, ml_part, blockIdx.x, rows_total);
+  if (fused && all_splits_done(split_flags(ml_part, rows_total), tag)) {
+    merge_group<E>(o_part, ml_part, R, row_of, out, rows_total);
   }
 }
 

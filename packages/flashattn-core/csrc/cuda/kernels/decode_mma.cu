@@ -59,7 +59,7 @@ template <typename T, int E>
 __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, T* __restrict__ out,
                                            float* __restrict__ o_part, float* __restrict__ ml_part,
-                                           unsigned long long* flags, unsigned long long tag, int H_q,
+                                           bool fused, unsigned long long tag, int H_q,
                                            int H_kv, int L, int S, int keys_per_split, float scale_log2,
                                            Layout lay) {
   static_assert(E == 64 || E == 128, "tensor-core decode takes E = 64 or 128");
@@ -169,12 +169,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       for (int c = 0; c < 4; ++c) sm.o[w][g + 8 * (c >> 1)][64 * db + 8 * (2 * t + (c & 1)) + i] = o[8 * db + i][c];
   __syncthreads();
 
-  auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
-  const int64_t rows_total = (int64_t)gridDim.z * H_q * L;
-  combine_decode_warps(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, split, rows_total);
-  if (flags != nullptr && all_splits_done(flags + (b * gridDim.y + kvh) * gridDim.x, tag)) {
-    merge_group<E>(o_part, ml_part, R, row_of, out, rows_total);
-  }
+  finish_decode_block(sm.o, sm.m, sm.l, R, [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; }, out,
+                      o_part, ml_part, (int64_t)gridDim.z * H_q * L, fused, tag);
 }
 
 }  // namespace fa
@@ -193,14 +189,14 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, int H_q, int H_kv,
     int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_mma<FA_T, FA_E>(q, k, v, out, nullptr, nullptr, nullptr, 0, H_q, H_kv, L, S, keys_per_split,
+  fa::decode_mma<FA_T, FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split,
                              scale_log2, FA_LAYOUT);
 }
 #elif FA_PARTIAL == 1
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_split_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, float* o_part, float* ml_part,
     int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_mma<FA_T, FA_E>(q, k, v, nullptr, o_part, ml_part, nullptr, 0, H_q, H_kv, L, S, keys_per_split,
+  fa::decode_mma<FA_T, FA_E>(q, k, v, nullptr, o_part, ml_part, false, 0, H_q, H_kv, L, S, keys_per_split,
                              scale_log2, FA_LAYOUT);
 }
 #else
@@ -211,9 +207,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_fused_, 
     const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, float* o_part,
     float* ml_part, int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2,
     FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
-  const int64_t rows_total = (int64_t)gridDim.z * H_q * L;
-  fa::decode_mma<FA_T, FA_E>(q, k, v, out, o_part, ml_part, fa::split_flags(ml_part, rows_total, 0),
-                             fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
+  fa::decode_mma<FA_T, FA_E>(q, k, v, out, o_part, ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
                              keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif
