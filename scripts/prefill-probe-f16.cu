@@ -21,28 +21,32 @@ __global__ void __launch_bounds__(fa::prefill_warps<E>() * 32) mma_kernel(
   fa::prefill<T, E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
                     FA_LAYOUT);
 }
-template <int E, int G, int BC>
+template <int E, int G, int BC, bool OVERLAP>
 __global__ void __launch_bounds__(128 * G, 1) wg_kernel(
     const T* q, const T* k, const T* v, const void* mask, const int64_t* mask_base, T* out, int H_q, int H_kv,
     int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_wg<T, E, fa::WhShape<G, BC>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
+  fa::prefill_wg<T, E, fa::WhShape<G, BC, OVERLAP>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
                        FA_LAYOUT);
 }
 
 // A wgmma kernel of G warpgroups and key/value tiles of BC keys (the
 // shipped shapes are in wg_shapes.h).
-#define WG(E, G, BC)                                                                        \
+#define WG(E, G, BC, OV)                                                                    \
   probe::Launch<T> {                                                                        \
-    "wgmma bf16 " #G " x " #BC, wg_kernel<E, G, BC>, 64 * G, 128 * G,                       \
-        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC>>))                                  \
+    "wgmma bf16 " #G " x " #BC " overlap " #OV, wg_kernel<E, G, BC, OV>, 64 * G, 128 * G,               \
+        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV>>))                                  \
   }
 // (Three tile buffers: 3 x 128 keys at E = 128 would not fit shared memory.)
 template <int E>
 std::vector<probe::Launch<T>> launches() {
   std::vector<probe::Launch<T>> all = {{"mma.sync bf16", mma_kernel<E>, 16 * fa::prefill_warps<E>(),
                                         32 * fa::prefill_warps<E>(), int(sizeof(fa::PrefillSmem<T, E>))},
-                                       WG(E, 2, 128), WG(E, 3, 64), WG(E, 4, 64)};
-  if (E == 64) all.push_back(WG(E, 3, 128));
+                                       WG(E, 2, 128, false), WG(E, 2, 128, true), WG(E, 4, 64, false),
+                                       WG(E, 3, 64, false), WG(E, 3, 64, true)};
+  if (E == 64) {
+    all.push_back(WG(E, 3, 128, false));
+    all.push_back(WG(E, 3, 128, true));
+  }
   return all;
 }
 

@@ -161,11 +161,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // mask rows do not exist. PairedKeys: the accumulator's columns 2t, 2t + 1 of
 // each 8-key block hold keys t, t + 4 (K's rows permuted so that P is already
 // in the A-operand layout of the P V product: prefill_tf32_wg.cu).
-template <int NB, int NO, bool PairedKeys = false>
-__device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4], float* m_i,
-                                             float* l_i, const Mask& mask, int64_t n, int ra,
-                                             int L, int S, int c0, float scale_log2,
-                                             bool need_mask, int lane) {
+// softmax_scores is the step without the rescale: it leaves each row's
+// factor in alpha, for a caller whose o is still being written by a product
+// in flight (prefill_f16_wg.cu); rescale_rows applies it.
+template <int NB, bool PairedKeys = false>
+__device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)[2], float* m_i, float* l_i,
+                                               const Mask& mask, int64_t n, int ra, int L, int S, int c0,
+                                               float scale_log2, bool need_mask, int lane) {
   const int t = lane & 3;
   if (need_mask) {
     const bool array_mask = mask.kind == kBool || mask.kind == kAdditive;
@@ -204,32 +206,48 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
         for (int i = 0; i < 4; ++i) s[nb][i] *= scale_log2;
     }
   }
-  float alpha[2];
+  // A row's maximum and sum over this thread's 2 NB scores run in C
+  // independent chains: one chain of 2 NB dependent instructions waits out
+  // each one's latency.
+  constexpr int C = 2 * NB < 4 ? 2 * NB : 4;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    float mx = FA_NEG_INF;
+    float part[C];
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * rr], s[nb][2 * rr + 1]));
+    for (int k = 0; k < 2 * NB; ++k) {
+      const float x = s[k >> 1][2 * rr + (k & 1)];
+      part[k % C] = k < C ? x : fmaxf(part[k % C], x);
+    }
+#pragma unroll
+    for (int w = 1; w < C; w *= 2)
+#pragma unroll
+      for (int k = 0; k + w < C; k += 2 * w) part[k] = fmaxf(part[k], part[k + w]);
+    float mx = part[0];
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m_i[rr], mx * mul);
     const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;  // nothing seen yet: exp2(-inf) = 0
     alpha[rr] = fast_exp2(m_i[rr] - m_use);
     m_i[rr] = m_new;
-    float sum = 0.0f;
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float p = fast_exp2(fmaf(s[nb][2 * rr + i], mul, -m_use));
-        s[nb][2 * rr + i] = p;
-        sum += p;
-      }
+    for (int k = 0; k < 2 * NB; ++k) {
+      float& x = s[k >> 1][2 * rr + (k & 1)];
+      x = fast_exp2(fmaf(x, mul, -m_use));
+      part[k % C] = k < C ? x : part[k % C] + x;
     }
-    l_i[rr] = l_i[rr] * alpha[rr] + sum;  // this thread's part; the quad sums at the end
+#pragma unroll
+    for (int w = 1; w < C; w *= 2)
+#pragma unroll
+      for (int k = 0; k + w < C; k += 2 * w) part[k] += part[k + w];
+    l_i[rr] = l_i[rr] * alpha[rr] + part[0];  // this thread's part; the quad sums at the end
   }
-  // Past the first tiles a row's maximum rarely moves (alpha = 1 exactly):
-  // the warp skips the rescale when none of its rows' did.
+}
+
+// o's rows (accumulator layout) times their factors. Past the first tiles a
+// row's maximum rarely moves (alpha = 1 exactly): the warp skips the rescale
+// when none of its rows' did.
+template <int NO>
+__device__ __forceinline__ void rescale_rows(float (&o)[NO][4], const float (&alpha)[2]) {
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb) {
@@ -237,6 +255,16 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
       for (int i = 0; i < 4; ++i) o[eb][i] *= alpha[i >> 1];
     }
   }
+}
+
+template <int NB, int NO, bool PairedKeys = false>
+__device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4], float* m_i,
+                                             float* l_i, const Mask& mask, int64_t n, int ra,
+                                             int L, int S, int c0, float scale_log2,
+                                             bool need_mask, int lane) {
+  float alpha[2];
+  softmax_scores<NB, PairedKeys>(s, alpha, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
+  rescale_rows(o, alpha);
 }
 
 // O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l

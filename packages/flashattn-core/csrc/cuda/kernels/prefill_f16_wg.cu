@@ -32,9 +32,12 @@ namespace fa {
 constexpr int kWhRows = wg_shapes::kRowsPerGroup;
 
 // G warpgroups per block, key/value tiles of BC keys (wg_shapes.h).
-template <int G, int BC>
+// OVERLAP: a warpgroup issues tile j's Q K^T together with tile j - 1's P V
+// and runs tile j's softmax while that P V is in flight.
+template <int G, int BC, bool OVERLAP>
 struct WhShape {
   static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * G;
+  static constexpr bool kOverlap = OVERLAP;
 };
 
 constexpr int kWhBuffers = wg_shapes::kF16Buffers;
@@ -48,26 +51,46 @@ struct WhSmem {
   uint64_t empty[kWhBuffers];  // every thread is done with it
 };
 
-// Element (r, c) of a tile in the core-matrix layout: core matrix (r / 8, c / 8)
-// at ((r / 8) (E / 8) + c / 8) x 64 elements, its row r % 8 at 8 (r % 8).
-template <int E>
-__device__ __forceinline__ int cm_at(int r, int c) {
-  return ((r >> 3) * (E / 8) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+// Element (r, c) of a tile of R rows in wgmma's 128-byte swizzled layout:
+// the head dim in column blocks of 64 elements (128 bytes), each block R rows
+// of 128 bytes; the 16-byte chunk c of a row r sits at chunk c ^ (r % 8). The
+// XOR is on address bits, so every tile starts on a 1024-byte boundary.
+template <int R>
+__device__ __forceinline__ int sw_at(int r, int c) {
+  return ((c >> 6) * R + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
 }
 
-// rows x E elements from src rows first.., rows past count zero-filled, into
-// the core-matrix layout. Chunk idx (16 bytes) is row idx % 8 of core matrix
-// idx / 8: 8 neighbouring threads fill one core matrix's 128 bytes.
+// Copies of ROWS x E tiles into the swizzled layout by THREADS threads, asynchronously (cp.async).
+// Neighbouring threads take neighbouring 16-byte chunks of a row: each 8
+// read 128 contiguous bytes (whole sectors; with rows across them instead,
+// every sector came half used and twice) and, thanks to the swizzle, write
+// one 128-byte row of shared memory without conflicts. A thread's chunks sit
+// kRowStep rows apart in one column, so its addresses are fixed offsets from
+// its first (a multiple of 8 rows keeps the swizzle's XOR): per chunk, an
+// add and the copy. Rows past the count are zero-filled (no bytes read: the
+// address is never dereferenced).
 template <typename T, int E, int ROWS, int THREADS>
-__device__ __forceinline__ void load_cm(T* dst, const T* src, int64_t stride, int first, int count, int tid) {
-  constexpr int CH = E / 8;
+struct TileCopy {
+  static constexpr int CH = E / 8, kRowStep = THREADS / CH;
+  static constexpr int kChunks = (ROWS + kRowStep - 1) / kRowStep;
+  static_assert(THREADS % CH == 0 && kRowStep % 8 == 0, "a thread's chunks keep their column and swizzle");
+  int r0, c0, dst0;  // this thread's first chunk: row, column, place in the tile
+
+  __device__ explicit TileCopy(int tid) : r0(tid / CH), c0((tid % CH) * 8), dst0(sw_at<ROWS>(tid / CH, c0)) {}
+
+  // Rows first.. of src (row stride `stride`) into dst; rows past count
+  // zero-filled.
+  __device__ __forceinline__ void operator()(T* dst, const T* src, int64_t stride, int first, int count) const {
+    const T* g = src + ((first + r0) * stride + c0);
+    const int64_t step = kRowStep * stride;
 #pragma unroll
-  for (int idx = tid; idx < ROWS * CH; idx += THREADS) {
-    const int r = ((idx >> 3) / CH) * 8 + (idx & 7), c8 = (idx >> 3) % CH;
-    const bool valid = r < count;
-    cp_async16(dst + idx * 8, valid ? src + (first + r) * stride + c8 * 8 : src, valid);
+    for (int i = 0; i < kChunks; ++i) {
+      const int r = r0 + i * kRowStep;
+      if (ROWS % kRowStep == 0 || i + 1 < kChunks || r < ROWS)  // the last round: warp-uniform
+        cp_async16(dst + dst0 + i * kRowStep * 64, g + i * step, r < count);
+    }
   }
-}
+};
 
 // This thread's arrival on bar once its cp.async copies so far have landed
 // (counted in the barrier's expected arrivals: .noinc).
@@ -85,16 +108,17 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   constexpr int NB = kWhBc / 8, NO = E / 8;
   static_assert(E == 64 || E == 128, "wgmma's N is the head dim in P V");
   using Smem = WhSmem<T, E, Shape>;
-  // Descriptor offsets (bytes): core matrices adjacent along the head dim are
-  // 128 apart, row bands 16 E apart. K-major (Q, K): LBO along K = the head
-  // dim, SBO along the rows. MN-major (V): SBO along N = the head dim, LBO
-  // along K = the keys. A step of 16 along the head dim adds 256 bytes, of 16
-  // keys 32 E; the next buffer is sizeof(k[0]) away.
-  constexpr uint32_t kBand = 16 * E;
-  constexpr uint64_t kStepE = 256 >> 4, kStepKeys = (32 * E) >> 4;
-  constexpr uint64_t kStepBuf = (kWhBc * E * sizeof(T)) >> 4;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<Smem*>(smem_raw);
+  // Descriptors (wgmma.cuh; offsets in 16-byte units). K-major (Q, K): 8-row
+  // groups 1024 bytes apart (SBO); a step of 16 along the head dim moves 32
+  // bytes within a column block, or to the next block (rows x 128 bytes on).
+  // MN-major (V): 8-key groups 1024 bytes apart (SBO), column blocks
+  // kWhBc x 128 bytes apart (LBO); a step of 16 keys moves 2048 bytes.
+  auto step_e = [](int rows, int kk) { return uint32_t((kk >> 2) * rows * 8 + (kk & 3) * 2); };
+  constexpr uint32_t kStepKeys = 2048 >> 4;
+  constexpr uint32_t kStepBuf = (kWhBc * E * sizeof(T)) >> 4;
+  extern __shared__ __align__(1024) unsigned char smem_wg[];  // its own name: other units declare 16-byte alignment
+  auto& sm = *reinterpret_cast<Smem*>(smem_wg);
+  if (smem_u32(smem_wg) & 1023) __trap();  // the swizzle needs 1024-byte alignment (never seen otherwise)
   const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(kWhBr, H_q, H_kv, L, S, mask_kind);
   const int64_t n = blk.n;
@@ -110,15 +134,17 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     mbar_init(&sm.full[tid], kWhThreads);
     mbar_init(&sm.empty[tid], kWhThreads);
   }
+  const TileCopy<T, E, kWhBc, kWhThreads> copy_kv(tid);
   // Tile j into buffer j % 3 once every thread is done with tile j - 3 there.
   auto load_tile = [&](int j) {
     const int b = j % kWhBuffers, c = j * kWhBc;
     if (j >= kWhBuffers) mbar_wait(&sm.empty[b], (j / kWhBuffers - 1) & 1);
-    load_cm<T, E, kWhBc, kWhThreads>(sm.k[b], k_head, lay.k.sr, c, min(kWhBc, S - c), tid);
-    load_cm<T, E, kWhBc, kWhThreads>(sm.v[b], v_head, lay.v.sr, c, min(kWhBc, S - c), tid);
+    copy_kv(sm.k[b], k_head, lay.k.sr, c, S - c);
+    copy_kv(sm.v[b], v_head, lay.v.sr, c, S - c);
     cp_async_arrive(&sm.full[b]);
   };
-  load_cm<T, E, kWhBr, kWhThreads>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kWhBr, L - l0), tid);
+  const TileCopy<T, E, kWhBr, kWhThreads> copy_q(tid);
+  copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
   cp_async_commit();
   __syncthreads();  // the barriers are initialised
   if (n_tiles > 0) load_tile(0);
@@ -126,9 +152,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   fence_proxy_async();
   __syncthreads();
 
-  const uint64_t d_q = wgmma_desc(sm.q + wg * kWhRows * E, 128, kBand);
-  const uint64_t d_k = wgmma_desc(sm.k[0], 128, kBand);
-  const uint64_t d_v = wgmma_desc(sm.v[0], kBand, 128);
+  const WgDesc d_q(wgmma_desc_sw128(sm.q + wg * kWhRows * 64, 16, 1024));
+  const WgDesc d_k(wgmma_desc_sw128(sm.k[0], 16, 1024));
+  const WgDesc d_v(wgmma_desc_sw128(sm.v[0], kWhBc * 128, 1024));
 
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
@@ -141,16 +167,17 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     fence_proxy_async();                                        // and is visible to wgmma
   };
   auto issue_qk = [&](int j) {  // s = Q K_j^T
-    const uint64_t b_off = (j % kWhBuffers) * kStepBuf;
+    const uint32_t b_off = (j % kWhBuffers) * kStepBuf;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < E / 16; ++kk) wgmma16_ss<T, kWhBc>(s, d_q + kk * kStepE, d_k + b_off + kk * kStepE, kk > 0);
+    for (int kk = 0; kk < E / 16; ++kk)
+      wgmma16_ss<T, kWhBc>(s, d_q.at(step_e(kWhBr, kk)), d_k.at(b_off + step_e(kWhBc, kk)), kk > 0);
   };
   auto issue_pv = [&](int j) {  // o += P V_j
-    const uint64_t b_off = (j % kWhBuffers) * kStepBuf;
+    const uint32_t b_off = (j % kWhBuffers) * kStepBuf;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o, p[kk], d_v + b_off + kk * kStepKeys);
+    for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o, p[kk], d_v.at(b_off + kk * kStepKeys));
   };
   auto pack_p = [&] {
 #pragma unroll
@@ -191,8 +218,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
 #pragma unroll
           for (int eb = 0; eb < NO; ++eb) {
-            o[eb][2 * rr] += pr * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t)]);
-            o[eb][2 * rr + 1] += pr * to_f(sv[cm_at<E>(c, eb * 8 + 2 * t + 1)]);
+            o[eb][2 * rr] += pr * to_f(sv[sw_at<kWhBc>(c, eb * 8 + 2 * t)]);
+            o[eb][2 * rr + 1] += pr * to_f(sv[sw_at<kWhBc>(c, eb * 8 + 2 * t + 1)]);
           }
         }
       }
@@ -200,6 +227,65 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   };
 
   const Turns turns(wg, G, n_tiles);
+  if constexpr (Shape::kOverlap) {
+    // Tile j's turn issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}; the
+    // softmax of S_j runs while that P V is in flight, and o takes its
+    // rescale once the P V is done. A tile's buffer is free once its P V is.
+    // PREV: 0 no tile before, 1 its P V on wgmma, 2 its P V on the rare path.
+    // Each step waits for all it issued: ptxas serialises every wgmma of a
+    // kernel where one stays in flight across a branch.
+    auto step = [&](int j, auto prev) {
+      constexpr int PREV = decltype(prev)::value;
+      turns.wait();
+      issue_qk(j);
+      wgmma_commit();
+      if constexpr (PREV == 1) {
+        issue_pv(j - 1);
+        wgmma_commit();
+      }
+      turns.pass(j, n_tiles);
+      if constexpr (PREV == 1) {
+        wgmma_wait<1>();  // S_j is done, P_{j-1} V_{j-1} may not be
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_fragments(s);
+      if constexpr (PREV == 2) rare_pv(j - 1);
+      float alpha[2];
+      softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
+      if constexpr (PREV == 1) {
+        wgmma_wait<0>();
+        fence_fragments(o);
+        fence_fragments(p);
+      }
+      if constexpr (PREV != 0) mbar_arrive(&sm.empty[(j - 1) % kWhBuffers]);
+      rescale_rows(o, alpha);
+      pack_p();
+    };
+    for (int j = 0; j < n_tiles; ++j) {
+      wait_tile(j);
+      if (j + 1 < n_tiles) load_tile(j + 1);
+      if (j == 0) {
+        step(j, std::integral_constant<int, 0>());
+      } else if (rare(j - 1)) {
+        step(j, std::integral_constant<int, 2>());
+      } else {
+        step(j, std::integral_constant<int, 1>());
+      }
+    }
+    if (n_tiles > 0) {  // the last tile's P V
+      const int j = n_tiles - 1;
+      if (rare(j)) {
+        rare_pv(j);
+      } else {
+        issue_pv(j);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_fragments(o);
+        fence_fragments(p);
+      }
+    }
+  } else
   for (int j = 0; j < n_tiles; ++j) {
     wait_tile(j);
     if (j + 1 < n_tiles) load_tile(j + 1);
@@ -237,7 +323,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #if FA_DTYPE == 0
 #error "prefill_f16_wg.cu takes float16 or bfloat16; float32 has prefill_tf32_wg.cu"
 #endif
-using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E), fa::wg_shapes::f16_bc(FA_E)>;
+using WhUnitShape =
+    fa::WhShape<fa::wg_shapes::f16_groups(FA_E), fa::wg_shapes::f16_bc(FA_E), fa::wg_shapes::f16_overlap(FA_E)>;
 static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_smem_bytes(FA_E),
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(fa_prefill_wg_, FA_TNAME, _, FA_E, )(

@@ -27,9 +27,30 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t lbo, u
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);  // base offset 0, no swizzle
 }
 
+// The same for the 128-byte swizzled layout (tiles on 1024-byte boundaries:
+// base offset 0). K-major: LBO unused, SBO between 8-row groups; MN-major:
+// LBO between 64-element column blocks, SBO between 8-row groups along K.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem, uint32_t lbo, uint32_t sbo) {
+  return wgmma_desc(smem, lbo, sbo) | (1ull << 62);
+}
+
+// A descriptor as two halves, moved along by 16-byte units added to the low
+// one alone (the start address cannot carry into LBO for shared-memory
+// offsets below 256 KiB): one 32-bit add per product instead of a 64-bit one.
+struct WgDesc {
+  uint32_t lo, hi;
+  __device__ explicit WgDesc(uint64_t d) : lo(static_cast<uint32_t>(d)), hi(static_cast<uint32_t>(d >> 32)) {}
+  __device__ __forceinline__ uint64_t at(uint32_t units) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + units);
+  }
+};
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N of this warpgroup's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 // Shared-memory writes by ordinary stores, made visible to wgmma's reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
