@@ -8,16 +8,18 @@
 // for E = 64, four and 64 for E = 128 (wg_shapes.h); three tile buffers
 // (cp.async: tile j + 1 lands while tile j is computed; the third is the
 // slack for the warpgroups' skew, below). Q, K and V are stored in wgmma's
-// unswizzled core-matrix layout: 8 rows x 16 bytes as 128 contiguous bytes,
-// core matrices of a row band side by side along the head dim. The same layout serves all three: Q and K as K-major operands
-// (the head dim is the product's K), V as the MN-major B operand of P V
-// (the keys are its K, its rows stay as stored). Per tile and warpgroup:
+// 128-byte swizzled layout (sw_at, below). The same layout serves all three:
+// Q and K as K-major operands (the head dim is the product's K), V as the
+// MN-major B operand of P V (the keys are its K, its rows stay as stored).
+// Per tile and warpgroup:
 //   1. S = Q K^T: E / 16 wgmma of 64 x Bc x 16, both operands in shared memory;
 //   2. online softmax on the accumulators (mma.cuh), as prefill_f16.cu;
 //   3. O += P V: Bc / 16 wgmma of 64 x E x 16, P from registers (its accumulator
 //      layout is already wgmma's A layout), V from shared memory.
 // The warpgroups of a block run skewed (pingpong.cuh): they take turns to
-// issue Q K^T, so one's softmax runs while the others' products do. A tile's
+// issue Q K^T, so one's softmax runs while the others' products do. With
+// OVERLAP (E = 64) a warpgroup also issues step 3 of the previous tile with
+// step 1 and runs step 2 while it is in flight. A tile's
 // buffer has a full barrier (every thread's copies have landed: cp.async
 // arrives on it by itself) and an empty one (every thread is done with the
 // tile) instead of a block-wide barrier per tile.

@@ -17,12 +17,13 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 
 // prefill_f16_wg.cu (float16 / bfloat16, E = 64 or 128): Q, three key/value
 // tiles, and two 8-byte barriers per tile. Warpgroups per block and keys per
-// tile from one H200 probe (scripts/prefill-probe-f16.cu) of 2-4 groups and
-// 64 or 128 keys: qwen05b causal 8K best at 3 x 128 (0.452 ms; 4 x 64: 0.480,
-// 2 x 128: 0.623), hd128 causal 4K at 4 x 64 (0.455 ms; 3 x 64: 0.512,
-// 2 x 128: 0.593; 3 x 128 does not fit shared memory). More warpgroups, more
-// of one's softmax overlaps the others' products; four hold at most 128
-// registers.
+// tile from H200 probes (scripts/prefill-probe-f16.cu) of 2-4 groups and
+// 64 or 128 keys, last with the swizzled layout and light copies (commit
+// d70191e): qwen05b causal 8K best at 3 x 128 with the overlap (0.361 ms;
+// without 0.375; 4 x 64: 0.374; 2 x 128: 0.402), hd128 causal 4K at 4 x 64
+// (0.364 ms; 2 x 128: 0.364, with the overlap 0.361; 3 x 64: 0.402; 3 x 128
+// does not fit shared memory). More warpgroups, more of one's softmax
+// overlaps the others' products; four hold at most 128 registers.
 constexpr int f16_groups(int E) { return E <= 64 ? 3 : 4; }
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu): at
