@@ -228,6 +228,19 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     }
   };
 
+  // O += P_j V_j, finished before it returns (rare or not).
+  auto pv_now = [&](int j) {
+    if (rare(j)) {
+      rare_pv(j);
+    } else {
+      issue_pv(j);
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_fragments(o);
+      fence_fragments(p);
+    }
+  };
+
   const Turns turns(wg, G, n_tiles);
   if constexpr (Shape::kOverlap) {
     // Tile j's turn issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}; the
@@ -275,40 +288,22 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         step(j, std::integral_constant<int, 1>());
       }
     }
-    if (n_tiles > 0) {  // the last tile's P V
-      const int j = n_tiles - 1;
-      if (rare(j)) {
-        rare_pv(j);
-      } else {
-        issue_pv(j);
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_fragments(o);
-        fence_fragments(p);
-      }
-    }
-  } else
-  for (int j = 0; j < n_tiles; ++j) {
-    wait_tile(j);
-    if (j + 1 < n_tiles) load_tile(j + 1);
-    turns.wait();
-    issue_qk(j);
-    wgmma_commit();
-    turns.pass(j, n_tiles);
-    wgmma_wait_all();
-    fence_fragments(s);
-    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
-    pack_p();
-    if (rare(j)) {
-      rare_pv(j);
-    } else {
-      issue_pv(j);
+    if (n_tiles > 0) pv_now(n_tiles - 1);  // the last tile's P V
+  } else {
+    for (int j = 0; j < n_tiles; ++j) {
+      wait_tile(j);
+      if (j + 1 < n_tiles) load_tile(j + 1);
+      turns.wait();
+      issue_qk(j);
       wgmma_commit();
+      turns.pass(j, n_tiles);
       wgmma_wait_all();
-      fence_fragments(o);
-      fence_fragments(p);
+      fence_fragments(s);
+      softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
+      pack_p();
+      pv_now(j);
+      mbar_arrive(&sm.empty[j % kWhBuffers]);  // this thread's products have read the tile
     }
-    mbar_arrive(&sm.empty[j % kWhBuffers]);  // this thread's products have read the tile
   }
 
   cp_async_wait_all();  // nothing may be in flight at exit
