@@ -155,15 +155,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // Masks the scores of one warp's 16 rows x NB*8 keys (accumulator layout),
 // scales them into the log2 domain, and runs the online-softmax step:
-// s becomes P, m_i / l_i are updated, o (NO accumulator tiles) rescaled.
-// Row ra = first row + g, rb = ra + 8 (positions in the sequence); keys from
+// s becomes P, m_i / l_i are updated, and each row's rescale factor for o
+// is left in alpha (softmax_step below applies it at once; a caller whose o
+// is still being written by a product in flight, prefill_f16_wg.cu, applies
+// it with rescale_rows once the product is done). Row ra = first row + g, rb = ra + 8 (positions in the sequence); keys from
 // c0. Rows at or past L (the last tile's padding) are fully hidden: their
 // mask rows do not exist. PairedKeys: the accumulator's columns 2t, 2t + 1 of
 // each 8-key block hold keys t, t + 4 (K's rows permuted so that P is already
 // in the A-operand layout of the P V product: prefill_tf32_wg.cu).
-// softmax_scores is the step without the rescale: it leaves each row's
-// factor in alpha, for a caller whose o is still being written by a product
-// in flight (prefill_f16_wg.cu); rescale_rows applies it.
 template <int NB, bool PairedKeys = false>
 __device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)[2], float* m_i, float* l_i,
                                                const Mask& mask, int64_t n, int ra, int L, int S, int c0,
@@ -257,6 +256,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[NO][4], const float (&al
   }
 }
 
+// The whole step: softmax_scores, then o (NO accumulator tiles) rescaled.
 template <int NB, int NO, bool PairedKeys = false>
 __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4], float* m_i,
                                              float* l_i, const Mask& mask, int64_t n, int ra,

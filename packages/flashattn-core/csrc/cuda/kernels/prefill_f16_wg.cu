@@ -19,10 +19,10 @@
 // The warpgroups of a block run skewed (pingpong.cuh): they take turns to
 // issue Q K^T, so one's softmax runs while the others' products do. With
 // OVERLAP (E = 64) a warpgroup also issues step 3 of the previous tile with
-// step 1 and runs step 2 while it is in flight. A tile's
-// buffer has a full barrier (every thread's copies have landed: cp.async
-// arrives on it by itself) and an empty one (every thread is done with the
-// tile) instead of a block-wide barrier per tile.
+// step 1 and runs step 2 while it is in flight. A tile's buffer has a full
+// barrier (every thread's copies have landed: cp.async arrives on it by
+// itself) and an empty one (every thread is done with the tile) instead of a
+// block-wide barrier per tile.
 
 #include "unit.cuh"
 #include "pingpong.cuh"
@@ -62,9 +62,9 @@ __device__ __forceinline__ int sw_at(int r, int c) {
   return ((c >> 6) * R + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
 }
 
-// Copies of ROWS x E tiles into the swizzled layout by THREADS threads, asynchronously (cp.async).
-// Neighbouring threads take neighbouring 16-byte chunks of a row: each 8
-// read 128 contiguous bytes (whole sectors; with rows across them instead,
+// Copies of ROWS x E tiles into the swizzled layout by THREADS threads,
+// asynchronously (cp.async). Neighbouring threads take neighbouring 16-byte
+// chunks of a row: each 8 read 128 contiguous bytes (whole sectors; with rows across them instead,
 // every sector came half used and twice) and, thanks to the swizzle, write
 // one 128-byte row of shared memory without conflicts. A thread's chunks sit
 // kRowStep rows apart in one column, so its addresses are fixed offsets from
