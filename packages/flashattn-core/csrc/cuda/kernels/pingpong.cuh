@@ -47,6 +47,30 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Whether pred holds for any of the `threads` threads at named barrier `id`
+// (__syncthreads_or for part of a block).
+__device__ __forceinline__ bool named_or(int id, int threads, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
+
+// A warpgroup's register budget from here on (sm_90a): a producer gives
+// registers back, the consumers take them (every warp of the warpgroup
+// executes it).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // Turns of G warpgroups to issue their Q K^T: warpgroup w waits on named
 // barrier 1 + w, then opens the next one's (128 threads wait, the other 128
 // of the barrier's 256 arrive). The last opens the first's before the loop

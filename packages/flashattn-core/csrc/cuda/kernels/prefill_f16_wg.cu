@@ -4,25 +4,27 @@
 // every warp loading fragments with ldmatrix. One unit per (dtype, E), E in
 // {64, 128}; other head dims and other GPUs take prefill_f16.cu.
 //
-// Block: three warpgroups x 64 query rows and key/value tiles of 128 keys
-// for E = 64, four and 64 for E = 128 (wg_shapes.h); three tile buffers
-// (cp.async: tile j + 1 lands while tile j is computed; the third is the
-// slack for the warpgroups' skew, below). Q, K and V are stored in wgmma's
+// Block (wg_shapes.h): consumer warpgroups of 64 query rows each (three
+// for E = 64, two for E = 128) and a producer warpgroup that copies every
+// key/value tile of 128 keys (cp.async) into three buffers, as they free
+// up; it keeps 32 registers and the consumers take the rest (setmaxnreg).
+// Q, K and V are stored in wgmma's
 // 128-byte swizzled layout (sw_at, below). The same layout serves all three:
 // Q and K as K-major operands (the head dim is the product's K), V as the
 // MN-major B operand of P V (the keys are its K, its rows stay as stored).
-// Per tile and warpgroup:
+// Per tile and consumer warpgroup:
 //   1. S = Q K^T: E / 16 wgmma of 64 x Bc x 16, both operands in shared memory;
 //   2. online softmax on the accumulators (mma.cuh), as prefill_f16.cu;
 //   3. O += P V: Bc / 16 wgmma of 64 x E x 16, P from registers (its accumulator
 //      layout is already wgmma's A layout), V from shared memory.
-// The warpgroups of a block run skewed (pingpong.cuh): they take turns to
-// issue Q K^T, so one's softmax runs while the others' products do. With
-// OVERLAP (E = 64) a warpgroup also issues step 3 of the previous tile with
-// step 1 and runs step 2 while it is in flight. A tile's buffer has a full
-// barrier (every thread's copies have landed: cp.async arrives on it by
-// itself) and an empty one (every thread is done with the tile) instead of a
-// block-wide barrier per tile.
+// The consumers run skewed (pingpong.cuh): they take turns to issue Q K^T,
+// so one's softmax runs while the others' products do. With OVERLAP a
+// warpgroup also issues step 3 of the previous tile with step 1 and runs
+// step 2 while it is in flight. A tile's buffer has a full barrier (every
+// copying thread's copies have landed: cp.async arrives on it by itself) and
+// an empty one (every consumer thread is done with the tile) instead of a
+// block-wide barrier per tile. Without a producer (WhShape's PRODUCER, for
+// probes) every warpgroup copies and computes.
 
 #include "unit.cuh"
 #include "pingpong.cuh"
@@ -36,10 +38,24 @@ constexpr int kWhRows = wg_shapes::kRowsPerGroup;
 // G warpgroups per block, key/value tiles of BC keys (wg_shapes.h).
 // OVERLAP: a warpgroup issues tile j's Q K^T together with tile j - 1's P V
 // and runs tile j's softmax while that P V is in flight.
-template <int G, int BC, bool OVERLAP>
+// PRODUCER: one more warpgroup does every key/value copy, and the G
+// consumer warpgroups take its registers (setmaxnreg).
+template <int G, int BC, bool OVERLAP, bool PRODUCER = false>
 struct WhShape {
-  static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * G;
-  static constexpr bool kOverlap = OVERLAP;
+  static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + PRODUCER);
+  static constexpr bool kOverlap = OVERLAP, kProducer = PRODUCER;
+  // Registers per thread after setmaxnreg. The launch (one block per SM)
+  // gives every thread kLaunchRegs; the producer keeps 32 (with 24 its copy
+  // loop spilled) and the consumers share what it frees (multiples of 8, at
+  // most 240). Asking for more than the block holds would hang the
+  // consumers' setmaxnreg.inc.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 255 ? 248 : 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs =
+      (kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8 > 240 ? 240
+                                                               : (kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8;
+  static_assert(!PRODUCER || 128 * (kProducerRegs + G * kConsumerRegs) <= 128 * (G + 1) * kLaunchRegs,
+                "setmaxnreg: the consumers ask for more registers than the producer frees");
 };
 
 constexpr int kWhBuffers = wg_shapes::kF16Buffers;
@@ -106,7 +122,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
                                            const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                            int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                            int mask_cs, float scale_log2, Layout lay) {
-  constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads, G = kWhThreads / 128;
+  constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
+  constexpr bool kProducer = Shape::kProducer;
+  constexpr int kConsumers = kProducer ? kWhThreads - 128 : kWhThreads, G = kConsumers / 128;
+  constexpr int kCopiers = kProducer ? 128 : kWhThreads;  // threads that copy K and V
   constexpr int NB = kWhBc / 8, NO = E / 8;
   static_assert(E == 64 || E == 128, "wgmma's N is the head dim in P V");
   using Smem = WhSmem<T, E, Shape>;
@@ -133,10 +152,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   const int ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
 
   if (tid < kWhBuffers) {
-    mbar_init(&sm.full[tid], kWhThreads);
-    mbar_init(&sm.empty[tid], kWhThreads);
+    mbar_init(&sm.full[tid], kCopiers);
+    mbar_init(&sm.empty[tid], kConsumers);
   }
-  const TileCopy<T, E, kWhBc, kWhThreads> copy_kv(tid);
+  const TileCopy<T, E, kWhBc, kCopiers> copy_kv(tid % kCopiers);
   // Tile j into buffer j % 3 once every thread is done with tile j - 3 there.
   auto load_tile = [&](int j) {
     const int b = j % kWhBuffers, c = j * kWhBc;
@@ -149,10 +168,19 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
   cp_async_commit();
   __syncthreads();  // the barriers are initialised
-  if (n_tiles > 0) load_tile(0);
+  if (!kProducer && n_tiles > 0) load_tile(0);
   cp_async_wait<0>();  // Q has landed (tile 0 arrives on its barrier)
   fence_proxy_async();
   __syncthreads();
+  if constexpr (kProducer) {
+    if (wg == G) {  // the producer: every tile, as buffers free up
+      setmaxnreg_dec<Shape::kProducerRegs>();
+      for (int j = 0; j < n_tiles; ++j) load_tile(j);
+      cp_async_wait_all();  // nothing may be in flight at exit
+      return;
+    }
+    setmaxnreg_inc<Shape::kConsumerRegs>();
+  }
 
   const WgDesc d_q(wgmma_desc_sw128(sm.q + wg * kWhRows * 64, 16, 1024));
   const WgDesc d_k(wgmma_desc_sw128(sm.k[0], 16, 1024));
@@ -197,7 +225,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     if (!mask.tile_hides(j * kWhBc, kWhBc, l0, S)) return false;
     bool bad = false;
     const T* sv = sm.v[j % kWhBuffers];
-    for (int idx = tid; idx < kWhBc * E; idx += kWhThreads) bad |= !isfinite(to_f(sv[idx]));
+    for (int idx = tid; idx < kWhBc * E; idx += kConsumers) bad |= !isfinite(to_f(sv[idx]));
+    if constexpr (kProducer) return named_or(1 + G, kConsumers, bad);
     return __syncthreads_or(bad) != 0;
   };
   // Its P V in plain float32 over visible keys only (0 x NaN would leak a
@@ -279,7 +308,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     };
     for (int j = 0; j < n_tiles; ++j) {
       wait_tile(j);
-      if (j + 1 < n_tiles) load_tile(j + 1);
+      if (!kProducer && j + 1 < n_tiles) load_tile(j + 1);
       if (j == 0) {
         step(j, std::integral_constant<int, 0>());
       } else if (rare(j - 1)) {
@@ -292,7 +321,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   } else {
     for (int j = 0; j < n_tiles; ++j) {
       wait_tile(j);
-      if (j + 1 < n_tiles) load_tile(j + 1);
+      if (!kProducer && j + 1 < n_tiles) load_tile(j + 1);
       turns.wait();
       issue_qk(j);
       wgmma_commit();
@@ -320,8 +349,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #if FA_DTYPE == 0
 #error "prefill_f16_wg.cu takes float16 or bfloat16; float32 has prefill_tf32_wg.cu"
 #endif
-using WhUnitShape =
-    fa::WhShape<fa::wg_shapes::f16_groups(FA_E), fa::wg_shapes::f16_bc(FA_E), fa::wg_shapes::f16_overlap(FA_E)>;
+using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E), fa::wg_shapes::f16_bc(FA_E),
+                                fa::wg_shapes::f16_overlap(FA_E), fa::wg_shapes::kF16Producer>;
 static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_smem_bytes(FA_E),
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(fa_prefill_wg_, FA_TNAME, _, FA_E, )(

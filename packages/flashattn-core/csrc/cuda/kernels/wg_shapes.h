@@ -15,24 +15,25 @@ constexpr int kTf32Groups = 2, kTf32Bc = 64, kTf32E = 64, kTf32Buffers = 3;
 constexpr int kTf32Rows = kRowsPerGroup * kTf32Groups, kTf32Threads = 128 * kTf32Groups;
 constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 
-// prefill_f16_wg.cu (float16 / bfloat16, E = 64 or 128): Q, three key/value
-// tiles, and two 8-byte barriers per tile. Warpgroups per block and keys per
-// tile from H200 probes (scripts/prefill-probe-f16.cu) of 2-4 groups and
-// 64 or 128 keys, last with the swizzled layout and light copies (commit
-// d70191e): qwen05b causal 8K best at 3 x 128 with the overlap (0.361 ms;
-// without 0.375; 4 x 64: 0.374; 2 x 128: 0.402), hd128 causal 4K at 4 x 64
-// (0.364 ms; 2 x 128: 0.364, with the overlap 0.361; 3 x 64: 0.402; 3 x 128
-// does not fit shared memory). More warpgroups, more of one's softmax
-// overlaps the others' products; four hold at most 128 registers.
-constexpr int f16_groups(int E) { return E <= 64 ? 3 : 4; }
+// prefill_f16_wg.cu (float16 / bfloat16, E = 64 or 128): consumer
+// warpgroups of 64 query rows each, one producer warpgroup that does every
+// key/value copy; Q, three key/value tiles of 128 keys, and two 8-byte
+// barriers per tile. From H200 probes (scripts/prefill-probe-f16.cu, session
+// of this commit), qwen05b causal 8K: 3 consumers + producer with the
+// overlap 0.320 ms (without the producer, 3 x 128: 0.361; 2 + 1: 0.378;
+// 3 + 1 x 64 keys: 0.381); hd128 causal 4K: 2 + 1 with the overlap 0.338 ms
+// (without it 0.343; without the producer, 2 x 128: 0.358, 4 x 64: 0.362;
+// 3 + 1 x 64 keys: 0.352). The producer keeps 32 registers and gives the
+// rest to the consumers (240 each for two, 160 for three): with two the
+// overlap fits at E = 128, which four warpgroups of 128 registers could not.
+constexpr int f16_groups(int E) { return E <= 64 ? 3 : 2; }  // consumer warpgroups
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
-// and runs the softmax while that P V is in flight (prefill_f16_wg.cu): at
-// E = 64, 3 x 128, 0.361 against 0.375 ms; at E = 128 it would spill (four
-// warpgroups hold at most 128 registers) and 4 x 64 without it is fastest.
-constexpr bool f16_overlap(int E) { return E <= 64; }
-constexpr int f16_bc(int E) { return E <= 64 ? 128 : 64; }
+// and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
+constexpr bool f16_overlap(int) { return true; }
+constexpr bool kF16Producer = true;
+constexpr int f16_bc(int) { return 128; }
 constexpr int f16_rows(int E) { return kRowsPerGroup * f16_groups(E); }
-constexpr int f16_threads(int E) { return 128 * f16_groups(E); }
+constexpr int f16_threads(int E) { return 128 * (f16_groups(E) + (kF16Producer ? 1 : 0)); }
 constexpr int kF16Buffers = 3;
 constexpr int f16_smem_bytes(int E) {
   return (f16_rows(E) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + 2 * kF16Buffers * 8;
