@@ -282,10 +282,16 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
     const int r = ra + rr * 8;
     if (r >= L) continue;
     T* dst = out + (n * (int64_t)L + r) * E;
+    // Columns 2t, 2t + 1 in one store (E is even and rows start aligned:
+    // half the stores of one per element, which queued in the epilogue).
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb) {
-      dst[eb * 8 + 2 * t] = from_f<T>(o[eb][2 * rr] * inv);
-      dst[eb * 8 + 2 * t + 1] = from_f<T>(o[eb][2 * rr + 1] * inv);
+      const float a = o[eb][2 * rr] * inv, b = o[eb][2 * rr + 1] * inv;
+      if constexpr (sizeof(T) == 2) {
+        *reinterpret_cast<uint32_t*>(dst + eb * 8 + 2 * t) = pack2<T>(a, b);
+      } else {
+        *reinterpret_cast<float2*>(dst + eb * 8 + 2 * t) = make_float2(a, b);
+      }
     }
   }
 }

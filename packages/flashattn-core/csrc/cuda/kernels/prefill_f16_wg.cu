@@ -140,7 +140,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   extern __shared__ __align__(1024) unsigned char smem_wg[];  // its own name: other units declare 16-byte alignment
   auto& sm = *reinterpret_cast<Smem*>(smem_wg);
   if (smem_u32(smem_wg) & 1023) __trap();  // the swizzle needs 1024-byte alignment (never seen otherwise)
-  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // wg from lane 0: ptxas then knows it is warp-uniform and keeps what
+  // derives from it (the Q descriptor) in uniform registers.
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), w = (tid >> 5) & 3, lane = tid & 31,
+            g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(kWhBr, H_q, H_kv, L, S, mask_kind);
   const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
