@@ -190,7 +190,10 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   constexpr uint64_t kStepK = 256 >> 4, kStepBuf = sizeof(typename Smem::Tile) >> 4;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<Smem*>(smem_raw);
-  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // wg from lane 0: ptxas then knows it is warp-uniform (uniform registers for
+  // what derives from it, as in prefill_f16_wg.cu).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), w = (tid >> 5) & 3, lane = tid & 31,
+            g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(kWgBr, H_q, H_kv, L, S, mask_kind);
   const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
