@@ -21,11 +21,11 @@ __global__ void __launch_bounds__(fa::prefill_warps<E>() * 32) mma_kernel(
   fa::prefill<T, E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
                     FA_LAYOUT);
 }
-template <int E, int G, int BC, bool OVERLAP, bool PRODUCER = false>
+template <int E, int G, int BC, bool OVERLAP, bool PRODUCER = false, int ITEMS = 1>
 __global__ void __launch_bounds__(128 * (G + PRODUCER), 1) wg_kernel(
     const T* q, const T* k, const T* v, const void* mask, const int64_t* mask_base, T* out, int H_q, int H_kv,
     int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_wg<T, E, fa::WhShape<G, BC, OVERLAP, PRODUCER>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
+  fa::prefill_wg<T, E, fa::WhShape<G, BC, OVERLAP, PRODUCER, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
                        FA_LAYOUT);
 }
 
@@ -42,13 +42,22 @@ __global__ void __launch_bounds__(128 * (G + PRODUCER), 1) wg_kernel(
     "wgmma bf16 " #G "+1 x " #BC " overlap " #OV, wg_kernel<E, G, BC, OV, true>, 64 * G, 128 * (G + 1), \
         int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV, true>>))                            \
   }
+// The same taking two row tiles a block (the grid's rows double).
+#define WGP2(E, G, BC, OV)                                                                  \
+  probe::Launch<T> {                                                                        \
+    "wgmma bf16 " #G "+1 x " #BC " 2 tiles", wg_kernel<E, G, BC, OV, true, 2>, 128 * G, 128 * (G + 1), \
+        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV, true, 2>>))                         \
+  }
 // (Three tile buffers: 3 x 128 keys at E = 128 would not fit shared memory.)
 template <int E>
 std::vector<probe::Launch<T>> launches() {
   std::vector<probe::Launch<T>> all = {{"mma.sync bf16", mma_kernel<E>, 16 * fa::prefill_warps<E>(),
                                         32 * fa::prefill_warps<E>(), int(sizeof(fa::PrefillSmem<T, E>))},
-                                       WGP(E, 2, 128, true), WGP(E, 3, 64, true)};
-  if (E == 64) all.push_back(WGP(E, 3, 128, true));
+                                       WGP(E, 2, 128, true), WGP2(E, 2, 128, true)};
+  if (E == 64) {
+    all.push_back(WGP(E, 3, 128, true));
+    all.push_back(WGP2(E, 3, 128, true));
+  }
   return all;
 }
 

@@ -35,6 +35,19 @@ def test_long_sequence_16k(dtype):
     assert sampled_error(q, k, v, out, mask) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("L,S,mask", [(4096, 4096, "causal"), (3900, 4000, "causal"), (3900, 3900, "none")])
+def test_paired_row_tiles(L, S, mask, dtype):
+    """E = 128 calls of at least 512 row tiles (17 heads x 31-32 tiles of 128
+    rows): on Hopper a block then takes tiles p and row_tiles - 1 - p, the
+    next tile's Q loaded while the last one finishes (wg_shapes.h)."""
+    case = Case(batch=(1,), heads=(17, 1), L=L, S=S, E=128, mask=mask, dtype=dtype)
+    q, k, v, m = make_inputs(case)
+    out = flash_attention(q, k, v, mask=m)
+    assert not mx.isnan(out).any().item()
+    assert sampled_error(q, k, v, out, mask, rows=40) <= TOLERANCE[dtype]
+
+
 @pytest.mark.parametrize("E", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("mask", ["causal", "none", "bool_LS", "additive_full"])

@@ -291,7 +291,10 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
       rows = ws::f16_rows(d.E), threads = ws::f16_threads(d.E), smem = ws::f16_smem_bytes(d.E);
     }
   }
-  const int tiles = (d.L + rows - 1) / rows;
+  int tiles = (d.L + rows - 1) / rows;
+  const bool pairs = kernel == wg_kernel && dtype != mx::float32 && ws::f16_items(d.E) == 2 &&
+                     static_cast<long long>(tiles) * d.H_q * d.batch >= ws::kF16PairMinTiles;
+  if (pairs) tiles = (tiles + 1) / 2;  // a block takes tiles p and row_tiles - 1 - p
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
   Step attend{kernel, scalars, {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1}, smem};
   return Launches{attend, std::nullopt};

@@ -142,6 +142,19 @@ struct PrefillBlock {
     kv_end = S;
     if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + rows_per_tile, L) - 1 + (S - L) + 1));
   }
+
+  // Row tile `tile` of slice `slice` (= batch x H_q + query head): a block
+  // that takes several tiles (prefill_f16_wg.cu).
+  __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind, int tile,
+                          int64_t slice) {
+    h = int(slice % H_q);
+    g = h / (H_q / H_kv);
+    b = slice / H_q;
+    n = b * H_q + h;
+    l0 = tile * rows_per_tile;
+    kv_end = S;
+    if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + rows_per_tile, L) - 1 + (S - L) + 1));
+  }
 };
 
 // 2^x on the special-function unit alone. Subnormal results flush to 0, which

@@ -40,17 +40,23 @@ constexpr int kWhRows = wg_shapes::kRowsPerGroup;
 // and runs tile j's softmax while that P V is in flight.
 // PRODUCER: one more warpgroup does every key/value copy, and the G
 // consumer warpgroups take its registers (setmaxnreg).
-template <int G, int BC, bool OVERLAP, bool PRODUCER = false>
+// ITEMS (2 needs PRODUCER): up to two row tiles per block, row_tiles - 1 - p
+// and p (causal: the same work in every block), when the launch has half the
+// row tiles' blocks; the producer loads a tile's Q and first key/value tiles
+// while the consumers finish the one before, instead of the SM idling
+// between blocks.
+template <int G, int BC, bool OVERLAP, bool PRODUCER = false, int ITEMS = 1>
 struct WhShape {
-  static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + PRODUCER);
+  static_assert(ITEMS == 1 || (ITEMS == 2 && PRODUCER), "two row tiles a block need the producer");
+  static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + PRODUCER), kItems = ITEMS;
   static constexpr bool kOverlap = OVERLAP, kProducer = PRODUCER;
   // Registers per thread after setmaxnreg. The launch (one block per SM)
-  // gives every thread kLaunchRegs; the producer keeps 32 (with 24 its copy
-  // loop spilled) and the consumers share what it frees (multiples of 8, at
-  // most 240). Asking for more than the block holds would hang the
+  // gives every thread kLaunchRegs; the producer keeps 32, or 48 with two
+  // consumers (less spilled: 24 with one row tile a block, 40 with two),
+  // and the consumers share what it frees (multiples of 8, at most 240). Asking for more than the block holds would hang the
   // consumers' setmaxnreg.inc.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 255 ? 248 : 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegs = 32;
+  static constexpr int kProducerRegs = G >= 3 ? 32 : 48;
   static constexpr int kConsumerRegs =
       (kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8 > 240 ? 240
                                                                : (kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8;
@@ -67,6 +73,7 @@ struct WhSmem {
   T v[kWhBuffers][Shape::kBc * E];
   uint64_t full[kWhBuffers];   // every thread's copies of the tile have landed
   uint64_t empty[kWhBuffers];  // every thread is done with it
+  uint64_t q_full, q_empty;    // the same for Q (with a producer)
 };
 
 // Element (r, c) of a tile of R rows in wgmma's 128-byte swizzled layout:
@@ -144,41 +151,81 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // derives from it (the Q descriptor) in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), w = (tid >> 5) & 3, lane = tid & 31,
             g = lane >> 2, t = lane & 3;
-  const PrefillBlock blk(kWhBr, H_q, H_kv, L, S, mask_kind);
-  const int64_t n = blk.n;
-  const int l0 = blk.l0, kv_end = blk.kv_end;
-  const T* k_head = k + lay.k.at(blk.b, blk.g, 0);
-  const T* v_head = v + lay.v.at(blk.b, blk.g, 0);
+  // This block's row tiles ("items", of one (batch, query head) slice): the
+  // tile of its index, heaviest first across the slices (as PrefillBlock),
+  // and when paired tile p of pair p too.
+  const int row_tiles = (L + kWhBr - 1) / kWhBr;
+  const int64_t slices = int64_t(gridDim.y) * gridDim.z;
+  const int64_t jb = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+  const int pair = int(jb / slices);
+  const int64_t slice = jb % slices;
+  // Paired when the planner launched half the row tiles (it does so only
+  // when enough pairs fill the GPU).
+  const bool paired = Shape::kItems == 2 && int(gridDim.x) < row_tiles;
+  const int n_items = paired && pair < row_tiles - 1 - pair ? 2 : 1;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
-  const int n_tiles = (kv_end + kWhBc - 1) / kWhBc;
-  const int row0 = l0 + wg * kWhRows;  // this warpgroup's first row
-  const int ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
+  // The current item's rows and keys.
+  PrefillBlock blk(kWhBr, H_q, H_kv, L, S, mask_kind, row_tiles - 1 - pair, slice);
+  int64_t n;
+  int l0, kv_end, n_tiles, row0, ra;
+  const T *k_head, *v_head;
+  auto begin_item = [&](int i) {
+    blk = PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, i == 0 ? row_tiles - 1 - pair : pair, slice);
+    n = blk.n, l0 = blk.l0, kv_end = blk.kv_end;
+    n_tiles = (kv_end + kWhBc - 1) / kWhBc;
+    k_head = k + lay.k.at(blk.b, blk.g, 0);
+    v_head = v + lay.v.at(blk.b, blk.g, 0);
+    row0 = l0 + wg * kWhRows;  // this warpgroup's first row
+    ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
+  };
+  begin_item(0);
+  // Tile j of the current item is the block's (it0 + j)-th: buffer and
+  // barrier phase follow the block's count.
+  int it0 = 0;
+  auto buf = [&](int j) { return (it0 + j) % kWhBuffers; };
 
   if (tid < kWhBuffers) {
     mbar_init(&sm.full[tid], kCopiers);
     mbar_init(&sm.empty[tid], kConsumers);
   }
+  if (tid == kWhBuffers) {
+    mbar_init(&sm.q_full, kCopiers);
+    mbar_init(&sm.q_empty, kConsumers);
+  }
   const TileCopy<T, E, kWhBc, kCopiers> copy_kv(tid % kCopiers);
-  // Tile j into buffer j % 3 once every thread is done with tile j - 3 there.
+  // Tile j into its buffer once every consumer is done with the block's
+  // tile three before it there.
   auto load_tile = [&](int j) {
-    const int b = j % kWhBuffers, c = j * kWhBc;
-    if (j >= kWhBuffers) mbar_wait(&sm.empty[b], (j / kWhBuffers - 1) & 1);
+    const int gj = it0 + j, b = gj % kWhBuffers, c = j * kWhBc;
+    if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
     copy_kv(sm.k[b], k_head, lay.k.sr, c, S - c);
     copy_kv(sm.v[b], v_head, lay.v.sr, c, S - c);
     cp_async_arrive(&sm.full[b]);
   };
-  const TileCopy<T, E, kWhBr, kWhThreads> copy_q(tid);
-  copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
-  cp_async_commit();
-  __syncthreads();  // the barriers are initialised
-  if (!kProducer && n_tiles > 0) load_tile(0);
-  cp_async_wait<0>();  // Q has landed (tile 0 arrives on its barrier)
-  fence_proxy_async();
-  __syncthreads();
-  if constexpr (kProducer) {
-    if (wg == G) {  // the producer: every tile, as buffers free up
+  if constexpr (!kProducer) {
+    const TileCopy<T, E, kWhBr, kWhThreads> copy_q(tid);
+    copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
+    cp_async_commit();
+    __syncthreads();  // the barriers are initialised
+    if (n_tiles > 0) load_tile(0);
+    cp_async_wait<0>();  // Q has landed (tile 0 arrives on its barrier)
+    fence_proxy_async();
+    __syncthreads();
+  } else {
+    __syncthreads();  // the barriers are initialised
+    if (wg == G) {  // the producer: each item's Q once the consumers are done with the last, then its tiles
       setmaxnreg_dec<Shape::kProducerRegs>();
-      for (int j = 0; j < n_tiles; ++j) load_tile(j);
+      const TileCopy<T, E, kWhBr, 128> copy_q(tid % 128);
+      for (int i = 0; i < n_items; ++i) {
+        if (i > 0) {
+          begin_item(i);
+          mbar_wait(&sm.q_empty, (i - 1) & 1);
+        }
+        copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
+        cp_async_arrive(&sm.q_full);
+        for (int j = 0; j < n_tiles; ++j) load_tile(j);
+        it0 += n_tiles;
+      }
       cp_async_wait_all();  // nothing may be in flight at exit
       return;
     }
@@ -189,25 +236,25 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   const WgDesc d_k(wgmma_desc_sw128(sm.k[0], 16, 1024));
   const WgDesc d_v(wgmma_desc_sw128(sm.v[0], kWhBc * 128, 1024));
 
-  float o[NO][4] = {};
-  float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+  float o[NO][4];
+  float m_i[2], l_i[2];
 
   constexpr int NK = kWhBc / 16;  // P V's K steps
   float s[NB][4];                   // scores, then P (float)
   uint32_t p[NK][4];                // P as P V's A operand
   auto wait_tile = [&](int j) {
-    mbar_wait(&sm.full[j % kWhBuffers], (j / kWhBuffers) & 1);  // tile j has landed
+    mbar_wait(&sm.full[buf(j)], ((it0 + j) / kWhBuffers) & 1);  // tile j has landed
     fence_proxy_async();                                        // and is visible to wgmma
   };
   auto issue_qk = [&](int j) {  // s = Q K_j^T
-    const uint32_t b_off = (j % kWhBuffers) * kStepBuf;
+    const uint32_t b_off = buf(j) * kStepBuf;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 16; ++kk)
       wgmma16_ss<T, kWhBc>(s, d_q.at(step_e(kWhBr, kk)), d_k.at(b_off + step_e(kWhBc, kk)), kk > 0);
   };
   auto issue_pv = [&](int j) {  // o += P V_j
-    const uint32_t b_off = (j % kWhBuffers) * kStepBuf;
+    const uint32_t b_off = buf(j) * kStepBuf;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o, p[kk], d_v.at(b_off + kk * kStepKeys));
@@ -227,7 +274,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   auto rare = [&](int j) {
     if (!mask.tile_hides(j * kWhBc, kWhBc, l0, S)) return false;
     bool bad = false;
-    const T* sv = sm.v[j % kWhBuffers];
+    const T* sv = sm.v[buf(j)];
     for (int idx = tid; idx < kWhBc * E; idx += kConsumers) bad |= !isfinite(to_f(sv[idx]));
     if constexpr (kProducer) return named_or(1 + G, kConsumers, bad);
     return __syncthreads_or(bad) != 0;
@@ -237,7 +284,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // (c % 8) / 2, so the quad passes it round.
   auto rare_pv = [&](int j) {
     const int c0 = j * kWhBc;
-    const T* sv = sm.v[j % kWhBuffers];
+    const T* sv = sm.v[buf(j)];
     const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
                            mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
 #pragma unroll
@@ -273,73 +320,100 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     }
   };
 
-  const Turns turns(wg, G, n_tiles);
-  if constexpr (Shape::kOverlap) {
-    // Tile j's turn issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}; the
-    // softmax of S_j runs while that P V is in flight, and o takes its
-    // rescale once the P V is done. A tile's buffer is free once its P V is.
-    // PREV: 0 no tile before, 1 its P V on wgmma, 2 its P V on the rare path.
-    // Each step waits for all it issued: ptxas serialises every wgmma of a
-    // kernel where one stays in flight across a branch.
-    auto step = [&](int j, auto prev) {
-      constexpr int PREV = decltype(prev)::value;
-      turns.wait();
-      issue_qk(j);
-      wgmma_commit();
-      if constexpr (PREV == 1) {
-        issue_pv(j - 1);
-        wgmma_commit();
-      }
-      turns.pass(j, n_tiles);
-      if constexpr (PREV == 1) {
-        wgmma_wait<1>();  // S_j is done, P_{j-1} V_{j-1} may not be
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_fragments(s);
-      if constexpr (PREV == 2) rare_pv(j - 1);
-      float alpha[2];
-      softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
-      if constexpr (PREV == 1) {
-        wgmma_wait<0>();
-        fence_fragments(o);
-        fence_fragments(p);
-      }
-      if constexpr (PREV != 0) mbar_arrive(&sm.empty[(j - 1) % kWhBuffers]);
-      rescale_rows(o, alpha);
-      pack_p();
-    };
-    for (int j = 0; j < n_tiles; ++j) {
-      wait_tile(j);
-      if (!kProducer && j + 1 < n_tiles) load_tile(j + 1);
-      if (j == 0) {
-        step(j, std::integral_constant<int, 0>());
-      } else if (rare(j - 1)) {
-        step(j, std::integral_constant<int, 2>());
-      } else {
-        step(j, std::integral_constant<int, 1>());
-      }
-    }
-    if (n_tiles > 0) pv_now(n_tiles - 1);  // the last tile's P V
-  } else {
-    for (int j = 0; j < n_tiles; ++j) {
-      wait_tile(j);
-      if (!kProducer && j + 1 < n_tiles) load_tile(j + 1);
-      turns.wait();
-      issue_qk(j);
-      wgmma_commit();
-      turns.pass(j, n_tiles);
-      wgmma_wait_all();
-      fence_fragments(s);
-      softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
-      pack_p();
-      pv_now(j);
-      mbar_arrive(&sm.empty[j % kWhBuffers]);  // this thread's products have read the tile
-    }
+  // Turns run over the block's tiles, every item's in a row.
+  int total = 0;
+  for (int i = 0; i < n_items; ++i) {
+    const PrefillBlock it_blk(kWhBr, H_q, H_kv, L, S, mask_kind, i == 0 ? row_tiles - 1 - pair : pair, slice);
+    total += (it_blk.kv_end + kWhBc - 1) / kWhBc;
   }
+  const Turns turns(wg, G, total);
+  int done = 0;  // tiles of the items before
+  for (int i = 0; i < n_items; ++i) {
+    if (i > 0) begin_item(i);
+    if constexpr (kProducer) {
+      mbar_wait(&sm.q_full, i & 1);  // the item's Q has landed
+      fence_proxy_async();
+    }
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[eb][c] = 0.0f;
+    m_i[0] = m_i[1] = FA_NEG_INF;
+    l_i[0] = l_i[1] = 0.0f;
+    if constexpr (Shape::kOverlap) {
+      // Tile j's turn issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}; the
+      // softmax of S_j runs while that P V is in flight, and o takes its
+      // rescale once the P V is done. A tile's buffer is free once its P V is.
+      // PREV: 0 no tile before, 1 its P V on wgmma, 2 its P V on the rare path.
+      // Each step waits for all it issued: ptxas serialises every wgmma of a
+      // kernel where one stays in flight across a branch.
+      auto step = [&](int j, auto prev) {
+        constexpr int PREV = decltype(prev)::value;
+        turns.wait();
+        issue_qk(j);
+        wgmma_commit();
+        if constexpr (PREV == 1) {
+          issue_pv(j - 1);
+          wgmma_commit();
+        }
+        turns.pass(done + j, total);
+        if constexpr (PREV == 1) {
+          wgmma_wait<1>();  // S_j is done, P_{j-1} V_{j-1} may not be
+        } else {
+          wgmma_wait<0>();
+        }
+        fence_fragments(s);
+        if constexpr (PREV == 2) rare_pv(j - 1);
+        float alpha[2];
+        softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
+        if constexpr (PREV == 1) {
+          wgmma_wait<0>();
+          fence_fragments(o);
+          fence_fragments(p);
+        }
+        if constexpr (PREV != 0) mbar_arrive(&sm.empty[buf(j - 1)]);
+        rescale_rows(o, alpha);
+        pack_p();
+      };
+      for (int j = 0; j < n_tiles; ++j) {
+        wait_tile(j);
+        if (!kProducer && j + 1 < n_tiles) load_tile(j + 1);
+        if (j == 0) {
+          step(j, std::integral_constant<int, 0>());
+        } else if (rare(j - 1)) {
+          step(j, std::integral_constant<int, 2>());
+        } else {
+          step(j, std::integral_constant<int, 1>());
+        }
+      }
+      if constexpr (kProducer) mbar_arrive(&sm.q_empty);  // every Q K^T of the item is done
+      if (n_tiles > 0) {  // the last tile's P V
+        pv_now(n_tiles - 1);
+        mbar_arrive(&sm.empty[buf(n_tiles - 1)]);
+      }
+    } else {
+      for (int j = 0; j < n_tiles; ++j) {
+        wait_tile(j);
+        if (!kProducer && j + 1 < n_tiles) load_tile(j + 1);
+        turns.wait();
+        issue_qk(j);
+        wgmma_commit();
+        turns.pass(done + j, total);
+        wgmma_wait_all();
+        fence_fragments(s);
+        softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
+        pack_p();
+        pv_now(j);
+        mbar_arrive(&sm.empty[buf(j)]);  // this thread's products have read the tile
+      }
+      if constexpr (kProducer) mbar_arrive(&sm.q_empty);
+    }
 
+    store_rows<T, NO>(o, l_i, out, n, L, E, ra, t);
+    it0 += n_tiles;
+    done += n_tiles;
+  }
   cp_async_wait_all();  // nothing may be in flight at exit
-  store_rows<T, NO>(o, l_i, out, n, L, E, ra, t);
 }
 
 }  // namespace fa
@@ -353,7 +427,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #error "prefill_f16_wg.cu takes float16 or bfloat16; float32 has prefill_tf32_wg.cu"
 #endif
 using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E), fa::wg_shapes::f16_bc(FA_E),
-                                fa::wg_shapes::f16_overlap(FA_E), fa::wg_shapes::kF16Producer>;
+                                fa::wg_shapes::f16_overlap(FA_E), fa::wg_shapes::kF16Producer,
+                                fa::wg_shapes::f16_items(FA_E)>;
 static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_smem_bytes(FA_E),
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(fa_prefill_wg_, FA_TNAME, _, FA_E, )(

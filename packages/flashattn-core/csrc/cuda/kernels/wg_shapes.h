@@ -35,8 +35,17 @@ constexpr int f16_bc(int) { return 128; }
 constexpr int f16_rows(int E) { return kRowsPerGroup * f16_groups(E); }
 constexpr int f16_threads(int E) { return 128 * (f16_groups(E) + (kF16Producer ? 1 : 0)); }
 constexpr int kF16Buffers = 3;
+// Row tiles per block: 2 (prefill_f16_wg.cu's ITEMS) lets a block take tile
+// p and tile row_tiles - 1 - p, when the planner launches ceil(row_tiles / 2)
+// blocks per slice: it does when at least kF16PairMinTiles row tiles (all
+// slices) keep the GPU busy in pairs. H200 probe, hd128 causal 4K: 0.303 ->
+// 0.291 ms paired; small calls lose half their blocks (hd128 L = 200: 0.018
+// -> 0.027 ms). At E = 64 the three consumers have no registers for it
+// (they spill: 0.307 -> 0.394 ms).
+constexpr int f16_items(int E) { return E <= 64 ? 1 : 2; }
+constexpr long long kF16PairMinTiles = 512;
 constexpr int f16_smem_bytes(int E) {
-  return (f16_rows(E) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + 2 * kF16Buffers * 8;
+  return (f16_rows(E) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + (2 * kF16Buffers + 2) * 8;
 }
 
 }  // namespace fa::wg_shapes
