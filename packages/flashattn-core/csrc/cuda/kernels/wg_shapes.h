@@ -17,15 +17,16 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 
 // prefill_f16_wg.cu (float16 / bfloat16, E = 64 or 128): consumer
 // warpgroups of 64 query rows each, one producer warpgroup that does every
-// key/value copy; Q, three key/value tiles of 128 keys, and two 8-byte
-// barriers per tile. From H200 probes (scripts/prefill-probe-f16.cu, session
+// copy; Q, three key/value tiles of 128 keys, and two 8-byte barriers per
+// tile and two for Q. From H200 probes (scripts/prefill-probe-f16.cu, session
 // of this commit), qwen05b causal 8K: 3 consumers + producer with the
 // overlap 0.320 ms (without the producer, 3 x 128: 0.361; 2 + 1: 0.378;
 // 3 + 1 x 64 keys: 0.381); hd128 causal 4K: 2 + 1 with the overlap 0.338 ms
 // (without it 0.343; without the producer, 2 x 128: 0.358, 4 x 64: 0.362;
-// 3 + 1 x 64 keys: 0.352). The producer keeps 32 registers and gives the
-// rest to the consumers (240 each for two, 160 for three): with two the
-// overlap fits at E = 128, which four warpgroups of 128 registers could not.
+// 3 + 1 x 64 keys: 0.352). The producer keeps 32 registers (48 with two
+// consumers) and gives the rest to the consumers (160 each for three, 224
+// for two): with two the overlap fits at E = 128, which four warpgroups of
+// 128 registers could not.
 constexpr int f16_groups(int E) { return E <= 64 ? 3 : 2; }  // consumer warpgroups
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
