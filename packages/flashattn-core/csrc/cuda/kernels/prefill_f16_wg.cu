@@ -5,9 +5,10 @@
 // {64, 128}; other head dims and other GPUs take prefill_f16.cu.
 //
 // Block (wg_shapes.h): consumer warpgroups of 64 query rows each (three
-// for E = 64, two for E = 128) and a producer warpgroup that copies every
-// key/value tile of 128 keys (cp.async) into three buffers, as they free
-// up; it keeps 32 registers and the consumers take the rest (setmaxnreg).
+// for E = 64, two for E = 128) and a producer warpgroup that copies Q and
+// every key/value tile of 128 keys (cp.async) into three buffers, as they
+// free up; it keeps few registers and the consumers take the rest
+// (setmaxnreg). At E = 128 a block may take two row tiles (ITEMS, below).
 // Q, K and V are stored in wgmma's
 // 128-byte swizzled layout (sw_at, below). The same layout serves all three:
 // Q and K as K-major operands (the head dim is the product's K), V as the
@@ -53,8 +54,9 @@ struct WhShape {
   // Registers per thread after setmaxnreg. The launch (one block per SM)
   // gives every thread kLaunchRegs; the producer keeps 32, or 48 with two
   // consumers (less spilled: 24 with one row tile a block, 40 with two),
-  // and the consumers share what it frees (multiples of 8, at most 240). Asking for more than the block holds would hang the
-  // consumers' setmaxnreg.inc.
+  // and the consumers share what it frees (multiples of 8, at most 240).
+  // Asking for more than the block holds would hang the consumers'
+  // setmaxnreg.inc.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 255 ? 248 : 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = G >= 3 ? 32 : 48;
   static constexpr int kConsumerRegs =
