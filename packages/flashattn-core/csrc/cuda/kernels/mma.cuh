@@ -172,8 +172,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // is left in alpha (softmax_step below applies it at once; a caller whose o
 // is still being written by a product in flight, prefill_f16_wg.cu, applies
 // it with rescale_rows once the product is done). Row ra = first row + g,
-// rb = ra + 8 (positions in the sequence); keys from c0. Rows at or past L (the last tile's padding) are fully hidden: their
-// mask rows do not exist. PairedKeys: the accumulator's columns 2t, 2t + 1 of
+// rb = ra + 8 (positions in the sequence); keys from c0. Rows at or past L
+// (the last tile's padding) are fully hidden: their mask rows do not exist.
+// PairedKeys: the accumulator's columns 2t, 2t + 1 of
 // each 8-key block hold keys t, t + 4 (K's rows permuted so that P is already
 // in the A-operand layout of the P V product: prefill_tf32_wg.cu).
 template <int NB, bool PairedKeys = false>
