@@ -29,7 +29,8 @@ __global__ void __launch_bounds__(128 * (G + PRODUCER), 1) wg_kernel(
                        FA_LAYOUT);
 }
 
-// A wgmma kernel of G warpgroups and key/value tiles of BC keys (the
+// A wgmma kernel of G warpgroups and key/value tiles of BC keys, every one
+// copying and computing (the baseline of the producer variants below; the
 // shipped shapes are in wg_shapes.h).
 #define WG(E, G, BC, OV)                                                                    \
   probe::Launch<T> {                                                                        \
@@ -53,7 +54,7 @@ template <int E>
 std::vector<probe::Launch<T>> launches() {
   std::vector<probe::Launch<T>> all = {{"mma.sync bf16", mma_kernel<E>, 16 * fa::prefill_warps<E>(),
                                         32 * fa::prefill_warps<E>(), int(sizeof(fa::PrefillSmem<T, E>))},
-                                       WGP(E, 2, 128, true), WGP2(E, 2, 128, true)};
+                                       WG(E, 2, 128, true), WGP(E, 2, 128, true), WGP2(E, 2, 128, true)};
   if (E == 64) {
     all.push_back(WGP(E, 3, 128, true));
     all.push_back(WGP2(E, 3, 128, true));

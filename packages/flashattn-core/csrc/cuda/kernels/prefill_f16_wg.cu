@@ -27,6 +27,8 @@
 // block-wide barrier per tile. Without a producer (WhShape's PRODUCER, for
 // probes) every warpgroup copies and computes.
 
+#include <algorithm>
+
 #include "unit.cuh"
 #include "pingpong.cuh"
 #include "wg_shapes.h"
@@ -57,11 +59,9 @@ struct WhShape {
   // and the consumers share what it frees (multiples of 8, at most 240).
   // Asking for more than the block holds would hang the consumers'
   // setmaxnreg.inc.
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8 > 255 ? 248 : 65536 / kThreads / 8 * 8;
+  static constexpr int kLaunchRegs = std::min(65536 / kThreads / 8 * 8, 248);
   static constexpr int kProducerRegs = G >= 3 ? 32 : 48;
-  static constexpr int kConsumerRegs =
-      (kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8 > 240 ? 240
-                                                               : (kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8;
+  static constexpr int kConsumerRegs = std::min((kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8, 240);
   static_assert(!PRODUCER || 128 * (kProducerRegs + G * kConsumerRegs) <= 128 * (G + 1) * kLaunchRegs,
                 "setmaxnreg: the consumers ask for more registers than the producer frees");
 };
@@ -166,15 +166,19 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   const bool paired = Shape::kItems == 2 && int(gridDim.x) < row_tiles;
   const int n_items = paired && pair < row_tiles - 1 - pair ? 2 : 1;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  auto item_block = [&](int i) {
+    return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, i == 0 ? row_tiles - 1 - pair : pair, slice);
+  };
+  auto tiles_of = [&](const PrefillBlock& ib) { return (ib.kv_end + kWhBc - 1) / kWhBc; };
   // The current item's rows and keys.
-  PrefillBlock blk(kWhBr, H_q, H_kv, L, S, mask_kind, row_tiles - 1 - pair, slice);
+  PrefillBlock blk = item_block(0);
   int64_t n;
   int l0, kv_end, n_tiles, row0, ra;
   const T *k_head, *v_head;
   auto begin_item = [&](int i) {
-    blk = PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, i == 0 ? row_tiles - 1 - pair : pair, slice);
+    blk = item_block(i);
     n = blk.n, l0 = blk.l0, kv_end = blk.kv_end;
-    n_tiles = (kv_end + kWhBc - 1) / kWhBc;
+    n_tiles = tiles_of(blk);
     k_head = k + lay.k.at(blk.b, blk.g, 0);
     v_head = v + lay.v.at(blk.b, blk.g, 0);
     row0 = l0 + wg * kWhRows;  // this warpgroup's first row
@@ -324,10 +328,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 
   // Turns run over the block's tiles, every item's in a row.
   int total = 0;
-  for (int i = 0; i < n_items; ++i) {
-    const PrefillBlock it_blk(kWhBr, H_q, H_kv, L, S, mask_kind, i == 0 ? row_tiles - 1 - pair : pair, slice);
-    total += (it_blk.kv_end + kWhBc - 1) / kWhBc;
-  }
+  for (int i = 0; i < n_items; ++i) total += tiles_of(item_block(i));
   const Turns turns(wg, G, total);
   int done = 0;  // tiles of the items before
   for (int i = 0; i < n_items; ++i) {
