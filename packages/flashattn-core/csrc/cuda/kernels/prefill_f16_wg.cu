@@ -21,7 +21,7 @@
 // The consumers run skewed (pingpong.cuh): they take turns to issue Q K^T,
 // so one's softmax runs while the others' products do. With OVERLAP a
 // warpgroup also issues step 3 of the previous tile with step 1 and runs
-// step 2 while it is in flight. A tile's buffer has a full barrier (every
+// step 2 while it is in flight (at E = 64: wg_shapes.h's kF16SoftmaxUnderPvMaxE). A tile's buffer has a full barrier (every
 // copying thread's copies have landed: cp.async arrives on it by itself) and
 // an empty one (every consumer thread is done with the tile) instead of a
 // block-wide barrier per tile. Without a producer (WhShape's PRODUCER, for
@@ -370,6 +370,13 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         float alpha[2];
         softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
         if constexpr (PREV == 1) {
+          // ptxas schedules this wait at the top of the softmax's basic
+          // block, before the exponentials, unless a branch ends the block
+          // here: this one is never taken (l is a sum of exponentials).
+          // wg_shapes.h says where that pays.
+          if constexpr (E <= wg_shapes::kF16SoftmaxUnderPvMaxE) {
+            if (l_i[0] < 0.0f) __trap();
+          }
           wgmma_wait<0>();
           fence_fragments(o);
           fence_fragments(p);

@@ -31,6 +31,14 @@ constexpr int f16_groups(int E) { return E <= 64 ? 3 : 2; }  // consumer warpgro
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
 constexpr bool f16_overlap(int) { return true; }
+// Whether the softmax of tile j really runs while P_{j-1} V_{j-1} is in
+// flight. The source asks for it with OVERLAP, but ptxas put the wait for that
+// P V at the top of the softmax's basic block (the SASS: wait, then the 64
+// exponentials) unless a branch ends the block after the softmax. With the
+// branch (H200 probes, this commit's session): qwen05b causal 8K 0.306 ->
+// 0.288 ms; hd128 causal 4K 0.291 -> 0.295, so E = 128 keeps the early wait
+// (its two consumers' products keep the tensor cores no busier either way).
+constexpr int kF16SoftmaxUnderPvMaxE = 64;  // E up to this
 constexpr bool kF16Producer = true;
 constexpr int f16_bc(int) { return 128; }
 constexpr int f16_rows(int E) { return kRowsPerGroup * f16_groups(E); }
