@@ -133,23 +133,23 @@ struct PrefillBlock {
   __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind) {
     const int64_t slices = int64_t(gridDim.y) * gridDim.z;
     const int64_t j = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-    const int tile = gridDim.x - 1 - int(j / slices);
-    h = int(j % slices % gridDim.y);
-    g = h / (H_q / H_kv);
-    b = j % slices / gridDim.y;
-    n = b * H_q + h;
-    l0 = tile * rows_per_tile;
-    kv_end = S;
-    if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + rows_per_tile, L) - 1 + (S - L) + 1));
+    place(int(j % slices % gridDim.y), j % slices / gridDim.y, gridDim.x - 1 - int(j / slices), rows_per_tile, H_q,
+          H_kv, L, S, mask_kind);
   }
 
   // Row tile `tile` of slice `slice` (= batch x H_q + query head): a block
   // that takes several tiles (prefill_f16_wg.cu).
   __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind, int tile,
                           int64_t slice) {
-    h = int(slice % H_q);
+    place(int(slice % H_q), slice / H_q, tile, rows_per_tile, H_q, H_kv, L, S, mask_kind);
+  }
+
+ private:
+  __device__ void place(int head, int64_t batch, int tile, int rows_per_tile, int H_q, int H_kv, int L, int S,
+                        int mask_kind) {
+    h = head;
     g = h / (H_q / H_kv);
-    b = slice / H_q;
+    b = batch;
     n = b * H_q + h;
     l0 = tile * rows_per_tile;
     kv_end = S;

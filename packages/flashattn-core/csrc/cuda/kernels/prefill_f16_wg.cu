@@ -21,9 +21,10 @@
 // The consumers run skewed (pingpong.cuh): they take turns to issue Q K^T,
 // so one's softmax runs while the others' products do. With OVERLAP a
 // warpgroup also issues step 3 of the previous tile with step 1 and runs
-// step 2 while it is in flight (at E = 64: wg_shapes.h's kF16SoftmaxUnderPvMaxE). A tile's buffer has a full barrier (every
-// copying thread's copies have landed: cp.async arrives on it by itself) and
-// an empty one (every consumer thread is done with the tile) instead of a
+// step 2 while it is in flight (up to wg_shapes.h's
+// kF16SoftmaxUnderPvMaxE). A tile's buffer has a full barrier (every copying
+// thread's copies have landed: cp.async arrives on it by itself) and an
+// empty one (every consumer thread is done with the tile) instead of a
 // block-wide barrier per tile. Without a producer (WhShape's PRODUCER, for
 // probes) every warpgroup copies and computes.
 
@@ -348,8 +349,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       // softmax of S_j runs while that P V is in flight, and o takes its
       // rescale once the P V is done. A tile's buffer is free once its P V is.
       // PREV: 0 no tile before, 1 its P V on wgmma, 2 its P V on the rare path.
-      // Each step waits for all it issued: ptxas serialises every wgmma of a
-      // kernel where one stays in flight across a branch.
+      // Each step waits for all it issued: a wgmma issued inside a branch and
+      // waited for outside it makes ptxas serialise every wgmma of the kernel
+      // (C7520).
       auto step = [&](int j, auto prev) {
         constexpr int PREV = decltype(prev)::value;
         turns.wait();
