@@ -288,27 +288,32 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   };
   // Its P V in plain float32 over visible keys only (0 x NaN would leak a
   // hidden value), P as P V would take it; P of key c sits with quad thread
-  // (c % 8) / 2, so the quad passes it round.
+  // (c % 8) / 2, so the quad passes it round. The keys run in a loop that
+  // stays rolled, P indexed through a local copy: this path is rare, and MLX
+  // hashes the whole module on every launch (unrolled, it was most of the
+  // kernel's machine code).
   auto rare_pv = [&](int j) {
     const int c0 = j * kWhBc;
     const T* sv = sm.v[buf(j)];
     const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
                            mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
+    uint32_t p_rows[2][NB];  // rows g, g + 8: keys 8 nb .. 8 nb + 7
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      const uint32_t pair[2] = {p[nb >> 1][(nb & 1) * 2], p[nb >> 1][(nb & 1) * 2 + 1]};  // rows g, g + 8
+      p_rows[0][nb] = p[nb >> 1][(nb & 1) * 2];
+      p_rows[1][nb] = p[nb >> 1][(nb & 1) * 2 + 1];
+    }
 #pragma unroll 1
-      for (int i = 0; i < 8; ++i) {
-        const int c = nb * 8 + i, src = (lane & ~3) | (i >> 1), key = c0 + c;
+    for (int c = 0; c < kWhBc; ++c) {
+      const int i = c & 7, src = (lane & ~3) | (i >> 1), key = c0 + c;
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const float pr = unpack_half<T>(__shfl_sync(0xffffffffu, pair[rr], src), i & 1);
-          if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
+      for (int rr = 0; rr < 2; ++rr) {
+        const float pr = unpack_half<T>(__shfl_sync(0xffffffffu, p_rows[rr][c >> 3], src), i & 1);
+        if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
 #pragma unroll
-          for (int eb = 0; eb < NO; ++eb) {
-            o[eb][2 * rr] += pr * to_f(sv[sw_at<kWhBc>(c, eb * 8 + 2 * t)]);
-            o[eb][2 * rr + 1] += pr * to_f(sv[sw_at<kWhBc>(c, eb * 8 + 2 * t + 1)]);
-          }
+        for (int eb = 0; eb < NO; ++eb) {
+          o[eb][2 * rr] += pr * to_f(sv[sw_at<kWhBc>(c, eb * 8 + 2 * t)]);
+          o[eb][2 * rr + 1] += pr * to_f(sv[sw_at<kWhBc>(c, eb * 8 + 2 * t + 1)]);
         }
       }
     }
