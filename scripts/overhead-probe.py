@@ -1,12 +1,15 @@
 """Per-call time of flash_attention vs MLX's SDPA, one call per evaluation
 and 20 per evaluation (best of 10 each), to separate kernel time from
-per-call overhead: prefill at L = 8192 (hd128: 4096) and decode at S = 1024-32768. First
-the floors: one MLX op (a tiny add, one graph node) and one trivial custom
-kernel through mx.fast.cuda_kernel (the custom-kernel path flash_attention's
-launches take). Then per case the time of building the graph alone (no
-evaluation): on Hopper MLX records up to 100 nodes in one CUDA graph and
-launches it when the evaluation ends, so with 20 calls an evaluation a call's
-host time adds to its GPU time instead of hiding under it. python3 scripts/overhead-probe.py [decode]"""
+per-call overhead: prefill at L = 8192 (hd128: 4096) and decode at
+S = 1024-32768. First the floors: one MLX op (a tiny add, one graph node)
+and one trivial custom kernel through mx.fast.cuda_kernel (the custom-kernel
+path flash_attention's launches take). Then per case the time of building
+the graph alone (no evaluation): on Hopper MLX records up to 100 nodes in one
+CUDA graph and launches it when the evaluation ends, so with 20 calls an
+evaluation a call's host time adds to its GPU time instead of hiding under
+it.
+
+    python3 scripts/overhead-probe.py [decode]"""
 
 import sys
 import time
