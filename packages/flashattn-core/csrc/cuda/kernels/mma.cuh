@@ -6,6 +6,8 @@
 
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace fa {
@@ -104,6 +106,14 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Whether either 16-bit float of a pair is infinite or NaN (all exponent
+// bits set).
+template <typename T>
+__device__ __forceinline__ bool pair_nonfinite(uint32_t w) {
+  constexpr uint32_t e = std::is_same<T, __half>::value ? 0x7C00u : 0x7F80u;
+  return (w & e) == e || ((w >> 16) & e) == e;
 }
 
 // Element `half` (0: the low 16 bits, pack2's lo) of a pair packed by pack2.
@@ -281,9 +291,22 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
   rescale_rows(o, alpha);
 }
 
+// Element i (0..3) of v, by selects: an index that varies by thread would
+// put v in local memory.
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&v)[4], int i) {
+  return (i & 2) ? ((i & 1) ? v[3] : v[2]) : ((i & 1) ? v[1] : v[0]);
+}
+
 // O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l
 // summed over the quad that shares a row. Rows that saw no visible key
 // (l = 0) are zeros; rows past L (the last tile's padding) are not written.
+//
+// 16-bit outputs, NO a multiple of 4: a quad holds columns 8 eb + 2 t, +1 of
+// a row for every eb (t: the thread's place in the quad). Per group of four
+// eb, the quad swaps pairs (three shuffles) so that thread t holds the 8
+// columns of eb0 + t and stores them in one 16-byte store, instead of four
+// 4-byte stores that fill half a sector each (a block's epilogue, both
+// warpgroups storing at once, took ~3-5K cycles at E = 128).
 template <typename T, int NO>
 __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float* l_i, T* out,
                                            int64_t n, int L, int E, int ra, int t) {
@@ -294,17 +317,39 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
     l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
     const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
     const int r = ra + rr * 8;
-    if (r >= L) continue;
     T* dst = out + (n * (int64_t)L + r) * E;
-    // Columns 2t, 2t + 1 in one store (E is even and rows start aligned:
-    // half the stores of one per element, which queued in the epilogue).
+    if constexpr (sizeof(T) == 2 && NO % 4 == 0) {
 #pragma unroll
-    for (int eb = 0; eb < NO; ++eb) {
-      const float a = o[eb][2 * rr] * inv, b = o[eb][2 * rr + 1] * inv;
-      if constexpr (sizeof(T) == 2) {
-        *reinterpret_cast<uint32_t*>(dst + eb * 8 + 2 * t) = pack2<T>(a, b);
-      } else {
-        *reinterpret_cast<float2*>(dst + eb * 8 + 2 * t) = make_float2(a, b);
+      for (int eb0 = 0; eb0 < NO; eb0 += 4) {
+        uint32_t mine[4], got[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) mine[i] = pack2<T>(o[eb0 + i][2 * rr] * inv, o[eb0 + i][2 * rr + 1] * inv);
+        got[0] = got[1] = got[2] = got[3] = 0;
+        // Round x: thread t gives thread t ^ x its pair of block eb0 + (t ^ x)
+        // and gets that thread's pair of block eb0 + t (its columns 2 (t ^ x)).
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int u = t ^ x;
+          const uint32_t in = x == 0 ? pick4(mine, t) : __shfl_xor_sync(0xffffffffu, pick4(mine, u), x);
+          got[0] = u == 0 ? in : got[0];
+          got[1] = u == 1 ? in : got[1];
+          got[2] = u == 2 ? in : got[2];
+          got[3] = u == 3 ? in : got[3];
+        }
+        if (r < L) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(got[0], got[1], got[2], got[3]);
+      }
+    } else {
+      if (r >= L) continue;
+      // Columns 2t, 2t + 1 in one store (E is even and rows start aligned:
+      // half the stores of one per element, which queued in the epilogue).
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) {
+        const float a = o[eb][2 * rr] * inv, b = o[eb][2 * rr + 1] * inv;
+        if constexpr (sizeof(T) == 2) {
+          *reinterpret_cast<uint32_t*>(dst + eb * 8 + 2 * t) = pack2<T>(a, b);
+        } else {
+          *reinterpret_cast<float2*>(dst + eb * 8 + 2 * t) = make_float2(a, b);
+        }
       }
     }
   }
