@@ -291,22 +291,17 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
   rescale_rows(o, alpha);
 }
 
-// Element i (0..3) of v, by selects: an index that varies by thread would
-// put v in local memory.
-__device__ __forceinline__ uint32_t pick4(const uint32_t (&v)[4], int i) {
-  return (i & 2) ? ((i & 1) ? v[3] : v[2]) : ((i & 1) ? v[1] : v[0]);
-}
-
 // O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l
 // summed over the quad that shares a row. Rows that saw no visible key
 // (l = 0) are zeros; rows past L (the last tile's padding) are not written.
 //
 // 16-bit outputs, NO a multiple of 4: a quad holds columns 8 eb + 2 t, +1 of
 // a row for every eb (t: the thread's place in the quad). Per group of four
-// eb, the quad swaps pairs (three shuffles) so that thread t holds the 8
-// columns of eb0 + t and stores them in one 16-byte store, instead of four
-// 4-byte stores that fill half a sector each (a block's epilogue, both
-// warpgroups storing at once, took ~3-5K cycles at E = 128).
+// eb the quad transposes its 4 x 4 pairs (two butterfly stages over lanes
+// t ^ 1 and t ^ 2, two shuffles each) so that thread t holds the 8 columns
+// of eb0 + t and stores them in one 16-byte store, instead of four 4-byte
+// stores that fill half a sector each (a block's epilogue, both warpgroups
+// storing at once, took ~3-5K cycles at E = 128).
 template <typename T, int NO>
 __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float* l_i, T* out,
                                            int64_t n, int L, int E, int ra, int t) {
@@ -321,22 +316,26 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
     if constexpr (sizeof(T) == 2 && NO % 4 == 0) {
 #pragma unroll
       for (int eb0 = 0; eb0 < NO; eb0 += 4) {
-        uint32_t mine[4], got[4];
+        uint32_t v[4];  // v[i]: this thread's pair of block eb0 + i, then (below) thread i's of block eb0 + t
 #pragma unroll
-        for (int i = 0; i < 4; ++i) mine[i] = pack2<T>(o[eb0 + i][2 * rr] * inv, o[eb0 + i][2 * rr + 1] * inv);
-        got[0] = got[1] = got[2] = got[3] = 0;
-        // Round x: thread t gives thread t ^ x its pair of block eb0 + (t ^ x)
-        // and gets that thread's pair of block eb0 + t (its columns 2 (t ^ x)).
+        for (int i = 0; i < 4; ++i) v[i] = pack2<T>(o[eb0 + i][2 * rr] * inv, o[eb0 + i][2 * rr + 1] * inv);
+        // Stage b (lane bit b): the slots whose bit b differs from t's go to
+        // lane t ^ (1 << b), which sends back its slots of the same pattern.
+        // After both, slot i holds thread i's pair of block eb0 + t.
+        const bool t0 = t & 1, t1 = t & 2;
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int u = t ^ x;
-          const uint32_t in = x == 0 ? pick4(mine, t) : __shfl_xor_sync(0xffffffffu, pick4(mine, u), x);
-          got[0] = u == 0 ? in : got[0];
-          got[1] = u == 1 ? in : got[1];
-          got[2] = u == 2 ? in : got[2];
-          got[3] = u == 3 ? in : got[3];
+        for (int a = 0; a < 2; ++a) {  // slots 2a, 2a + 1: t0 gives 2a + 1 - t0
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, t0 ? v[2 * a] : v[2 * a + 1], 1);
+          v[2 * a] = t0 ? got : v[2 * a];
+          v[2 * a + 1] = t0 ? v[2 * a + 1] : got;
         }
-        if (r < L) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(got[0], got[1], got[2], got[3]);
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {  // slots a, a + 2: t1 gives a + 2 (1 - t1)
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, t1 ? v[a] : v[a + 2], 2);
+          v[a] = t1 ? got : v[a];
+          v[a + 2] = t1 ? v[a + 2] : got;
+        }
+        if (r < L) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
       }
     } else {
       if (r >= L) continue;
