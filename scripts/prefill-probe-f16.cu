@@ -24,9 +24,10 @@ __global__ void __launch_bounds__(fa::prefill_warps<E>() * 32) mma_kernel(
 template <int E, int G, int BC, bool OVERLAP, bool PRODUCER = false, int ITEMS = 1>
 __global__ void __launch_bounds__(128 * (G + PRODUCER), 1) wg_kernel(
     const T* q, const T* k, const T* v, const void* mask, const int64_t* mask_base, T* out, int H_q, int H_kv,
-    int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_wg<T, E, fa::WhShape<G, BC, OVERLAP, PRODUCER, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
-                       FA_LAYOUT);
+    int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, int slices, FA_LAYOUT_PARAMS) {
+  fa::prefill_wg<T, E, fa::WhShape<G, BC, OVERLAP, PRODUCER, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S,
+                                                                     mask_kind, mask_rs, mask_cs, scale_log2, slices,
+                                                                     FA_LAYOUT);
 }
 
 // A wgmma kernel of G warpgroups and key/value tiles of BC keys, every one
@@ -34,20 +35,21 @@ __global__ void __launch_bounds__(128 * (G + PRODUCER), 1) wg_kernel(
 // shipped shapes are in wg_shapes.h).
 #define WG(E, G, BC, OV)                                                                    \
   probe::Launch<T> {                                                                        \
-    "wgmma bf16 " #G " x " #BC " overlap " #OV, wg_kernel<E, G, BC, OV>, 64 * G, 128 * G,               \
-        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV>>))                                  \
+    "wgmma bf16 " #G " x " #BC " overlap " #OV, nullptr, 64 * G, 128 * G,                   \
+        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV>>)), wg_kernel<E, G, BC, OV>        \
   }
 // The same with a producer warpgroup (G consumers + 1).
 #define WGP(E, G, BC, OV)                                                                   \
   probe::Launch<T> {                                                                        \
-    "wgmma bf16 " #G "+1 x " #BC " overlap " #OV, wg_kernel<E, G, BC, OV, true>, 64 * G, 128 * (G + 1), \
-        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV, true>>))                            \
+    "wgmma bf16 " #G "+1 x " #BC " overlap " #OV, nullptr, 64 * G, 128 * (G + 1),           \
+        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV, true>>)), wg_kernel<E, G, BC, OV, true> \
   }
-// The same taking two row tiles a block (the grid's rows double).
+// The same with one block per SM taking many row tiles (the shipped E = 128 launch).
 #define WGP2(E, G, BC, OV)                                                                  \
   probe::Launch<T> {                                                                        \
-    "wgmma bf16 " #G "+1 x " #BC " 2 tiles", wg_kernel<E, G, BC, OV, true, 2>, 128 * G, 128 * (G + 1), \
-        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV, true, 2>>))                         \
+    "wgmma bf16 " #G "+1 x " #BC " scheduled", nullptr, 64 * G, 128 * (G + 1),              \
+        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV, true, 2>>)),                        \
+        wg_kernel<E, G, BC, OV, true, 2>, true                                              \
   }
 // (Three tile buffers: 3 x 128 keys at E = 128 would not fit shared memory.)
 template <int E>

@@ -60,11 +60,19 @@ template <typename T>
 using Kernel = void (*)(const T*, const T*, const T*, const void*, const int64_t*, T*, int, int, int, int, int,
                         int, int, float, int, int, int, int, int, int, int, int, int);
 
+// The 16-bit wgmma kernels take one more argument (`slices`: 0 for one row
+// tile a block, or batch x H_q for one block per SM, prefill_f16_wg.cu).
+template <typename T>
+using KernelS = void (*)(const T*, const T*, const T*, const void*, const int64_t*, T*, int, int, int, int, int,
+                         int, int, float, int, int, int, int, int, int, int, int, int, int);
+
 template <typename T>
 struct Launch {
   const char* name;
   Kernel<T> fn;
   int rows, threads, smem;
+  KernelS<T> fn_s = nullptr;  // instead of fn
+  bool scheduled = false;     // fn_s with one block per SM
 };
 
 // Softmax attention of one query row (E elements at q_row) over keys
@@ -133,13 +141,26 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
   cudaEvent_t ev_a, ev_b;
   CHECK(cudaEventCreate(&ev_a));
   CHECK(cudaEventCreate(&ev_b));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (const auto& ln : launches) {
-    CHECK(cudaFuncSetAttribute(ln.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, ln.smem));
-    dim3 grid((c.L + ln.rows - 1) / ln.rows, c.H_q, 1);
+    if (ln.fn_s != nullptr) {
+      CHECK(cudaFuncSetAttribute(ln.fn_s, cudaFuncAttributeMaxDynamicSharedMemorySize, ln.smem));
+    } else {
+      CHECK(cudaFuncSetAttribute(ln.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, ln.smem));
+    }
+    const int tiles = (c.L + ln.rows - 1) / ln.rows;
+    const dim3 grid = ln.scheduled ? dim3(std::min(tiles * c.H_q, sms), 1, 1) : dim3(tiles, c.H_q, 1);
     auto go = [&] {
-      ln.fn<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, 0,
-                                           scale_log2, c.H_q * c.L * E, c.L * E, E, c.H_kv * c.S * E, c.S * E, E,
-                                           c.H_kv * c.S * E, c.S * E, E);
+      if (ln.fn_s != nullptr) {
+        ln.fn_s<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, 0,
+                                               scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, c.L * E, E,
+                                               c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E);
+      } else {
+        ln.fn<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, 0,
+                                             scale_log2, c.H_q * c.L * E, c.L * E, E, c.H_kv * c.S * E, c.S * E, E,
+                                             c.H_kv * c.S * E, c.S * E, E);
+      }
     };
     CHECK(cudaMemset(dout, 0xff, nq * b));  // NaN: rows never written show
     go();

@@ -30,6 +30,10 @@
 #include <string>
 #include <unordered_map>
 
+#if defined(__linux__)
+#include <dlfcn.h>
+#endif
+
 #include "cuda/kernel_images.h"
 #include "cuda/kernels/merge_shapes.h"
 #include "cuda/kernels/wg_shapes.h"
@@ -176,6 +180,39 @@ bool runs_sm90(int device_index) {
   return sm90;
 }
 
+// The GPU's SM count, or 0 if unknown: MLX's device_info does not give it,
+// so it is asked of the CUDA driver that MLX has loaded (cuDeviceGetAttribute,
+// looked up at run time: this extension links no CUDA library). The
+// scheduled prefill launches one block per SM.
+int multiprocessors(int device_index) {
+#if defined(__linux__)
+  static std::mutex mutex;
+  static std::unordered_map<int, int> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(device_index);
+  if (it != known.end()) return it->second;
+  int count = 0;
+  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+    using DeviceGet = int (*)(int*, int);            // cuDeviceGet(CUdevice*, ordinal)
+    using DeviceAttribute = int (*)(int*, int, int);  // cuDeviceGetAttribute(value, attribute, CUdevice)
+    constexpr int kMultiprocessorCount = 16;           // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    auto get = reinterpret_cast<DeviceGet>(dlsym(driver, "cuDeviceGet"));
+    auto attribute = reinterpret_cast<DeviceAttribute>(dlsym(driver, "cuDeviceGetAttribute"));
+    int device = 0, value = 0;
+    if (get != nullptr && attribute != nullptr && get(&device, device_index) == 0 &&
+        attribute(&value, kMultiprocessorCount, device) == 0 && value > 0) {
+      count = value;
+    }
+    dlclose(driver);
+  }
+  known[device_index] = count;
+  return count;
+#else
+  (void)device_index;
+  return 0;
+#endif
+}
+
 }  // namespace
 
 const std::string* find_image(const std::string& kernel, int device_index) {
@@ -291,12 +328,19 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
       rows = ws::f16_rows(d.E), threads = ws::f16_threads(d.E), smem = ws::f16_smem_bytes(d.E);
     }
   }
-  int tiles = (d.L + rows - 1) / rows;
-  const bool pairs = kernel == wg_kernel && dtype != mx::float32 && ws::f16_items(d.E) == 2 &&
-                     static_cast<long long>(tiles) * d.H_q * d.batch >= ws::kF16PairMinTiles;
-  if (pairs) tiles = (tiles + 1) / 2;  // a block takes tiles p and row_tiles - 1 - p
+  const int tiles = (d.L + rows - 1) / rows;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
-  Step attend{kernel, scalars, {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1}, smem};
+  std::tuple<int, int, int> grid{tiles * threads, d.H_q, static_cast<int>(d.batch)};
+  if (kernel == wg_kernel && dtype != mx::float32) {
+    // Scheduled (prefill_f16_wg.cu): one block per SM takes a share of all
+    // row tiles, when there are enough of them; otherwise the grid's tile.
+    const int64_t slices = d.batch * d.H_q, units = slices * tiles;
+    const int sms = ws::f16_items(d.E) == 2 ? multiprocessors(device_index) : 0;
+    const bool scheduled = sms > 0 && units >= ws::kF16ScheduleMinTiles && slices <= std::numeric_limits<int>::max();
+    scalars.push_back(scheduled ? static_cast<int>(slices) : 0);
+    if (scheduled) grid = {static_cast<int>(std::min<int64_t>(units, sms)) * threads, 1, 1};
+  }
+  Step attend{kernel, scalars, grid, {threads, 1, 1}, smem};
   return Launches{attend, std::nullopt};
 }
 

@@ -44,14 +44,14 @@ constexpr int kWhRows = wg_shapes::kRowsPerGroup;
 // and runs tile j's softmax while that P V is in flight.
 // PRODUCER: one more warpgroup does every key/value copy, and the G
 // consumer warpgroups take its registers (setmaxnreg).
-// ITEMS (2 needs PRODUCER): up to two row tiles per block, row_tiles - 1 - p
-// and p (causal: the same work in every block), when the launch has half the
-// row tiles' blocks; the producer loads a tile's Q and first key/value tiles
-// while the consumers finish the one before, instead of the SM idling
-// between blocks.
+// ITEMS (2 needs PRODUCER): a block may take many row tiles, when the
+// planner launches one block per SM (prefill_wg's `slices` > 0): the
+// producer loads a tile's Q and first key/value tiles while the consumers
+// finish the one before, instead of the SM idling between blocks. (The name
+// is from when a block took two: p and row_tiles - 1 - p.)
 template <int G, int BC, bool OVERLAP, bool PRODUCER = false, int ITEMS = 1>
 struct WhShape {
-  static_assert(ITEMS == 1 || (ITEMS == 2 && PRODUCER), "two row tiles a block need the producer");
+  static_assert(ITEMS == 1 || (ITEMS == 2 && PRODUCER), "several row tiles a block need the producer");
   static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + PRODUCER), kItems = ITEMS;
   static constexpr bool kOverlap = OVERLAP, kProducer = PRODUCER;
   // Registers per thread after setmaxnreg. The launch (one block per SM)
@@ -131,7 +131,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
                                            const T* __restrict__ v, const void* mask_data,
                                            const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                            int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-                                           int mask_cs, float scale_log2, Layout lay) {
+                                           int mask_cs, float scale_log2, int slices, Layout lay) {
   constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
   constexpr bool kProducer = Shape::kProducer;
   constexpr int kConsumers = kProducer ? kWhThreads - 128 : kWhThreads, G = kConsumers / 128;
@@ -154,21 +154,25 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // derives from it (the Q descriptor) in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), w = (tid >> 5) & 3, lane = tid & 31,
             g = lane >> 2, t = lane & 3;
-  // This block's row tiles ("items", of one (batch, query head) slice): the
-  // tile of its index, heaviest first across the slices (as PrefillBlock),
-  // and when paired tile p of pair p too.
+  // This block's row tiles ("items": a row tile of one (batch, query head)
+  // slice). With slices = 0, the grid's own tile (PrefillBlock: heaviest
+  // first across the slices). With slices > 0 (Shape::kItems = 2) the
+  // launch is one block per SM and every item is placed in a list ordered
+  // heaviest first (position u: tile row_tiles - 1 - u / slices of slice
+  // u % slices); of P blocks, block b takes positions b, 2P - 1 - b, 2P + b,
+  // 4P - 1 - b, ... (a snake), which evens out the blocks' work, and the
+  // producer loads an item's Q and first tiles while the consumers finish the
+  // one before.
   const int row_tiles = (L + kWhBr - 1) / kWhBr;
-  const int64_t slices = int64_t(gridDim.y) * gridDim.z;
-  const int64_t jb = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-  const int pair = int(jb / slices);
-  const int64_t slice = jb % slices;
-  // Paired when the planner launched half the row tiles (it does so only
-  // when enough pairs fill the GPU).
-  const bool paired = Shape::kItems == 2 && int(gridDim.x) < row_tiles;
-  const int n_items = paired && pair < row_tiles - 1 - pair ? 2 : 1;
+  const int64_t units = Shape::kItems == 2 ? int64_t(row_tiles) * slices : 0;
+  const int P = gridDim.x, bx = blockIdx.x;
+  auto position = [&](int i) { return int64_t(i) * P + (i % 2 == 0 ? bx : P - 1 - bx); };
+  const int n_items = units == 0 ? 1 : int(units / P) + (position(int(units / P)) < units ? 1 : 0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
   auto item_block = [&](int i) {
-    return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, i == 0 ? row_tiles - 1 - pair : pair, slice);
+    if (units == 0) return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind);
+    const int64_t u = position(i);
+    return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, row_tiles - 1 - int(u / slices), u % slices);
   };
   auto tiles_of = [&](const PrefillBlock& ib) { return (ib.kv_end + kWhBc - 1) / kWhBc; };
   // The current item's rows and keys.
@@ -447,8 +451,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 
 }  // namespace fa
 
-// fa_prefill_wg_<dtype>_<E>: grid (row tiles x threads, H_q, batch), threads
-// and dynamic shared memory as wg_shapes.h says.
+// fa_prefill_wg_<dtype>_<E>: grid (row tiles x threads, H_q, batch) with
+// slices = 0, or (blocks x threads, 1, 1) with slices = batch x H_q (one
+// block per SM, at E = 128: prefill_wg); threads and dynamic shared memory as
+// wg_shapes.h says.
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
@@ -463,7 +469,7 @@ static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(fa_prefill_wg_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
-    float scale_log2, FA_LAYOUT_PARAMS) {
+    float scale_log2, int slices, FA_LAYOUT_PARAMS) {
   fa::prefill_wg<FA_T, FA_E, WhUnitShape>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                             scale_log2, FA_LAYOUT);
+                             scale_log2, slices, FA_LAYOUT);
 }

@@ -45,17 +45,22 @@ constexpr int f16_bc(int) { return 128; }
 constexpr int f16_rows(int E) { return kRowsPerGroup * f16_groups(E); }
 constexpr int f16_threads(int E) { return 128 * (f16_groups(E) + (kF16Producer ? 1 : 0)); }
 constexpr int kF16Buffers = 3;
-// Row tiles per block: 2 (prefill_f16_wg.cu's ITEMS) lets a block take tile
-// p and tile row_tiles - 1 - p, when the planner launches ceil(row_tiles / 2)
-// blocks per slice: it does when at least kF16PairMinTiles row tiles (all
-// slices) keep the GPU busy in pairs. H200 probe, hd128 causal 4K: 0.303 ->
-// 0.291 ms paired; small calls lose half their blocks (hd128 L = 200: 0.018
-// -> 0.027 ms). At E = 64 the three consumers have no registers for it
-// (they spill: 0.307 -> 0.394 ms; at 3aa80dc, with the next tile in the
-// launch's order as the second one instead of the mirrored one, so that
-// blocks keep the heaviest-first order: 0.288 -> 0.347 ms).
+// Row tiles per block (prefill_f16_wg.cu's ITEMS): 2 lets a block take
+// many, when the planner launches one block per SM and the kernel places
+// every row tile in a list ordered heaviest first, each block taking every
+// P-th in a snake (P blocks): the planner does so when at least
+// kF16ScheduleMinTiles row tiles (all slices) keep the GPU busy. Before, a
+// block took two row tiles (p and row_tiles - 1 - p; H200 probe, hd128
+// causal 4K: 0.303 -> 0.291 ms against one a block). A block timeline of
+// that launch (H200, 512 blocks, 4 a SM) showed the SMs busy 96% of the
+// time and the last ones idle ~11 us of 280 (512 equal blocks do not fill
+// 132 SMs evenly), and ~3K cycles a block before its first product (setup,
+// Q's first copy). At E = 64 the three consumers have no registers for
+// several tiles (they spill: 0.307 -> 0.394 ms; at 3aa80dc, with the next
+// tile in the launch's order as the second one instead of the mirrored one,
+// so that blocks keep the heaviest-first order: 0.288 -> 0.347 ms).
 constexpr int f16_items(int E) { return E <= 64 ? 1 : 2; }
-constexpr long long kF16PairMinTiles = 512;
+constexpr long long kF16ScheduleMinTiles = 512;
 constexpr int f16_smem_bytes(int E) {
   return (f16_rows(E) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + (2 * kF16Buffers + 2) * 8;
 }
