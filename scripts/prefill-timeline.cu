@@ -1,0 +1,159 @@
+// Block timeline of the Hopper 16-bit prefill kernel (prefill_f16_wg.cu) at
+// E = 128, standalone (no MLX): each block records its SM and its start and
+// end (clock64 and %globaltimer, thread 0, written straight to global memory
+// so that no register stays live across the kernel). Printed per launch
+// shape: the span, how busy the SMs were, the gaps between blocks on one SM,
+// how long the SMs that finished first sat idle (the tail), and block
+// durations per key/value tile. For work outside the tile loop (prologue,
+// epilogue, scheduling) that kernel-level timings cannot separate.
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/tl scripts/prefill-timeline.cu && /tmp/tl
+
+#define FA_DTYPE 2
+#define FA_E 128
+#include <algorithm>
+#include <climits>
+#include <map>
+
+#include "../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
+#include "probe/harness.cuh"
+
+using T = __nv_bfloat16;
+
+struct Record {
+  long long c0, c1, g0, g1;  // clock64 and globaltimer at start and end
+  int sm, pad;
+};
+__device__ Record* g_records;
+
+__device__ __forceinline__ long long global_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ int sm_id() {
+  int s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+
+// The shipped E = 128 shape (wg_shapes.h) with ITEMS = 1 (a row tile a block)
+// or 2 (one block per SM, `slices` > 0).
+template <int ITEMS>
+__global__ void __launch_bounds__(384, 1) timed(const T* q, const T* k, const T* v, const void* mask,
+                                                const int64_t* mask_base, T* out, int H_q, int H_kv, int L, int S,
+                                                int mask_kind, int mask_rs, int mask_cs, float scale_log2,
+                                                int slices, FA_LAYOUT_PARAMS) {
+  const int b = blockIdx.x + gridDim.x * blockIdx.y;
+  if (threadIdx.x == 0) g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
+  fa::prefill_wg<T, 128, fa::WhShape<2, 128, true, true, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S,
+                                                                 mask_kind, mask_rs, mask_cs, scale_log2, slices,
+                                                                 FA_LAYOUT);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Record& r = g_records[blockIdx.x + gridDim.x * blockIdx.y];
+    r.c1 = clock64(), r.g1 = global_ns(), r.sm = sm_id();
+  }
+}
+
+template <int ITEMS>
+void timeline(const char* name, int H_q, int H_kv, int L, int causal, int reps) {
+  constexpr int E = 128;
+  const int S = L, row_tiles = (L + 127) / 128;
+  const size_t nq = size_t(H_q) * L * E, nk = size_t(H_kv) * S * E;
+  const std::vector<T> q = probe::randn<T>(nq, 1), k = probe::randn<T>(nk, 2), v = probe::randn<T>(nk, 3);
+  T *dq, *dk, *dv, *dout;
+  Record* drec;
+  CHECK(cudaMalloc(&dq, nq * sizeof(T)));
+  CHECK(cudaMalloc(&dk, nk * sizeof(T)));
+  CHECK(cudaMalloc(&dv, nk * sizeof(T)));
+  CHECK(cudaMalloc(&dout, nq * sizeof(T)));
+  CHECK(cudaMemcpy(dq, q.data(), nq * sizeof(T), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dk, k.data(), nk * sizeof(T), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dv, v.data(), nk * sizeof(T), cudaMemcpyHostToDevice));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const dim3 grid = ITEMS == 2 ? dim3(std::min(row_tiles * H_q, sms), 1) : dim3(row_tiles, H_q);
+  const int blocks = grid.x * grid.y;
+  CHECK(cudaMalloc(&drec, blocks * sizeof(Record)));
+  CHECK(cudaMemcpyToSymbol(g_records, &drec, sizeof(drec)));
+  const int smem = sizeof(fa::WhSmem<T, E, fa::WhShape<2, 128, true, true, ITEMS>>);
+  CHECK(cudaFuncSetAttribute(timed<ITEMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const float scale_log2 = 1.4426950408889634f / std::sqrt(float(E));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(a));
+    timed<ITEMS><<<grid, 384, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0, scale_log2,
+                                      ITEMS == 2 ? H_q : 0, H_q * L * E, L * E, E, H_kv * S * E, S * E, E,
+                                      H_kv * S * E, S * E, E);
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float t;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CHECK(cudaGetLastError());
+  std::vector<Record> rec(blocks);  // the last launch's
+  CHECK(cudaMemcpy(rec.data(), drec, blocks * sizeof(Record), cudaMemcpyDeviceToHost));
+
+  long long first = LLONG_MAX, last = 0;
+  for (const Record& r : rec) first = std::min(first, r.g0), last = std::max(last, r.g1);
+  std::map<int, std::vector<Record>> per_sm;
+  for (const Record& r : rec) per_sm[r.sm].push_back(r);
+  double busy = 0, gaps = 0, tail = 0, cycles = 0;
+  int n_gaps = 0;
+  for (auto& [sm, list] : per_sm) {
+    std::sort(list.begin(), list.end(), [](const Record& x, const Record& y) { return x.g0 < y.g0; });
+    for (size_t i = 0; i < list.size(); ++i) {
+      busy += list[i].g1 - list[i].g0;
+      cycles += list[i].c1 - list[i].c0;
+      if (i > 0) gaps += list[i].g0 - list[i - 1].g1, ++n_gaps;
+    }
+    tail += last - list.back().g1;
+  }
+  const double span = last - first, n_sm = per_sm.size();
+  std::printf("%s: median %.3f ms; last launch: %d blocks on %d SMs over %.1f us, clock %.0f MHz\n", name,
+              probe::median(ms), blocks, int(n_sm), span / 1e3, cycles / busy * 1e3);
+  std::printf("  SMs busy %.1f%% of the span; gaps between blocks %.2f us (%d); idle after their last block %.2f us "
+              "a SM\n",
+              100 * busy / (span * n_sm), n_gaps ? gaps / n_gaps / 1e3 : 0.0, n_gaps, tail / n_sm / 1e3);
+  // Key/value tiles of each block (the kernel's schedule, restated).
+  std::vector<long long> tiles(blocks, 0);
+  auto tiles_of_row_tile = [&](int p) { return causal ? p + 1 : row_tiles; };
+  if (ITEMS == 2) {
+    const long long units = (long long)row_tiles * H_q, P = grid.x;
+    for (int bx = 0; bx < blocks; ++bx)
+      for (long long i = 0;; ++i) {
+        const long long u = i * P + (i % 2 == 0 ? bx : P - 1 - bx);
+        if (u >= units) break;
+        tiles[bx] += tiles_of_row_tile(row_tiles - 1 - int(u / H_q));
+      }
+  } else {
+    for (int i = 0; i < blocks; ++i) {  // PrefillBlock: heaviest first across the slices
+      const long long j = i;
+      tiles[i] = tiles_of_row_tile(row_tiles - 1 - int(j / H_q));
+    }
+  }
+  std::vector<float> per_tile;
+  for (int i = 0; i < blocks; ++i) per_tile.push_back(float(rec[i].c1 - rec[i].c0) / tiles[i]);
+  std::sort(per_tile.begin(), per_tile.end());
+  std::printf("  cycles per key/value tile of a block: min %.0f, median %.0f, max %.0f\n", per_tile.front(),
+              per_tile[per_tile.size() / 2], per_tile.back());
+  CHECK(cudaFree(dq));
+  CHECK(cudaFree(dk));
+  CHECK(cudaFree(dv));
+  CHECK(cudaFree(dout));
+  CHECK(cudaFree(drec));
+}
+
+int main() {
+  probe::print_gpu();
+  timeline<2>("hd128 causal 4K, one block per SM", 32, 8, 4096, 1, 20);
+  timeline<1>("hd128 causal 4K, a row tile a block", 32, 8, 4096, 1, 20);
+  timeline<2>("hd128 full 4K, one block per SM", 32, 8, 4096, 0, 20);
+  timeline<2>("hd128 causal 8K, one block per SM", 32, 8, 8192, 1, 10);
+  return 0;
+}
