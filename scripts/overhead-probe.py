@@ -15,8 +15,7 @@ import sys
 import time
 
 import mlx.core as mx
-
-from flashattn_core import flash_attention
+from gpu_probe_calls import HD128, QWEN05B, calls
 
 
 def per_call(fn, batch, reps=10):
@@ -56,26 +55,19 @@ def floors():
               " us (1 / 20 / 100 calls per eval)")
 
 
-QWEN, HD128 = (14, 2, 64), (32, 8, 128)
 CASES = [  # name, (H, H_kv, E), L, S, dtype
-    ("qwen05b prefill", QWEN, 8192, 8192, mx.bfloat16),
-    ("qwen05b prefill", QWEN, 8192, 8192, mx.float32),
+    ("qwen05b prefill", QWEN05B, 8192, 8192, mx.bfloat16),
+    ("qwen05b prefill", QWEN05B, 8192, 8192, mx.float32),
     ("hd128 prefill", HD128, 4096, 4096, mx.bfloat16),
-    *[("qwen05b decode", QWEN, 1, S, mx.bfloat16) for S in (1024, 8192, 32768)],
-    ("qwen05b decode", QWEN, 1, 32768, mx.float32),
+    *[("qwen05b decode", QWEN05B, 1, S, mx.bfloat16) for S in (1024, 8192, 32768)],
+    ("qwen05b decode", QWEN05B, 1, 32768, mx.float32),
     ("hd128 decode", HD128, 1, 32768, mx.bfloat16),
 ]
 floors()
-for name, (H, H_kv, E), L, S, dtype in CASES:
+for name, heads, L, S, dtype in CASES:
     if sys.argv[1:] == ["decode"] and L > 1:
         continue
-    q = mx.random.normal((1, H, L, E)).astype(dtype)
-    k = mx.random.normal((1, H_kv, S, E)).astype(dtype)
-    v = mx.random.normal((1, H_kv, S, E)).astype(dtype)
-    mx.eval(q, k, v)
-    mask = "causal" if L > 1 else None
-    f = lambda: flash_attention(q, k, v, mask=mask)
-    g = lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=E**-0.5, mask=mask)
+    f, g = calls(heads, L, S, dtype)
     f20, g20 = per_call(f, 20), per_call(g, 20)
     print(f"{name:16s} L={L:5d} S={S:6d} {str(dtype):18s} flash {per_call(f, 1):9.1f} / {f20:9.1f} us, "
           f"mlx {per_call(g, 1):9.1f} / {g20:9.1f} us (1 / 20 calls per eval), flash / mlx {f20 / g20:.2f}; "

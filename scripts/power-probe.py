@@ -14,10 +14,9 @@ import sys
 import time
 
 import mlx.core as mx
+from gpu_probe_calls import HD128, QWEN05B, calls
 
-from flashattn_core import flash_attention
-
-CASES = [("qwen05b causal 8K", 14, 2, 64, 8192), ("hd128 causal 4K", 32, 8, 128, 4096)]
+CASES = [("qwen05b causal 8K", QWEN05B, 8192), ("hd128 causal 4K", HD128, 4096)]
 PHASE_S, ROUNDS, BATCH = 2.0, 3, 20
 
 
@@ -56,13 +55,9 @@ def main():
                                 "-lms", "50"], stdout=log)
         phases = []
         try:
-            for name, H, H_kv, E, L in CASES:
-                q = mx.random.normal((1, H, L, E)).astype(mx.bfloat16)
-                k = mx.random.normal((1, H_kv, L, E)).astype(mx.bfloat16)
-                v = mx.random.normal((1, H_kv, L, E)).astype(mx.bfloat16)
-                mx.eval(q, k, v)
-                impls = {"flash": lambda: flash_attention(q, k, v, mask="causal"),
-                         "mlx": lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=E**-0.5, mask="causal")}
+            for name, heads, L in CASES:
+                flash, mlx = calls(heads, L, L, mx.bfloat16)
+                impls = {"flash": flash, "mlx": mlx}
                 for fn in impls.values():
                     phase(fn)  # warm-up, untimed
                 for r in range(ROUNDS):
