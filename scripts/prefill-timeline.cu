@@ -80,22 +80,13 @@ void timeline(const char* name, int H_q, int H_kv, int L, int causal, int reps) 
   const int smem = sizeof(fa::WhSmem<T, E, fa::WhShape<2, 128, true, true, ITEMS>>);
   CHECK(cudaFuncSetAttribute(timed<ITEMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(E));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int r = 0; r < reps; ++r) {
-    CHECK(cudaEventRecord(a));
-    timed<ITEMS><<<grid, 384, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0, scale_log2,
-                                      ITEMS == 2 ? H_q : 0, H_q * L * E, L * E, E, H_kv * S * E, S * E, E,
-                                      H_kv * S * E, S * E, E);
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  CHECK(cudaGetLastError());
+  const float med = probe::median_ms(
+      [&] {
+        timed<ITEMS><<<grid, 384, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0, scale_log2,
+                                          ITEMS == 2 ? H_q : 0, H_q * L * E, L * E, E, H_kv * S * E, S * E, E,
+                                          H_kv * S * E, S * E, E);
+      },
+      reps);
   std::vector<Record> rec(blocks);  // the last launch's
   CHECK(cudaMemcpy(rec.data(), drec, blocks * sizeof(Record), cudaMemcpyDeviceToHost));
 
@@ -116,7 +107,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int causal, int reps) 
   }
   const double span = last - first, n_sm = per_sm.size();
   std::printf("%s: median %.3f ms; last launch: %d blocks on %d SMs over %.1f us, clock %.0f MHz\n", name,
-              probe::median(ms), blocks, int(n_sm), span / 1e3, cycles / busy * 1e3);
+              med, blocks, int(n_sm), span / 1e3, cycles / busy * 1e3);
   std::printf("  SMs busy %.1f%% of the span; gaps between blocks %.2f us (%d); idle after their last block %.2f us "
               "a SM\n",
               100 * busy / (span * n_sm), n_gaps ? gaps / n_gaps / 1e3 : 0.0, n_gaps, tail / n_sm / 1e3);

@@ -102,6 +102,29 @@ inline float median(std::vector<float> x) {
   return x[x.size() / 2];
 }
 
+// Median milliseconds of `reps` calls of launch(), each timed alone with
+// CUDA events.
+template <typename Launch>
+float median_ms(Launch launch, int reps) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float t;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return median(ms);
+}
+
 template <typename T, int E>
 void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
   const size_t nq = size_t(c.H_q) * c.L * E, nk = size_t(c.H_kv) * c.S * E;
@@ -138,9 +161,6 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
 
   std::printf("E %d H_q %d H_kv %d L %d S %d %s%s\n", E, c.H_q, c.H_kv, c.L, c.S, c.kind ? "causal" : "none",
               c.nan_key >= 0 ? " (a NaN value row)" : "");
-  cudaEvent_t ev_a, ev_b;
-  CHECK(cudaEventCreate(&ev_a));
-  CHECK(cudaEventCreate(&ev_b));
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (const auto& ln : launches) {
@@ -186,19 +206,8 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
       nan_rows += got_nan && ref_nan;
       if (got_nan != ref_nan) err = INFINITY;
     }
-    std::vector<float> ms;
-    for (int i = 0; i < reps; ++i) {
-      CHECK(cudaEventRecord(ev_a));
-      go();
-      CHECK(cudaEventRecord(ev_b));
-      CHECK(cudaEventSynchronize(ev_b));
-      float t;
-      CHECK(cudaEventElapsedTime(&t, ev_a, ev_b));
-      ms.push_back(t);
-    }
-    CHECK(cudaGetLastError());
     const double flops = 4.0 * c.H_q * E * (c.kind ? double(c.L) * c.S - double(c.L) * c.L / 2 : double(c.L) * c.S);
-    const float med = median(ms);
+    const float med = median_ms(go, reps);
     std::printf("  %-26s %8.3f ms %7.1f TFLOP/s  max err %.2e (max |ref| %.2f)  NaN rows %d/%d\n", ln.name, med,
                 flops / med / 1e9, err, big, nan_rows, want_nan);
   }
