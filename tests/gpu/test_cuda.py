@@ -189,6 +189,26 @@ def test_batch_axes_that_do_not_collapse():
     assert relative_error(out, attention_reference(q, k, v, mask="causal")) <= TOLERANCE["bfloat16"]
 
 
+@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("layout", ["transposed", "reversed"])
+def test_strided_views_in_the_tensor_core_prefill(E, layout):
+    """Views that reach the Hopper kernels' tensor maps (prefill_f16_wg.cu)
+    in place: mlx-lm's (B, L, H, E) projections transposed to (B, H, L, E)
+    (head stride below the row stride); and keys and values with their rows
+    reversed (a negative stride, which tensor maps cannot take: another
+    kernel runs)."""
+    rng = np.random.default_rng(E)
+    B, H_q, H_kv, L = 2, 8, 2, 700
+    if layout == "transposed":
+        q, k, v = (mx.swapaxes(mx.array(rng.standard_normal((B, L, h, E)), dtype=mx.bfloat16), 1, 2)
+                   for h in (H_q, H_kv, H_kv))
+    else:
+        q = mx.array(rng.standard_normal((B, H_q, L, E)), dtype=mx.bfloat16)
+        k, v = (mx.array(rng.standard_normal((B, H_kv, L, E)), dtype=mx.bfloat16)[..., ::-1, :] for _ in range(2))
+    out = flash_attention(q, k, v, mask="causal")
+    assert relative_error(out, attention_reference(q, k, v, mask="causal")) <= TOLERANCE["bfloat16"]
+
+
 @pytest.mark.parametrize("L", [1, 512])
 def test_kv_cache_views_are_not_copied(L):
     # mlx-lm's KVCache hands attention keys[..., :offset, :] of a larger

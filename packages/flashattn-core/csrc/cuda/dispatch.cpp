@@ -25,15 +25,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 
-#if defined(__linux__)
-#include <dlfcn.h>
-#endif
-
+#include "cuda/driver.h"
 #include "cuda/kernel_images.h"
 #include "cuda/kernels/merge_shapes.h"
 #include "cuda/kernels/wg_shapes.h"
@@ -180,39 +178,6 @@ bool runs_sm90(int device_index) {
   return sm90;
 }
 
-// The GPU's SM count, or 0 if unknown: MLX's device_info does not give it,
-// so it is asked of the CUDA driver that MLX has loaded (cuDeviceGetAttribute,
-// looked up at run time: this extension links no CUDA library). The
-// scheduled prefill launches one block per SM.
-int multiprocessors(int device_index) {
-#if defined(__linux__)
-  static std::mutex mutex;
-  static std::unordered_map<int, int> known;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find(device_index);
-  if (it != known.end()) return it->second;
-  int count = 0;
-  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
-    using DeviceGet = int (*)(int*, int);            // cuDeviceGet(CUdevice*, ordinal)
-    using DeviceAttribute = int (*)(int*, int, int);  // cuDeviceGetAttribute(value, attribute, CUdevice)
-    constexpr int kMultiprocessorCount = 16;           // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    auto get = reinterpret_cast<DeviceGet>(dlsym(driver, "cuDeviceGet"));
-    auto attribute = reinterpret_cast<DeviceAttribute>(dlsym(driver, "cuDeviceGetAttribute"));
-    int device = 0, value = 0;
-    if (get != nullptr && attribute != nullptr && get(&device, device_index) == 0 &&
-        attribute(&value, kMultiprocessorCount, device) == 0 && value > 0) {
-      count = value;
-    }
-    dlclose(driver);
-  }
-  known[device_index] = count;
-  return count;
-#else
-  (void)device_index;
-  return 0;
-#endif
-}
-
 }  // namespace
 
 const std::string* find_image(const std::string& kernel, int device_index) {
@@ -311,6 +276,24 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   return Launches{attend, merge_step(d, static_cast<int>(d.batch * d.H_q * d.L), splits)};
 }
 
+// The tensor-map template of the 16-bit wgmma kernels (tma.cuh) as 32
+// launch arguments, made once per dtype; empty without tensor maps.
+const std::vector<int>& map_template(mx::Dtype t) {
+  static std::mutex mutex;
+  static std::map<bool, std::vector<int>> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  const bool float16 = t == mx::float16;
+  auto it = made.find(float16);
+  if (it == made.end()) {
+    std::vector<int> words;
+    if (const auto map = tensor_map_template(float16)) {
+      for (uint32_t w : *map) words.push_back(static_cast<int>(w));
+    }
+    it = made.emplace(float16, std::move(words)).first;
+  }
+  return it->second;
+}
+
 std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
   if (d.L < kMinPrefillL || !has_prefill_kernel(dtype, d.E) || d.batch > 65535 || d.H_q > 65535) {
     return std::nullopt;
@@ -320,7 +303,11 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   // Hopper: the wgmma kernels (only sm_90a images exist: find_image finds none elsewhere).
   namespace ws = fa::wg_shapes;
   const std::string wg_kernel = "fa_prefill_wg_" + d.dt + "_" + std::to_string(d.E);
-  if (find_image(wg_kernel, device_index)) {
+  // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
+  const std::vector<int> no_maps;
+  const std::vector<int>& maps = dtype == mx::float32 || !ws::kF16Tma ? no_maps : map_template(dtype);
+  const bool maps_ready = dtype == mx::float32 || !ws::kF16Tma || !maps.empty();
+  if (maps_ready && find_image(wg_kernel, device_index)) {
     kernel = wg_kernel;
     if (dtype == mx::float32) {
       rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
@@ -341,7 +328,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
     if (scheduled) grid = {static_cast<int>(std::min<int64_t>(units, sms)) * threads, 1, 1};
   }
   Step attend{kernel, scalars, grid, {threads, 1, 1}, smem};
-  return Launches{attend, std::nullopt};
+  return Launches{attend, std::nullopt, 0, kernel == wg_kernel ? maps : no_maps};
 }
 
 }  // namespace
@@ -385,6 +372,11 @@ mx::array flash_attention(
   const int rows = static_cast<int>(batch * d.H_q * d.L);
   std::vector<mx::Shape> shapes = {q.shape()};
   std::vector<mx::Dtype> dtypes = {q.dtype()};
+  if (plan.aligned.tma()) {  // scratch for the tensor maps
+    namespace ws = fa::wg_shapes;
+    shapes.push_back({ws::kMapSlots * ws::kMapSlotBytes / 4});
+    dtypes.push_back(mx::uint32);
+  }
   if (plan.aligned.merge || plan.aligned.fused) {
     // m / l per split and row, then the fused kernel's flags (which the
     // generic kernel of plan.any leaves alone).

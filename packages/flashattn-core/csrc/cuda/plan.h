@@ -34,10 +34,17 @@ struct Step {
 // itself: the partials are its scratch, followed by `fused` floats of flags
 // (one 8-byte flag per split and group), and it takes the call's tag as two
 // last arguments (decode_combine.cuh).
+// map_template: when not empty, the attention kernel copies with the Tensor
+// Memory Accelerator (prefill_f16_wg.cu): it takes scratch for its tensor
+// maps as a second output (the primitive's) and, as last arguments, the
+// call's tag and these 32 words (the maps' template); strides must not be
+// negative.
 struct Launches {
   Step attend;
   std::optional<Step> merge;
   int64_t fused = 0;
+  std::vector<int> map_template;
+  bool tma() const { return !map_template.empty(); }
 };
 
 struct Plan {

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "cuda/kernel_images.h"
+#include "mlx/allocator.h"
 #include "mlx/fast.h"
 
 namespace flashattn::cuda {
@@ -138,16 +139,29 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     aligned &= rows_aligned(rows[i], copied ? 0 : x.offset(), x.itemsize());
   }
 
-  const Launches& run = aligned ? plan_.aligned : plan_.any;
+  // Tensor maps take no negative stride (a reversed view): those go to the
+  // generic kernel.
+  bool forward = true;
+  for (const Rows& r : rows) forward &= r.sb >= 0 && r.sh >= 0 && r.sr >= 0;
+  const Launches& run = aligned && (forward || !plan_.aligned.tma()) ? plan_.aligned : plan_.any;
   std::vector<Scalar> scalars = run.attend.scalars;
   for (const Rows& r : rows) {
     scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
   }
-  if (run.fused) {
+  if (run.fused || run.tma()) {
     const auto tag = next_tag();
     scalars.insert(scalars.end(), {tag[0], tag[1]});
+    scalars.insert(scalars.end(), run.map_template.begin(), run.map_template.end());
   }
-  if (!run.merge) {  // one launch: the output, and the fused kernel's scratch
+  if (plan_.aligned.tma() && !run.tma()) {
+    // The generic kernel instead, and the maps' scratch (an output of this
+    // node) allocated but unused.
+    outputs[1].set_data(mx::allocator::malloc(outputs[1].nbytes()));
+    std::vector<mx::array> out = {outputs[0]};
+    launch(run.attend, scalars, inputs, out, copy, s);
+    return;
+  }
+  if (!run.merge) {  // one launch: the output, and the fused kernel's or the maps' scratch
     launch(run.attend, scalars, inputs, outputs, copy, s);
     return;
   }

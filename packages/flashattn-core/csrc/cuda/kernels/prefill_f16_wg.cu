@@ -32,6 +32,7 @@
 
 #include "unit.cuh"
 #include "pingpong.cuh"
+#include "tma.cuh"
 #include "wg_shapes.h"
 #include "wgmma.cuh"
 
@@ -49,11 +50,14 @@ constexpr int kWhRows = wg_shapes::kRowsPerGroup;
 // producer loads a tile's Q and first key/value tiles while the consumers
 // finish the one before, instead of the SM idling between blocks. (The name
 // is from when a block took two: p and row_tiles - 1 - p.)
-template <int G, int BC, bool OVERLAP, bool PRODUCER = false, int ITEMS = 1>
+// TMA (needs PRODUCER): one producer thread copies each tile with the Tensor
+// Memory Accelerator (tma.cuh) instead of 128 threads with cp.async.
+template <int G, int BC, bool OVERLAP, bool PRODUCER = false, int ITEMS = 1, bool TMA = false>
 struct WhShape {
   static_assert(ITEMS == 1 || (ITEMS == 2 && PRODUCER), "several row tiles a block need the producer");
+  static_assert(!TMA || PRODUCER, "TMA copies come from the producer");
   static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + PRODUCER), kItems = ITEMS;
-  static constexpr bool kOverlap = OVERLAP, kProducer = PRODUCER;
+  static constexpr bool kOverlap = OVERLAP, kProducer = PRODUCER, kTma = TMA;
   // Registers per thread after setmaxnreg. The launch (one block per SM)
   // gives every thread kLaunchRegs; the producer keeps 32, or 48 with two
   // consumers (less spilled: 24 with one row tile a block, 40 with two),
@@ -61,7 +65,9 @@ struct WhShape {
   // Asking for more than the block holds would hang the consumers'
   // setmaxnreg.inc.
   static constexpr int kLaunchRegs = std::min(65536 / kThreads / 8 * 8, 248);
-  static constexpr int kProducerRegs = G >= 3 ? 32 : 48;
+  // With TMA the producer keeps 24 (one thread copies): at E = 128 the two
+  // consumers get 240 instead of 224.
+  static constexpr int kProducerRegs = TMA ? 24 : G >= 3 ? 32 : 48;
   static constexpr int kConsumerRegs = std::min((kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8, 240);
   static_assert(!PRODUCER || 128 * (kProducerRegs + G * kConsumerRegs) <= 128 * (G + 1) * kLaunchRegs,
                 "setmaxnreg: the consumers ask for more registers than the producer frees");
@@ -131,11 +137,16 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
                                            const T* __restrict__ v, const void* mask_data,
                                            const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                            int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-                                           int mask_cs, float scale_log2, int slices, Layout lay) {
+                                           int mask_cs, float scale_log2, int slices, Layout lay,
+                                           const MapTemplate* map_template = nullptr,
+                                           void* map_slots = nullptr, unsigned long long tag = 0) {
   constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
   constexpr bool kProducer = Shape::kProducer;
   constexpr int kConsumers = kProducer ? kWhThreads - 128 : kWhThreads, G = kConsumers / 128;
-  constexpr int kCopiers = kProducer ? 128 : kWhThreads;  // threads that copy K and V
+  constexpr bool kTma = Shape::kTma;
+  // Threads that copy K and V: arrivals on a full barrier (with TMA, the
+  // producer thread's expect_tx; the bytes complete it).
+  constexpr int kCopiers = kTma ? 1 : kProducer ? 128 : kWhThreads;
   constexpr int NB = kWhBc / 8, NO = E / 8;
   static_assert(E == 64 || E == 128, "wgmma's N is the head dim in P V");
   using Smem = WhSmem<T, E, Shape>;
@@ -203,7 +214,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     mbar_init(&sm.q_full, kCopiers);
     mbar_init(&sm.q_empty, kConsumers);
   }
-  const TileCopy<T, E, kWhBc, kCopiers> copy_kv(tid % kCopiers);
+  if constexpr (kTma) fence_mbar_init();
+  const TileCopy<T, E, kWhBc, kTma ? 128 : kCopiers> copy_kv(tid % (kTma ? 128 : kCopiers));
   // Tile j into its buffer once every consumer is done with the block's
   // tile three before it there.
   auto load_tile = [&](int j) {
@@ -226,6 +238,55 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     __syncthreads();  // the barriers are initialised
     if (wg == G) {  // the producer: each item's Q once the consumers are done with the last, then its tiles
       setmaxnreg_dec<Shape::kProducerRegs>();
+      if constexpr (kTma) {
+        // Tensor maps of Q, K and V (4-d: head dim, rows, heads, batch); a
+        // box is 64 columns (128 bytes: the swizzle's row) of a tile's rows.
+        // Made by the producer's first warp once per SM and call
+        // (tma_call_maps), staged in a value buffer not yet loaded.
+        if (tid % 128 >= 32) return;
+        const int batch = units == 0 ? int(gridDim.z) : slices / H_q;
+        auto fields = [&](const void* base, const Rows& r, uint32_t rows, uint32_t heads) {
+          // A stride of 0 (an axis of size 1) as if the axis were packed.
+          const uint64_t sr = r.sr != 0 ? uint64_t(r.sr) * sizeof(T) : E * sizeof(T);
+          const uint64_t sh = r.sh != 0 ? uint64_t(r.sh) * sizeof(T) : sr * rows;
+          const uint64_t sb = r.sb != 0 ? uint64_t(r.sb) * sizeof(T) : sh * heads;
+          return MapFields{base, {uint32_t(E), rows, heads, uint32_t(batch)}, {sr, sh, sb}, 0};
+        };
+        unsigned char* staging = reinterpret_cast<unsigned char*>(sm.v[kWhBuffers - 1]);
+        MapFields f[3] = {fields(q, lay.q, L, H_q), fields(k, lay.k, S, H_kv), fields(v, lay.v, S, H_kv)};
+        f[0].box_rows = kWhBr;
+        f[1].box_rows = f[2].box_rows = kWhBc;
+        const unsigned char* maps =
+            tma_call_maps<3, wg_shapes::kMapSlots, wg_shapes::kMapSlotBytes>(map_slots, tag, *map_template, staging, f);
+        const void *map_q = maps, *map_k = maps + 128, *map_v = maps + 256;
+        if (tid % 128 != 0) return;
+        tma_prefetch_map(map_q);
+        tma_prefetch_map(map_k);
+        tma_prefetch_map(map_v);
+        constexpr uint32_t kQBytes = kWhBr * E * sizeof(T), kKvBytes = 2 * kWhBc * E * sizeof(T);
+        for (int i = 0; i < n_items; ++i) {
+          if (i > 0) {
+            begin_item(i);
+            mbar_wait(&sm.q_empty, (i - 1) & 1);
+          }
+          mbar_arrive_expect_tx(&sm.q_full, kQBytes);
+#pragma unroll
+          for (int cb = 0; cb < E / 64; ++cb)
+            tma_load_4d(sm.q + cb * kWhBr * 64, map_q, &sm.q_full, cb * 64, l0, blk.h, int(blk.b));
+          for (int j = 0; j < n_tiles; ++j) {
+            const int gj = it0 + j, b = gj % kWhBuffers;
+            if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
+            mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
+#pragma unroll
+            for (int cb = 0; cb < E / 64; ++cb) {
+              tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, j * kWhBc, blk.g, int(blk.b));
+              tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, j * kWhBc, blk.g, int(blk.b));
+            }
+          }
+          it0 += n_tiles;
+        }
+        return;
+      }
       const TileCopy<T, E, kWhBr, 128> copy_q(tid % 128);
       for (int i = 0; i < n_items; ++i) {
         if (i > 0) {
@@ -255,7 +316,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   uint32_t p[NK][4];                // P as P V's A operand
   auto wait_tile = [&](int j) {
     mbar_wait(&sm.full[buf(j)], ((it0 + j) / kWhBuffers) & 1);  // tile j has landed
-    fence_proxy_async();                                        // and is visible to wgmma
+    if constexpr (!kTma) fence_proxy_async();                   // and is visible to wgmma (TMA's are)
   };
   // The tile's buffer offset from lane 0, as wg above: ptxas then builds the
   // K and V descriptors in uniform registers (UIADD3) instead of moving each
@@ -357,7 +418,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     if (i > 0) begin_item(i);
     if constexpr (kProducer) {
       mbar_wait(&sm.q_full, i & 1);  // the item's Q has landed
-      fence_proxy_async();
+      if constexpr (!kTma) fence_proxy_async();
     }
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)
@@ -454,7 +515,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 // fa_prefill_wg_<dtype>_<E>: grid (row tiles x threads, H_q, batch) with
 // slices = 0, or (blocks x threads, 1, 1) with slices = batch x H_q (one
 // block per SM, at E = 128: prefill_wg); threads and dynamic shared memory as
-// wg_shapes.h says.
+// wg_shapes.h says. With TMA copies (wg_shapes.h's kF16Tma) it also takes
+// scratch for the maps (kMapSlots x kMapSlotBytes) as a second output, and,
+// as the last arguments, the call's tag (two 24-bit halves) and the tensor-map
+// template (32 words, made by the planner); strides must not be negative.
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
@@ -463,13 +527,16 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #endif
 using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E), fa::wg_shapes::f16_bc(FA_E),
                                 fa::wg_shapes::f16_overlap(FA_E), fa::wg_shapes::kF16Producer,
-                                fa::wg_shapes::f16_items(FA_E)>;
+                                fa::wg_shapes::f16_items(FA_E), fa::wg_shapes::kF16Tma>;
+static_assert(fa::wg_shapes::kF16Tma, "the unit's arguments are those of the TMA copies");
 static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_smem_bytes(FA_E),
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(fa_prefill_wg_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
-    FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
-    float scale_log2, int slices, FA_LAYOUT_PARAMS) {
+    FA_T* out, void* map_slots, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    float scale_log2, int slices, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi, FA_MAP_TEMPLATE_PARAMS) {
+  const fa::MapTemplate templ = FA_MAP_TEMPLATE;
   fa::prefill_wg<FA_T, FA_E, WhUnitShape>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                             scale_log2, slices, FA_LAYOUT);
+                                          scale_log2, slices, FA_LAYOUT, &templ, map_slots,
+                                          (unsigned long long)tag_hi << 24 | (unsigned)tag_lo);
 }

@@ -41,6 +41,13 @@ constexpr bool f16_overlap(int) { return true; }
 // with the descriptors in uniform registers, a later session: 0.288 both ways).
 constexpr int kF16SoftmaxUnderPvMaxE = 64;  // E up to this
 constexpr bool kF16Producer = true;
+// The producer copies with the Tensor Memory Accelerator (one thread, one
+// instruction a 64-column box) instead of 128 threads' cp.async. H200 probe
+// (this commit's session, runs alternating): qwen05b causal 8K 0.282 ->
+// 0.278 ms, hd128 causal 4K 0.268 -> 0.266 (with the maps made by the host
+// and passed ready: 0.272 and 0.263; made on the device they cost ~1.5 us
+// before a block's first copy, once per SM and call).
+constexpr bool kF16Tma = true;
 constexpr int f16_bc(int) { return 128; }
 constexpr int f16_rows(int E) { return kRowsPerGroup * f16_groups(E); }
 constexpr int f16_threads(int E) { return 128 * (f16_groups(E) + (kF16Producer ? 1 : 0)); }
@@ -61,6 +68,10 @@ constexpr int kF16Buffers = 3;
 // so that blocks keep the heaviest-first order: 0.288 -> 0.347 ms).
 constexpr int f16_items(int E) { return E <= 64 ? 1 : 2; }
 constexpr long long kF16ScheduleMinTiles = 512;
+// With TMA copies (prefill_f16_wg.cu) the blocks make their tensor maps (Q,
+// K, V: 128 bytes each) once per SM and call, in the SM's slot of scratch
+// memory (the maps, then an 8-byte tag); GPUs with more SMs share slots.
+constexpr int kMapSlots = 256, kMapSlotBytes = 512;
 constexpr int f16_smem_bytes(int E) {
   return (f16_rows(E) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + (2 * kF16Buffers + 2) * 8;
 }
