@@ -30,6 +30,17 @@ __global__ void __launch_bounds__(128 * (G + PRODUCER), 1) wg_kernel(
                                                                      FA_LAYOUT);
 }
 
+// The same with TMA copies (the shipped 16-bit kernels: wg_shapes.h's kF16Tma).
+template <int E, int G, int BC, bool OVERLAP, int ITEMS>
+__global__ void __launch_bounds__(128 * (G + 1), 1) wg_tma_kernel(
+    const T* q, const T* k, const T* v, const void* mask, const int64_t* mask_base, T* out, int H_q, int H_kv,
+    int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, int slices, FA_LAYOUT_PARAMS,
+    const void* map_template, void* map_slots, unsigned long long tag) {
+  fa::prefill_wg<T, E, fa::WhShape<G, BC, OVERLAP, true, ITEMS, true>>(
+      q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2, slices, FA_LAYOUT,
+      static_cast<const fa::MapTemplate*>(map_template), map_slots, tag);
+}
+
 // A wgmma kernel of G warpgroups and key/value tiles of BC keys, every one
 // copying and computing (the baseline of the producer variants below; the
 // shipped shapes are in wg_shapes.h).
@@ -51,15 +62,26 @@ __global__ void __launch_bounds__(128 * (G + PRODUCER), 1) wg_kernel(
         int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV, true, 2>>)),                        \
         wg_kernel<E, G, BC, OV, true, 2>, true                                              \
   }
+// The shipped launches: TMA copies, one block per SM taking many row tiles
+// when ITEMS = 2 (E = 128), one row tile a block otherwise (E = 64).
+#define WGT(E, G, BC, OV, ITEMS)                                                                    \
+  probe::Launch<T> {                                                                                \
+    "wgmma bf16 " #G "+1 x " #BC " TMA" #ITEMS, nullptr, 64 * G, 128 * (G + 1),                     \
+        int(sizeof(fa::WhSmem<T, E, fa::WhShape<G, BC, OV, true, ITEMS, true>>)), nullptr, ITEMS == 2, \
+        wg_tma_kernel<E, G, BC, OV, ITEMS>                                                          \
+  }
 // (Three tile buffers: 3 x 128 keys at E = 128 would not fit shared memory.)
 template <int E>
 std::vector<probe::Launch<T>> launches() {
   std::vector<probe::Launch<T>> all = {{"mma.sync bf16", mma_kernel<E>, 16 * fa::prefill_warps<E>(),
                                         32 * fa::prefill_warps<E>(), int(sizeof(fa::PrefillSmem<T, E>))},
-                                       WG(E, 2, 128, true), WGP(E, 2, 128, true), WGP2(E, 2, 128, true)};
+                                       WG(E, 2, 128, true), WGP(E, 2, 128, true), WGP2(E, 2, 128, true),
+                                       WGT(E, 2, 128, true, 2)};
   if (E == 64) {
     all.push_back(WGP(E, 3, 128, true));
     all.push_back(WGP2(E, 3, 128, true));
+    all.push_back(WGT(E, 3, 128, true, 1));
+    all.push_back(WGT(E, 3, 128, true, 2));
   }
   return all;
 }
@@ -76,5 +98,7 @@ int main(int argc, char** argv) {
   run<T, 128>({4, 1, 77, 77, 1, 40}, launches<128>(), 3);
   run<T, 64>({4, 1, 200, 333, 1, 250}, launches<64>(), 3);
   run<T, 128>({4, 4, 200, 333, 0, -1}, launches<128>(), 3);
+  run<T, 128>({32, 8, 4096, 4096, 1, -1, 1}, launches<128>(), reps);  // mlx-lm's transposed queries
+  run<T, 64>({14, 2, 1000, 1000, 1, -1, 1}, launches<64>(), reps);
   return 0;
 }

@@ -13,7 +13,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #define CHECK(x)                                                                        \
   do {                                                                                  \
@@ -29,6 +33,7 @@ namespace probe {
 struct Case {
   int H_q, H_kv, L, S, kind;  // kind: 0 none, 1 causal
   int nan_key;                // >= 0: V row of this key (KV head 0) is NaN
+  int tq = 0;                 // 1: Q stored (L, H_q, E), read through its strides (mlx-lm's layout)
 };
 
 inline float to_float(float x) { return x; }
@@ -66,6 +71,14 @@ template <typename T>
 using KernelS = void (*)(const T*, const T*, const T*, const void*, const int64_t*, T*, int, int, int, int, int,
                          int, int, float, int, int, int, int, int, int, int, int, int, int);
 
+// The 16-bit wgmma kernels with TMA copies (prefill_f16_wg.cu's TMA) take
+// three more: the tensor-map template (device memory), the maps' scratch and
+// the call's tag (a new one every launch, as the host gives).
+template <typename T>
+using KernelT = void (*)(const T*, const T*, const T*, const void*, const int64_t*, T*, int, int, int, int, int,
+                         int, int, float, int, int, int, int, int, int, int, int, int, int, const void*, void*,
+                         unsigned long long);
+
 template <typename T>
 struct Launch {
   const char* name;
@@ -73,7 +86,33 @@ struct Launch {
   int rows, threads, smem;
   KernelS<T> fn_s = nullptr;  // instead of fn
   bool scheduled = false;     // fn_s with one block per SM
+  KernelT<T> fn_t = nullptr;  // instead of fn
 };
+
+// The kernels' tensor-map template (cuTensorMapEncodeTiled, as
+// flashattn-core's csrc/cuda/driver.cpp makes it: placeholders the kernel
+// replaces), into 128 bytes at out.
+template <typename T>
+void map_template(void* out) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (!encode) {
+    cudaDriverEntryPointQueryResult found;
+    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                           cudaEnableDefault, &found));
+  }
+  const cuuint64_t dims[4] = {64, 1 << 16, 1, 1}, strides[3] = {128, 128 << 16, 128 << 16};
+  const cuuint32_t box[4] = {64, 128, 1, 1}, element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(static_cast<CUtensorMap*>(out),
+                            sizeof(T) == 2 && std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                            4, reinterpret_cast<void*>(uintptr_t{1} << 12), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::printf("cuTensorMapEncodeTiled failed: %d\n", int(r));
+    std::exit(1);
+  }
+}
 
 // Softmax attention of one query row (E elements at q_row) over keys
 // [0, last] of one KV head (k_head, v_head: S x E), in float64.
@@ -156,15 +195,28 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
     const int kvh = h / ratio;
     const int last = c.kind == 1 ? std::min(c.S - 1, r + offset) : c.S - 1;
     const size_t kv = size_t(kvh) * c.S * E;
-    ref.push_back(reference_row(&q[(size_t(h) * c.L + r) * E], &k[kv], &v[kv], last, E, scale));
+    const size_t q_row = c.tq ? size_t(r) * c.H_q + h : size_t(h) * c.L + r;
+    ref.push_back(reference_row(&q[q_row * E], &k[kv], &v[kv], last, E, scale));
   }
 
-  std::printf("E %d H_q %d H_kv %d L %d S %d %s%s\n", E, c.H_q, c.H_kv, c.L, c.S, c.kind ? "causal" : "none",
-              c.nan_key >= 0 ? " (a NaN value row)" : "");
+  std::printf("E %d H_q %d H_kv %d L %d S %d %s%s%s\n", E, c.H_q, c.H_kv, c.L, c.S, c.kind ? "causal" : "none",
+              c.nan_key >= 0 ? " (a NaN value row)" : "", c.tq ? " (Q transposed)" : "");
+  const int q_sh = c.tq ? E : c.L * E, q_sr = c.tq ? c.H_q * E : E;  // Q's head and row strides
+  // The TMA kernels' template, then scratch for their maps (256 slots of 512 bytes).
+  unsigned char* maps = nullptr;
+  static unsigned long long tag = 1;
+  {
+    alignas(64) unsigned char templ[128];
+    map_template<T>(templ);
+    CHECK(cudaMalloc(&maps, 128 + 256 * 512));
+    CHECK(cudaMemcpy(maps, templ, 128, cudaMemcpyHostToDevice));
+  }
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (const auto& ln : launches) {
-    if (ln.fn_s != nullptr) {
+    if (ln.fn_t != nullptr) {
+      CHECK(cudaFuncSetAttribute(ln.fn_t, cudaFuncAttributeMaxDynamicSharedMemorySize, ln.smem));
+    } else if (ln.fn_s != nullptr) {
       CHECK(cudaFuncSetAttribute(ln.fn_s, cudaFuncAttributeMaxDynamicSharedMemorySize, ln.smem));
     } else {
       CHECK(cudaFuncSetAttribute(ln.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, ln.smem));
@@ -172,13 +224,18 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
     const int tiles = (c.L + ln.rows - 1) / ln.rows;
     const dim3 grid = ln.scheduled ? dim3(std::min(tiles * c.H_q, sms), 1, 1) : dim3(tiles, c.H_q, 1);
     auto go = [&] {
-      if (ln.fn_s != nullptr) {
+      if (ln.fn_t != nullptr) {
+        ln.fn_t<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, 0,
+                                               scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, q_sh, q_sr,
+                                               c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E, maps,
+                                               maps + 128, ++tag);
+      } else if (ln.fn_s != nullptr) {
         ln.fn_s<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, 0,
-                                               scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, c.L * E, E,
+                                               scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, q_sh, q_sr,
                                                c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E);
       } else {
         ln.fn<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, 0,
-                                             scale_log2, c.H_q * c.L * E, c.L * E, E, c.H_kv * c.S * E, c.S * E, E,
+                                             scale_log2, c.H_q * c.L * E, q_sh, q_sr, c.H_kv * c.S * E, c.S * E, E,
                                              c.H_kv * c.S * E, c.S * E, E);
       }
     };
@@ -211,6 +268,7 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
     std::printf("  %-26s %8.3f ms %7.1f TFLOP/s  max err %.2e (max |ref| %.2f)  NaN rows %d/%d\n", ln.name, med,
                 flops / med / 1e9, err, big, nan_rows, want_nan);
   }
+  cudaFree(maps);
   cudaFree(dq);
   cudaFree(dk);
   cudaFree(dv);
