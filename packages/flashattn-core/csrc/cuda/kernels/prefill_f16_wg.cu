@@ -242,8 +242,15 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         // Tensor maps of Q, K and V (4-d: head dim, rows, heads, batch); a
         // box is 64 columns (128 bytes: the swizzle's row) of a tile's rows.
         // Made by the producer's first warp once per SM and call
-        // (tma_call_maps), staged in a value buffer not yet loaded.
+        // (tma_call_maps), staged in a value buffer not yet loaded. Item 0's
+        // Q and first key/value tile are copied by the consumers meanwhile
+        // (below): the producer only arrives for them. (Making the maps takes
+        // ~1-3 us, which calls of one wave of blocks otherwise wait out.)
         if (tid % 128 >= 32) return;
+        if (tid % 128 == 0) {
+          mbar_arrive(&sm.q_full);
+          if (n_tiles > 0) mbar_arrive(&sm.full[0]);
+        }
         const int batch = units == 0 ? int(gridDim.z) : slices / H_q;
         auto fields = [&](const void* base, const Rows& r, uint32_t rows, uint32_t heads) {
           // A stride of 0 (an axis of size 1) as if the axis were packed.
@@ -257,7 +264,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         f[0].box_rows = kWhBr;
         f[1].box_rows = f[2].box_rows = kWhBc;
         const unsigned char* maps =
-            tma_call_maps<3, wg_shapes::kMapSlots, wg_shapes::kMapSlotBytes>(map_slots, tag, *map_template, staging, f);
+            tma_call_maps<3, wg_shapes::kMapSlots, wg_shapes::kMapSlotBytes>(map_slots, tag, *map_template, staging, f,
+                                                                             units > 0);
         const void *map_q = maps, *map_k = maps + 128, *map_v = maps + 256;
         if (tid % 128 != 0) return;
         tma_prefetch_map(map_q);
@@ -269,11 +277,13 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
             begin_item(i);
             mbar_wait(&sm.q_empty, (i - 1) & 1);
           }
-          mbar_arrive_expect_tx(&sm.q_full, kQBytes);
+          if (i > 0) {
+            mbar_arrive_expect_tx(&sm.q_full, kQBytes);
 #pragma unroll
-          for (int cb = 0; cb < E / 64; ++cb)
-            tma_load_4d(sm.q + cb * kWhBr * 64, map_q, &sm.q_full, cb * 64, l0, blk.h, int(blk.b));
-          for (int j = 0; j < n_tiles; ++j) {
+            for (int cb = 0; cb < E / 64; ++cb)
+              tma_load_4d(sm.q + cb * kWhBr * 64, map_q, &sm.q_full, cb * 64, l0, blk.h, int(blk.b));
+          }
+          for (int j = i == 0 ? 1 : 0; j < n_tiles; ++j) {
             const int gj = it0 + j, b = gj % kWhBuffers;
             if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
             mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
@@ -302,6 +312,19 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       return;
     }
     setmaxnreg_inc<Shape::kConsumerRegs>();
+    if constexpr (kTma) {  // item 0's Q and first tile, while the producer makes the maps (above)
+      const TileCopy<T, E, kWhBr, kConsumers> copy_q(tid);
+      copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
+      if (n_tiles > 0) {
+        const TileCopy<T, E, kWhBc, kConsumers> copy_tile(tid);
+        copy_tile(sm.k[0], k_head, lay.k.sr, 0, S);
+        copy_tile(sm.v[0], v_head, lay.v.sr, 0, S);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();
+      named_sync(2 + G, kConsumers);
+    }
   }
 
   const WgDesc d_q(wgmma_desc_sw128(sm.q + wg * kWhRows * 64, 16, 1024));

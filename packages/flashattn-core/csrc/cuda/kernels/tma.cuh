@@ -103,10 +103,14 @@ __device__ __forceinline__ void tma_make_maps(unsigned char* global_maps, const 
 // an SM makes them (tma_make_maps) and then sets the slot's tag to the
 // call's (a number the host never repeats); later blocks there find the tag
 // and only fence. (Made by every block they cost ~1.5 us before its first
-// copy.) Slots kSlotBytes apart: N maps, then the tag. The whole warp calls it.
+// copy.) With `make` the block makes them without looking (a launch of at
+// most one block per SM: reading the tag is a round trip to memory, and a
+// second block on an SM would only write the same maps again). Slots
+// kSlotBytes apart: N maps, then the tag. The whole warp calls it.
 template <int N, int kSlots, int kSlotBytes>
 __device__ __forceinline__ unsigned char* tma_call_maps(void* slots, unsigned long long tag, const MapTemplate& templ,
-                                                        unsigned char* staging, const MapFields (&f)[N]) {
+                                                        unsigned char* staging, const MapFields (&f)[N],
+                                                        bool make) {
   static_assert(kSlotBytes >= 128 * N + 8, "a slot holds the maps and the tag");
   uint32_t sm_id;
   asm("mov.u32 %0, %%smid;" : "=r"(sm_id));
@@ -114,8 +118,8 @@ __device__ __forceinline__ unsigned char* tma_call_maps(void* slots, unsigned lo
   auto* maps = static_cast<unsigned char*>(slots) + (sm_id % kSlots) * kSlotBytes;
   auto* slot_tag = reinterpret_cast<unsigned long long*>(maps + 128 * N);
   unsigned long long seen = 0;
-  if ((threadIdx.x & 31) == 0) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(slot_tag) : "memory");
-  if (__shfl_sync(0xffffffffu, seen == tag, 0)) {
+  if (!make && (threadIdx.x & 31) == 0) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(slot_tag) : "memory");
+  if (!make && __shfl_sync(0xffffffffu, seen == tag, 0)) {
 #pragma unroll
     for (int i = 0; i < N; ++i)
       asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(
