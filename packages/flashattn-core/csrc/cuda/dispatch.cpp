@@ -304,10 +304,9 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   namespace ws = fa::wg_shapes;
   const std::string wg_kernel = "fa_prefill_wg_" + d.dt + "_" + std::to_string(d.E);
   // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
-  const std::vector<int> no_maps;
-  const std::vector<int>& maps = dtype == mx::float32 || !ws::kF16Tma ? no_maps : map_template(dtype);
-  const bool maps_ready = dtype == mx::float32 || !ws::kF16Tma || !maps.empty();
-  if (maps_ready && find_image(wg_kernel, device_index)) {
+  const bool needs_maps = dtype != mx::float32 && ws::kF16Tma;
+  const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
+  if ((!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index)) {
     kernel = wg_kernel;
     if (dtype == mx::float32) {
       rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
@@ -328,7 +327,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
     if (scheduled) grid = {static_cast<int>(std::min<int64_t>(units, sms)) * threads, 1, 1};
   }
   Step attend{kernel, scalars, grid, {threads, 1, 1}, smem};
-  return Launches{attend, std::nullopt, 0, kernel == wg_kernel ? maps : no_maps};
+  return Launches{attend, std::nullopt, 0, kernel == wg_kernel ? maps : std::vector<int>{}};
 }
 
 }  // namespace

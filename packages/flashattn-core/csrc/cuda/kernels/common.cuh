@@ -33,6 +33,13 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// A call's tag (48 bits the host never repeats: primitive.cpp's next_tag)
+// from its two 24-bit launch arguments: the fused decode's flags and the
+// tensor maps' slots tell this call's writes from what lay there before.
+__device__ __forceinline__ unsigned long long call_tag(int lo, int hi) {
+  return (unsigned long long)hi << 24 | (unsigned)lo;
+}
+
 // Where the rows of Q, K or V lie: element e of row r of (batch b, head h)
 // is at b sb + h sh + r sr + e (MLX strides, in elements).
 struct Rows {

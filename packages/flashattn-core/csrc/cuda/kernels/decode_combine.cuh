@@ -56,11 +56,6 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
 constexpr int kFusedMaxSplits = 128;  // the merge's weights sit in shared memory
 constexpr int kFusedMaxRows = 16;     // rows of one decode block
 
-// The call's tag from its two 24-bit launch arguments.
-__device__ __forceinline__ unsigned long long call_tag(int lo, int hi) {
-  return (unsigned long long)hi << 24 | (unsigned)lo;
-}
-
 // This block's group's flags (gridDim.x of them): groups are (batch,
 // grid.y) pairs in both decode kernels.
 __device__ __forceinline__ unsigned long long* split_flags(float* ml_part, int64_t rows_total) {

@@ -561,5 +561,5 @@ extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(f
   const fa::MapTemplate templ = FA_MAP_TEMPLATE;
   fa::prefill_wg<FA_T, FA_E, WhUnitShape>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
                                           scale_log2, slices, FA_LAYOUT, &templ, map_slots,
-                                          (unsigned long long)tag_hi << 24 | (unsigned)tag_lo);
+                                          fa::call_tag(tag_lo, tag_hi));
 }
