@@ -18,7 +18,7 @@
 using T = __nv_bfloat16;
 
 template <int E, bool kFused>
-__global__ void __launch_bounds__(128) attend(const T* q, const T* k, const T* v, T* out, float* o_part,
+__global__ void __launch_bounds__(32 * fa::decode_shapes::mma_warps(E)) attend(const T* q, const T* k, const T* v, T* out, float* o_part,
                                               float* ml_part, int H_q, int H_kv, int S, int keys_per_split,
                                               float scale_log2, fa::Layout lay, unsigned long long tag) {
   fa::decode_mma<T, E>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
@@ -59,7 +59,7 @@ void run(const Shape& sh, int reps) {
   CHECK(cudaMalloc(&dkv, kv_bytes * copies));
   CHECK(cudaMalloc(&dout, nq * sizeof(T)));
   const int max_splits = fa::merge_shapes::kMaxSplits;
-  const size_t part_floats = size_t(max_splits) * (H_q * (E + 2) + 2 * H_kv);
+  const size_t part_floats = size_t(max_splits) * (H_q * (E + 2) + 2 * H_kv) + 2 * H_kv;  // + claims
   CHECK(cudaMalloc(&dpart, part_floats * sizeof(float)));
   CHECK(cudaMemcpy(dq, q.data(), nq * sizeof(T), cudaMemcpyHostToDevice));
   for (int c = 0; c < copies; ++c) {
@@ -94,10 +94,10 @@ void run(const Shape& sh, int reps) {
       const T* vv = kk + nk;
       ++tag;
       if (var.fused) {
-        attend<E, true><<<dim3(splits, H_kv, 1), 128>>>(dq, kk, vv, dout, dpart, dpart + size_t(splits) * rows * E,
+        attend<E, true><<<dim3(splits, H_kv, 1), 32 * fa::decode_shapes::mma_warps(E)>>>(dq, kk, vv, dout, dpart, dpart + size_t(splits) * rows * E,
                                                         H_q, H_kv, S, kps, scale * FA_LOG2E, lay, tag);
       } else {
-        attend<E, false><<<dim3(splits, H_kv, 1), 128>>>(dq, kk, vv, nullptr, dpart,
+        attend<E, false><<<dim3(splits, H_kv, 1), 32 * fa::decode_shapes::mma_warps(E)>>>(dq, kk, vv, nullptr, dpart,
                                                          dpart + size_t(splits) * rows * E, H_q, H_kv, S, kps,
                                                          scale * FA_LOG2E, lay, tag);
         if (var.merge) {

@@ -33,6 +33,7 @@
 
 #include "cuda/driver.h"
 #include "cuda/kernel_images.h"
+#include "cuda/kernels/decode_shapes.h"
 #include "cuda/kernels/merge_shapes.h"
 #include "cuda/kernels/wg_shapes.h"
 #include "cuda/plan.h"
@@ -269,10 +270,13 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
   const std::string family = mma ? "fa_decode_mma_" : "fa_decode_";
   const char* variant = splits == 1 ? "" : fused ? "fused_" : "split_";
+  const int threads = mma ? 32 * fa::decode_shapes::mma_warps(d.E) : kThreads;
   Step attend{family + variant + suffix, scalars,
-              {splits * kThreads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {kThreads, 1, 1}, 0};
+              {splits * threads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {threads, 1, 1}, 0};
   if (splits == 1) return Launches{attend, std::nullopt};
-  if (fused) return Launches{attend, std::nullopt, 2 * groups * row_blocks * splits};
+  // the fused kernel's scratch past the m / l partials: a flag per block and
+  // a claim word per group, 8 bytes each (decode_combine.cuh)
+  if (fused) return Launches{attend, std::nullopt, 2 * groups * row_blocks * (splits + 1)};
   return Launches{attend, merge_step(d, static_cast<int>(d.batch * d.H_q * d.L), splits)};
 }
 

@@ -4,13 +4,14 @@
 // (no mask, or causal with one query position) and a group has at most 16
 // rows; decode.cu takes the other decode cases and float32.
 //
-// Grid as decode.cu's: (splits x 128 threads, H_kv, batch). A block of 4
-// warps takes one (batch, KV head) group (ratio x L rows, the rest of the 16
-// zero) and one split of the keys; warp w walks chunks of KC keys (32 for
-// E = 64, 16 for E = 128). K and V go from global memory straight into mma
-// fragments, each lane loading 16 contiguous bytes of a row (every sector
-// read whole, no shared-memory staging), the rows a few chunks ahead asked
-// into L2:
+// Grid as decode.cu's: (splits x threads, H_kv, batch). A block of W warps
+// (decode_shapes.h: 8 for E = 64, 4 for E = 128) takes one (batch, KV head)
+// group (ratio x L rows, the rest of the 16 zero) and one split of the keys;
+// the warps walk chunks of KC keys (32 for E = 64, 16 for E = 128), U of
+// them a warp at once (a pass: all U chunks' loads issued, then computed).
+// K and V go from global memory straight into mma fragments, each lane
+// loading 16 contiguous bytes of a row (every sector read whole, no
+// shared-memory staging), the rows of the next chunks asked into L2:
 //
 //   S = Q K^T   lane (g, t) loads dims [32b + 8t, +8) of key g of an 8-key
 //               tile. The head-dim sum runs in a permuted order (k-step
@@ -23,22 +24,22 @@
 //               64d + 8n + i lands in tile i, column n.
 //
 // Keys past the split's end load as zeros (P = 0 multiplies only zeros), so
-// no hidden value reaches a row. The 4 warps' (m, l, o) are combined through
+// no hidden value reaches a row. The warps' (m, l, o) are combined through
 // shared memory (decode_combine.cuh).
 
 #include "decode_combine.cuh"
+#include "decode_shapes.h"
 #include "mma.cuh"
 #include "unit.cuh"
 
 namespace fa {
 
-constexpr int kMmaWarps = 4;
-constexpr int kMmaAhead = 2;  // chunks ahead of the current one asked into L2
+constexpr int kMmaAhead = 2;  // chunks ahead of the current one asked into L2 (U = 1)
 
-template <int E>
+template <int E, int W>
 struct MmaDecodeSmem {
-  float o[kMmaWarps][16][E];
-  float m[kMmaWarps][16], l[kMmaWarps][16];
+  float o[W][16][E];
+  float m[W][16], l[W][16];
 };
 
 __device__ __forceinline__ uint4 load16(const void* p, bool valid) {
@@ -55,7 +56,17 @@ __device__ __forceinline__ uint32_t pair(const uint4& u, const uint4& v, int i) 
   return __byte_perm(word(u, i >> 1), word(v, i >> 1), (i & 1) ? 0x7632 : 0x5410);
 }
 
-template <typename T, int E>
+// The column where a warp leaves dim e of row r of its o in shared memory:
+// e XOR-swizzled within its block of 16 so that the warp's 32 stores of one
+// accumulator register (rows g, g + 8; dims 64 db + 16 t + 8 (c & 1) + i)
+// fall in 32 banks. Unswizzled, the 8 rows g of a lane column hit one bank
+// (16-way conflicts: ~2 us of stores a block of 8 warps on an H200).
+struct MmaDecodeColumn {
+  __device__ __forceinline__ int operator()(int r, int e) const { return e ^ (2 * (r & 7) + ((e >> 5) & 1)); }
+};
+
+// W warps; each warp loads U chunks at once (a pass), then computes them.
+template <typename T, int E, int W = decode_shapes::mma_warps(E), int U = decode_shapes::mma_chunks_in_flight(E)>
 __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, T* __restrict__ out,
                                            float* __restrict__ o_part, float* __restrict__ ml_part,
@@ -65,7 +76,9 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
   static_assert(E == 64 || E == 128, "tensor-core decode takes E = 64 or 128");
   constexpr int KC = 2048 / E;  // keys per chunk: what the registers hold
   constexpr int NT = KC / 8, KB = E / 32, KS = KC / 16, DB = E / 64, NO = 8 * DB;
-  __shared__ MmaDecodeSmem<E> sm;
+  constexpr int PASS = W * U * KC;  // keys a pass of the block covers
+  __shared__ MmaDecodeSmem<E, W> sm;
+  FA_MARK(0);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int ratio = H_q / H_kv, R = ratio * L;  // R <= 16 (the dispatch's condition)
   const int split = blockIdx.x, kvh = blockIdx.y;
@@ -90,8 +103,12 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       }
     }
   };
+  // chunk u of a pass from `base`: this warp's keys from chunk_at(base, u)
+  auto chunk_at = [&](int base, int u) { return base + (u * W + w) * KC; };
+  if constexpr (U == 1) {
 #pragma unroll
-  for (int a = 0; a <= kMmaAhead; ++a) prefetch_chunk(c_begin + (a * kMmaWarps + w) * KC);
+    for (int a = 0; a <= kMmaAhead; ++a) prefetch_chunk(c_begin + (a * W + w) * KC);
+  }
 
   // Query fragments of rows g and g + 8 (zeros past R), per 32-dim block.
   uint4 qa[KB], qb[KB];
@@ -103,57 +120,75 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 
   float o[NO][4] = {};  // tile 8 db + i: dims 64 db + 8 n + i (n: the fragment's column)
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
-  for (int c0 = c_begin + w * KC; c0 < c_end; c0 += kMmaWarps * KC) {
-    prefetch_chunk(c0 + (kMmaAhead + 1) * kMmaWarps * KC);
-    uint4 kf[NT][KB], vf[KS][4][DB];
+  for (int base = c_begin; base < c_end; base += PASS) {
+    if constexpr (U == 1) {
+      prefetch_chunk(chunk_at(base, 0) + (kMmaAhead + 1) * PASS);
+    } else {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int key = c0 + 8 * nt + g;
-#pragma unroll
-      for (int kb = 0; kb < KB; ++kb) kf[nt][kb] = load16(k_head + key * ks + 32 * kb + 8 * t, key < c_end);
+      for (int u = 0; u < U; ++u) prefetch_chunk(chunk_at(base + PASS, u));
     }
+    uint4 kf[U][NT][KB], vf[U][KS][4][DB];
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
+    for (int u = 0; u < U; ++u) {
+      const int c0 = chunk_at(base, u);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int key = c0 + 16 * s + 2 * t + (j & 1) + (j >> 1) * 8;
+      for (int nt = 0; nt < NT; ++nt) {
+        const int key = c0 + 8 * nt + g;
 #pragma unroll
-        for (int db = 0; db < DB; ++db) vf[s][j][db] = load16(v_head + key * vs + 64 * db + 8 * g, key < c_end);
+        for (int kb = 0; kb < KB; ++kb)
+          kf[u][nt][kb] = load16(k_head + key * ks + 32 * kb + 8 * t, key < c_end);
       }
-    }
-
-    // S = Q K^T
-    float sc[NT][4] = {};
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+      for (int s = 0; s < KS; ++s) {
 #pragma unroll
-      for (int kb = 0; kb < KB; ++kb) {
+        for (int j = 0; j < 4; ++j) {
+          const int key = c0 + 16 * s + 2 * t + (j & 1) + (j >> 1) * 8;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t a[4] = {word(qa[kb], 2 * j), word(qb[kb], 2 * j), word(qa[kb], 2 * j + 1),
-                                 word(qb[kb], 2 * j + 1)};
-          mma16816<T>(sc[nt], a, word(kf[nt][kb], 2 * j), word(kf[nt][kb], 2 * j + 1));
+          for (int db = 0; db < DB; ++db)
+            vf[u][s][j][db] = load16(v_head + key * vs + 64 * db + 8 * g, key < c_end);
         }
       }
     }
-    // Online softmax (mma.cuh): keys past the split's end and rows past R hidden.
-    const Mask none{kNone, nullptr, nullptr, 0, 0, 0};
-    softmax_step<NT, NO>(sc, o, m_i, l_i, none, 0, g, R, c_end, c0, scale_log2, c0 + KC > c_end, lane);
 
-    // O += P V
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      const uint32_t a[4] = {pack2<T>(sc[2 * s][0], sc[2 * s][1]), pack2<T>(sc[2 * s][2], sc[2 * s][3]),
-                             pack2<T>(sc[2 * s + 1][0], sc[2 * s + 1][1]),
-                             pack2<T>(sc[2 * s + 1][2], sc[2 * s + 1][3])};
+    for (int u = 0; u < U; ++u) {
+      const int c0 = chunk_at(base, u);
+      if (c0 >= c_end) break;  // past the split's end: this warp's later chunks too
+      // S = Q K^T
+      float sc[NT][4] = {};
 #pragma unroll
-      for (int db = 0; db < DB; ++db)
+      for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-          mma16816<T>(o[8 * db + i], a, pair(vf[s][0][db], vf[s][1][db], i), pair(vf[s][2][db], vf[s][3][db], i));
+        for (int kb = 0; kb < KB; ++kb) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t a[4] = {word(qa[kb], 2 * j), word(qb[kb], 2 * j), word(qa[kb], 2 * j + 1),
+                                   word(qb[kb], 2 * j + 1)};
+            mma16816<T>(sc[nt], a, word(kf[u][nt][kb], 2 * j), word(kf[u][nt][kb], 2 * j + 1));
+          }
+        }
+      }
+      // Online softmax (mma.cuh): keys past the split's end and rows past R hidden.
+      const Mask none{kNone, nullptr, nullptr, 0, 0, 0};
+      softmax_step<NT, NO>(sc, o, m_i, l_i, none, 0, g, R, c_end, c0, scale_log2, c0 + KC > c_end, lane);
+
+      // O += P V
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        const uint32_t a[4] = {pack2<T>(sc[2 * s][0], sc[2 * s][1]), pack2<T>(sc[2 * s][2], sc[2 * s][3]),
+                               pack2<T>(sc[2 * s + 1][0], sc[2 * s + 1][1]),
+                               pack2<T>(sc[2 * s + 1][2], sc[2 * s + 1][3])};
+#pragma unroll
+        for (int db = 0; db < DB; ++db)
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            mma16816<T>(o[8 * db + i], a, pair(vf[u][s][0][db], vf[u][s][1][db], i),
+                        pair(vf[u][s][2][db], vf[u][s][3][db], i));
+      }
     }
   }
 
+  FA_MARK(1);
   // This warp's rows g and g + 8 into shared memory (l summed over the quad).
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -166,16 +201,22 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) sm.o[w][g + 8 * (c >> 1)][64 * db + 8 * (2 * t + (c & 1)) + i] = o[8 * db + i][c];
+      for (int c = 0; c < 4; ++c) {
+        const int r = g + 8 * (c >> 1), e = 64 * db + 8 * (2 * t + (c & 1)) + i;
+        sm.o[w][r][MmaDecodeColumn{}(r, e)] = o[8 * db + i][c];
+      }
   __syncthreads();
+  FA_MARK(2);
 
-  finish_decode_block(sm.o, sm.m, sm.l, R, [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; }, out,
-                      o_part, ml_part, (int64_t)gridDim.z * H_q * L, fused, tag);
+  auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
+  finish_decode_block(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, (int64_t)gridDim.z * H_q * L, fused, tag,
+                      MmaDecodeColumn{});
 }
 
 }  // namespace fa
 
-// fa_decode_mma_<dtype>_<E>: grid (splits x 128, H_kv, batch), 128 threads;
+// fa_decode_mma_<dtype>_<E>: grid (splits x threads, H_kv, batch), threads =
+// 32 decode_shapes::mma_warps(E);
 // fa_decode_mma_split_<dtype>_<E> writes partials for fa_merge_<dtype>;
 // fa_decode_mma_fused_<dtype>_<E> merges them itself. The
 // arguments are decode.cu's (the mask ones unused: no mask reaches here).
@@ -185,15 +226,16 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 #if FA_DTYPE == 0
 #error "decode_mma.cu takes float16 or bfloat16"
 #endif
+#define FA_DECODE_MMA_THREADS (32 * fa::decode_shapes::mma_warps(FA_E))
 #if FA_PARTIAL == 0
-extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(fa_decode_mma_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, int H_q, int H_kv,
     int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::decode_mma<FA_T, FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split,
                              scale_log2, FA_LAYOUT);
 }
 #elif FA_PARTIAL == 1
-extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_split_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(fa_decode_mma_split_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, float* o_part, float* ml_part,
     int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::decode_mma<FA_T, FA_E>(q, k, v, nullptr, o_part, ml_part, false, 0, H_q, H_kv, L, S, keys_per_split,
@@ -203,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_split_, 
 // fa_decode_mma_fused_<dtype>_<E>: split and merge in one launch (at most
 // kFusedMaxSplits splits); the partials and split flags are scratch
 // outputs. tag_lo, tag_hi: the call's tag, 24 bits each (decode_combine.cuh).
-extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_mma_fused_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(fa_decode_mma_fused_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, float* o_part,
     float* ml_part, int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2,
     FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {

@@ -1,0 +1,268 @@
+// Floors for a decode call on the GPU (no MLX): what an empty launch, a plain
+// read of the call's K and V, a read by TMA bulk copies, and the fused
+// tensor-core decode itself cost per launch, each timed as MLX runs them:
+// 20 launches recorded in one CUDA graph, the graph launched and timed with
+// CUDA events (median of reps), K / V the same each launch (hot in L2, as
+// `flash-eval kernel` times calls).
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/df scripts/decode-floor.cu && /tmp/df
+
+#include <cstdint>
+
+// Timeline marks (common.cuh's FA_MARK): thread 0 of each block records
+// %globaltimer at the decode's points 0-9 when g_marks is set.
+struct Marks {
+  unsigned long long ns[10];
+};
+__device__ Marks* g_marks;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define FA_MARK(i)                                                                              \
+  do {                                                                                          \
+    if (threadIdx.x == 0 && g_marks != nullptr)                                                 \
+      g_marks[(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x].ns[i] = global_ns(); \
+  } while (0)
+
+#define FA_DTYPE 2
+#define FA_E 64
+#define FA_PARTIAL 2
+#include "../packages/flashattn-core/csrc/cuda/kernels/decode_mma.cu"
+#include "../packages/flashattn-core/csrc/cuda/kernels/tma.cuh"
+#include "../packages/flashattn-core/csrc/cuda/kernels/pingpong.cuh"
+#include "probe/harness.cuh"
+
+using T = __nv_bfloat16;
+
+__global__ void empty_kernel(uint32_t* sink) {
+  if (sink != nullptr && threadIdx.x == 1023) sink[0] = 0;
+}
+
+// Block b reads its share of n16 16-byte words, U loads in flight a thread.
+template <int U>
+__global__ void read_kernel(const uint4* __restrict__ src, size_t n16, uint32_t* sink) {
+  const size_t per = (n16 + gridDim.x - 1) / gridDim.x;
+  const size_t begin = blockIdx.x * per, end = min(n16, begin + per);
+  uint32_t acc = 0;
+  for (size_t i = begin + threadIdx.x; i < end; i += size_t(blockDim.x) * U) {
+    uint4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t j = i + size_t(u) * blockDim.x;
+      r[u] = j < end ? __ldcg(src + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
+  }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// Block b copies its share (bytes a multiple of 16 * grid) into shared
+// memory by 1-d bulk copies of `chunk` bytes, all issued at once by thread
+// 0; every warp waits for them all and reads one word of each.
+__global__ void bulk_kernel(const char* __restrict__ src, size_t bytes, int chunk, uint32_t* sink) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ uint64_t bar;
+  const size_t per = bytes / gridDim.x;
+  const char* mine = src + blockIdx.x * per;
+  if (threadIdx.x == 0) {
+    fa::mbar_init(&bar, 1);
+    fa::fence_mbar_init();
+    fa::mbar_arrive_expect_tx(&bar, uint32_t(per));
+    for (size_t off = 0; off < per; off += chunk) {
+      const uint32_t n = uint32_t(min(size_t(chunk), per - off));
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+              fa::smem_u32(smem + off)),
+          "l"(mine + off), "r"(n), "r"(fa::smem_u32(&bar))
+          : "memory");
+    }
+  }
+  __syncthreads();
+  fa::mbar_wait(&bar, 0);
+  uint32_t acc = 0;
+  for (size_t off = threadIdx.x * 16; off < per; off += 16 * blockDim.x) acc ^= *reinterpret_cast<uint32_t*>(smem + off);
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// W warps, U chunks of keys in flight a warp; fused: merged in the launch,
+// else the splits' partials alone (the merge's share of the time).
+template <int E, int W, int U, bool kFused>
+__global__ void __launch_bounds__(32 * W) decode_kernel(const T* q, const T* k, const T* v, T* out, float* o_part,
+                                                        float* ml_part, int H_q, int H_kv, int S, int keys_per_split,
+                                                        float scale_log2, fa::Layout lay, unsigned long long tag) {
+  fa::decode_mma<T, E, W, U>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
+                              keys_per_split, scale_log2, lay);
+}
+
+// Microseconds per launch: `batch` launches captured in one graph, the
+// graph launched `reps` times, each timed; the median.
+template <typename Launch>
+float graph_us(Launch launch, int reps, void* clear = nullptr, size_t clear_bytes = 0, int batch = 20) {
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < batch; ++i) launch(s, i);
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> per;
+  for (int r = 0; r < reps + 2; ++r) {
+    // the fused decode's flags hold the launch's tag, which a replay repeats
+    if (clear != nullptr) CHECK(cudaMemsetAsync(clear, 0, clear_bytes, s));
+    CHECK(cudaEventRecord(a, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 2) per.push_back(ms * 1000 / batch);
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaGraphExecDestroy(ge));
+  CHECK(cudaGraphDestroy(g));
+  CHECK(cudaStreamDestroy(s));
+  return probe::median(per);
+}
+
+// One shape's floors (when asked) and decode variants: variants(variant)
+// runs the decode kernels to time, variant(name, kernel, warps, splits,
+// fused, timeline).
+template <int E, typename Variants>
+void shape(const char* name, int H_q, int H_kv, int S, bool floors, int reps, int sms, uint32_t* sink,
+           Variants variants) {
+  const size_t nk = size_t(H_kv) * S * E, bytes = 2 * nk * sizeof(T);
+  std::vector<T> q = probe::randn<T>(size_t(H_q) * E, 1), kv = probe::randn<T>(2 * nk, 2);
+  T *dq, *dkv, *dout;
+  float* dpart;
+  CHECK(cudaMalloc(&dq, q.size() * sizeof(T)));
+  CHECK(cudaMalloc(&dkv, bytes));
+  CHECK(cudaMalloc(&dout, q.size() * sizeof(T)));
+  const size_t part_bytes = (size_t(128) * (H_q * (E + 2) + 2 * H_kv) + 64) * sizeof(float);
+  CHECK(cudaMalloc(&dpart, part_bytes));
+  CHECK(cudaMemcpy(dq, q.data(), q.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dkv, kv.data(), bytes, cudaMemcpyHostToDevice));
+  std::printf("%s S=%d: K/V %.1f MB\n", name, S, bytes / 1e6);
+  for (int grid : {sms, 2 * sms, 4 * sms}) {
+    if (!floors) break;
+    for (int threads : {256, 512}) {
+      const float t = graph_us(
+          [&](cudaStream_t s, int) {
+            read_kernel<8><<<grid, threads, 0, s>>>(reinterpret_cast<const uint4*>(dkv), bytes / 16, sink);
+          },
+          reps);
+      std::printf("  read, %4d blocks x %3d threads, 8 x 16 B in flight   %6.2f us  %6.0f GB/s\n", grid, threads, t,
+                  bytes / (t * 1e3));
+    }
+  }
+  for (int grid : {128, 256, 512}) {
+    if (!floors) break;
+    const size_t per = bytes / grid;
+    if (per > 200 * 1024) continue;
+    CHECK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+    for (int chunk : {4096, 16384}) {
+      const float t = graph_us(
+          [&](cudaStream_t s, int) {
+            bulk_kernel<<<grid, 128, per, s>>>(reinterpret_cast<const char*>(dkv), bytes, chunk, sink);
+          },
+          reps);
+      std::printf("  bulk, %4d blocks, %6zu B each in %5d B copies         %6.2f us  %6.0f GB/s\n", grid, per, chunk,
+                  t, bytes / (t * 1e3));
+    }
+  }
+  const fa::Layout lay{{H_q * E, E, E}, {H_kv * S * E, S * E, E}, {H_kv * S * E, S * E, E}};
+  const float scale_log2 = FA_LOG2E / 8.0f;
+  std::vector<double> ref;
+  for (int h = 0; h < H_q; ++h) {
+    const size_t at = size_t(h / (H_q / H_kv)) * S * E;
+    const std::vector<double> o =
+        probe::reference_row(&q[size_t(h) * E], &kv[at], &kv[nk + at], S - 1, E, 0.125f);
+    ref.insert(ref.end(), o.begin(), o.end());
+  }
+  auto variant = [&](const char* name, auto kernel, int warps, int splits, bool fused, bool timeline = false) {
+    const int kps = (S + splits - 1) / splits;
+    auto launch = [&](cudaStream_t s, int i) {
+      kernel<<<dim3(splits, H_kv), 32 * warps, 0, s>>>(dq, dkv, dkv + nk, dout, dpart,
+                                                       dpart + size_t(splits) * H_q * E, H_q, H_kv, S, kps,
+                                                       scale_log2, lay, 0x100 + i);
+    };
+    double err = 0;
+    if (fused) {
+      CHECK(cudaMemset(dpart, 0, part_bytes));
+      CHECK(cudaMemset(dout, 0xff, q.size() * sizeof(T)));
+      launch(0, 0);
+      CHECK(cudaDeviceSynchronize());
+      std::vector<T> got(q.size());
+      CHECK(cudaMemcpy(got.data(), dout, got.size() * sizeof(T), cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double d = std::fabs(double(probe::to_float(got[i])) - ref[i]);
+        err = std::isnan(d) ? INFINITY : std::max(err, d);
+      }
+    }
+    const float t = graph_us(launch, reps, dpart, part_bytes);
+    if (timeline) {  // one launch, marks on: ns from the first block's start
+      const int blocks = splits * H_kv;
+      Marks* dm;
+      CHECK(cudaMalloc(&dm, blocks * sizeof(Marks)));
+      CHECK(cudaMemset(dm, 0, blocks * sizeof(Marks)));
+      CHECK(cudaMemcpyToSymbol(g_marks, &dm, sizeof(dm)));
+      CHECK(cudaMemset(dpart, 0, part_bytes));
+      launch(0, 7);
+      CHECK(cudaDeviceSynchronize());
+      Marks* none = nullptr;
+      CHECK(cudaMemcpyToSymbol(g_marks, &none, sizeof(none)));
+      std::vector<Marks> mk(blocks);
+      CHECK(cudaMemcpy(mk.data(), dm, blocks * sizeof(Marks), cudaMemcpyDeviceToHost));
+      CHECK(cudaFree(dm));
+      unsigned long long t0 = ~0ull;
+      for (const Marks& m : mk) t0 = std::min(t0, m.ns[0]);
+      std::printf("    timeline (ns from the first start; median / max over blocks):");
+      for (int i = 0; i < 10; ++i) {
+        std::vector<float> x;
+        for (const Marks& m : mk)
+          if (m.ns[i] != 0) x.push_back(float(m.ns[i] - t0));
+        if (x.empty()) continue;
+        std::printf("  %d: %.0f / %.0f (%zu)", i, probe::median(x), *std::max_element(x.begin(), x.end()), x.size());
+      }
+      std::printf("\n");
+    }
+    std::printf("  %-28s %2d warps, %3d splits  err %.1e  %6.2f us  %6.0f GB/s\n", name, warps, splits, err, t,
+                bytes / (t * 1e3));
+  };
+  variants(variant);
+}
+
+int main(int argc, char** argv) {
+  probe::print_gpu();
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
+  int sms;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  uint32_t* sink;
+  CHECK(cudaMalloc(&sink, 4));
+  std::printf("empty kernel, 132 x 128 threads        %6.2f us\n",
+              graph_us([&](cudaStream_t s, int) { empty_kernel<<<sms, 128, 0, s>>>(sink); }, reps));
+  const bool floors = argc > 2 && std::atoi(argv[2]) != 0;
+  for (int S : {8192, 32768}) {
+    shape<64>("qwen05b", 14, 2, S, floors, reps, sms, sink, [&](auto variant) {
+      for (int splits : {32, 64}) {
+        variant("fused W4 U1", decode_kernel<64, 4, 1, true>, 4, splits, true, false);
+        variant("fused W8 U2 (shipped)", decode_kernel<64, 8, 2, true>, 8, splits, true, splits == 64);
+        variant("split alone W8 U2", decode_kernel<64, 8, 2, false>, 8, splits, false, false);
+      }
+    });
+  }
+  shape<128>("hd128", 32, 8, 32768, floors, reps, sms, sink, [&](auto variant) {
+    for (int splits : {8, 16, 32}) {
+      variant("fused W4 U1 (shipped)", decode_kernel<128, 4, 1, true>, 4, splits, true, splits == 16);
+      variant("fused W4 U2", decode_kernel<128, 4, 2, true>, 4, splits, true, false);
+      variant("split alone W4 U1", decode_kernel<128, 4, 1, false>, 4, splits, false, false);
+    }
+  });
+  return 0;
+}
