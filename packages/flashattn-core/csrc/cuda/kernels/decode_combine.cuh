@@ -181,26 +181,30 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
     }
     return acc;
   };
-  const int threads = blockDim.x, items = R * (E / 4);
-  if (2 * items > threads) {  // a thread an item
-    for (int i = threadIdx.x; i < items; i += threads) store_item(i, sum_item(i, 0, 1));
-    return;
-  }
-  // Else each item's splits in `parts` interleaved shares, as many threads
-  // (fewer loads in series a thread), the shares added through shared memory.
+  // Items in rounds of `span` (one round unless a block has fewer threads
+  // than items); each item's splits in `parts` interleaved shares, as many
+  // threads (fewer loads in series a thread), the shares added through
+  // shared memory. One call of sum_item: its unrolled loads are most of the
+  // merge's machine code, and MLX hashes a kernel's module on every launch.
   constexpr int kShare = 256;
   __shared__ float4 share[kShare];
-  const int parts = min(threads / items, kShare / items + 1);
-  const int i = threadIdx.x % items, part = threadIdx.x / items;
-  float4 acc = part < parts ? sum_item(i, part, parts) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (part > 0 && part < parts) share[(part - 1) * items + i] = acc;
-  __syncthreads();
-  if (part == 0) {
-    for (int p = 1; p < parts; ++p) {
-      const float4 x = share[(p - 1) * items + i];
-      acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+  const int threads = blockDim.x, items = R * (E / 4), span = min(items, threads);
+  const int parts = items > threads ? 1 : min(threads / items, kShare / items + 1);
+  for (int base = 0; base < items; base += span) {
+    const int i = base + static_cast<int>(threadIdx.x) % span, part = threadIdx.x / span;
+    const bool active = i < items && part < parts;
+    float4 acc = active ? sum_item(i, part, parts) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (parts > 1) {
+      if (active && part > 0) share[(part - 1) * items + i] = acc;
+      __syncthreads();
+      if (active && part == 0) {
+        for (int p = 1; p < parts; ++p) {
+          const float4 x = share[(p - 1) * items + i];
+          acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+        }
+      }
     }
-    store_item(i, acc);
+    if (active && part == 0) store_item(i, acc);
   }
 }
 
