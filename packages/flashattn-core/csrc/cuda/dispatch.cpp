@@ -140,6 +140,15 @@ constexpr int kDecodeTargetBlocks = 512;
 // hd128 S = 32768 54.2 us at 16 splits (58.7 at 32; split + merge 71.8).
 constexpr int kFusedTargetBlocks = 128, kFusedMinKeysPerSplit = 256;
 constexpr int kFusedMaxSplits = 64;  // of the kernel's 128 (decode_combine.cuh)
+// decode.cu's fused decode (float32, masks, L > 1) is bound by its
+// arithmetic (scalar FMA, a lane per key), not by the merge: it wants many
+// blocks. H200, GPU time a launch (20 launches in a CUDA graph), float32:
+// qwen05b S = 8192 38.9 us at 32 splits (the rule above) -> 25.5 at 64;
+// S = 32768 72.8 us at 64 -> 46.9 at 128; hd128 S = 8192 86.2 us at 16 ->
+// 42.0 at 64; S = 32768 335.6 us at 16 -> 139.0 at 64 (147.7 at 128). So
+// for it: about kDecodeTargetBlocks blocks, splits of at least
+// kDecodeMinKeysPerSplit keys, at most the kernel's 128 splits.
+constexpr int kScalarFusedMaxSplits = 128;
 
 bool has_decode_kernel(int E) {
   return E == 64 || E == 96 || E == 128;
@@ -258,10 +267,11 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   }
   const int64_t groups = d.batch * d.H_kv;
   const bool fused = d.S > kDecodeOneSplitMaxKeys;
-  const int target = fused ? kFusedTargetBlocks : kDecodeTargetBlocks;
-  const int min_keys = fused ? kFusedMinKeysPerSplit : kDecodeMinKeysPerSplit;
+  const bool long_splits = fused && mma;  // the tensor-core decode's fused merge
+  const int target = long_splits ? kFusedTargetBlocks : kDecodeTargetBlocks;
+  const int min_keys = long_splits ? kFusedMinKeysPerSplit : kDecodeMinKeysPerSplit;
   splits = static_cast<int>(std::clamp<int64_t>((target + groups - 1) / groups, 1, (d.S + min_keys - 1) / min_keys));
-  splits = std::min(splits, fused ? kFusedMaxSplits : kMaxSplits);
+  splits = std::min(splits, !fused ? kMaxSplits : mma ? kFusedMaxSplits : kScalarFusedMaxSplits);
   if (d.S <= kDecodeOneSplitMaxKeys) splits = 1;
   int keys_per_split = (d.S + splits - 1) / splits;
   keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
