@@ -100,6 +100,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
   constexpr int kVRows = 8;
   using V16 = Vec16<T>;
   __shared__ DecodeSmem<T, E> sm;
+  FA_MARK(0);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
   // grid.y: KV heads x row blocks (a group's rows, kMaxRows at a time).
   const int ratio = H_q / H_kv, rows_per_group = ratio * L;
@@ -228,6 +229,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     __syncwarp();
   }
 
+  FA_MARK(1);
   // Combine the 4 warps: m = max, weights 2^(m_w - m).
   __syncthreads();  // every warp is done with the queries: their space holds o now
 #pragma unroll
@@ -238,6 +240,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     for (int i = 0; i < EL; ++i) sm.o[w][r][EL * lane + i] = o[r][i];
   }
   __syncthreads();
+  FA_MARK(2);
   finish_decode_block(sm.o, sm.m, sm.l, R, [&](int r) { return row_n(r) * L + pos(r); }, out, o_part, ml_part,
                       (int64_t)gridDim.z * H_q * L, fused, tag);
 }
