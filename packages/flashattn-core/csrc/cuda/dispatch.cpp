@@ -2,7 +2,7 @@
 //
 //   L <= 8, ratio x L <= 16 query rows per KV head, E in {64, 96, 128}:
 //       decode (FlashDecoding: keys split across blocks and merged in the
-//       same launch by the last block of a group; up to 1024 keys one block
+//       same launch by a block that finds its group done; up to 1024 keys one block
 //       per group, no merge); on tensor cores
 //       (decode_mma.cu) for float16 / bfloat16, E in {64, 128} when no key
 //       in the range is hidden (no mask, or causal with L = 1)
@@ -130,8 +130,8 @@ constexpr int kMaxSplits = fa::merge_shapes::kMaxSplits;  // what a merge takes
 // were within run-to-run noise for qwen05b; 132 was 8% faster for hd128 and
 // up to 40% slower for qwen05b.
 constexpr int kDecodeTargetBlocks = 512;
-// The fused decode (one launch: the last block of a group to finish merges
-// its splits; decode_combine.cuh) wants fewer, longer splits: its merge runs
+// The tensor-core decode's fused merge (one launch: a block that finds its
+// group done merges its splits; decode_combine.cuh) wants fewer, longer splits: its merge runs
 // in one block per group, at the end. About this many blocks, splits of at
 // least kFusedMinKeysPerSplit keys. On an H200 (scripts/decode-probe.cu,
 // bfloat16, GPU time per launch): qwen05b S = 32768 15.2 us at 64 splits of

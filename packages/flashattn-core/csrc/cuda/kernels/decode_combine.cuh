@@ -2,7 +2,8 @@
 // softmax states (m, l, o), left in shared memory per warp and row, combined
 // into the block's result for its R rows: the output itself when the keys
 // were not split, or this split's partials for fa_merge_*, or (fused) the
-// partials and then, in the last block of the group to finish, the merge.
+// partials and then, in the block that finds its group done and claims it,
+// the merge.
 
 #pragma once
 
