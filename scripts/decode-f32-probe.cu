@@ -14,22 +14,7 @@
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DFA_E=64 -o /tmp/df32 scripts/decode-f32-probe.cu
 //   /tmp/df32          (and again with -DFA_E=128)
 
-#include <cstdint>
-
-struct Marks {
-  unsigned long long ns[16];
-};
-__device__ Marks* g_marks;
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#define FA_MARK(i)                                                                                 \
-  do {                                                                                             \
-    if (threadIdx.x == 0 && g_marks != nullptr)                                                    \
-      g_marks[(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x].ns[i] = global_ns(); \
-  } while (0)
+#include "probe/timeline.cuh"  // before the kernel: FA_MARK
 
 #define FA_DTYPE 0
 #define FA_PARTIAL 2
@@ -37,7 +22,6 @@ __device__ __forceinline__ unsigned long long global_ns() {
 #define FA_E 64
 #endif
 #include "../packages/flashattn-core/csrc/cuda/kernels/decode.cu"
-#include "probe/harness.cuh"
 
 #define KERNEL FA_CAT5(fa_decode_fused_, FA_TNAME, _, FA_E, )
 
@@ -59,70 +43,22 @@ void run(const char* name, int H_q, int H_kv, int S, int splits_asked) {
   CHECK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dkv, kv.data(), kv.size() * 4, cudaMemcpyHostToDevice));
   const float scale_log2 = FA_LOG2E / std::sqrt(float(E));
-  auto launch = [&](cudaStream_t s, int tag) {
+  auto launch = [&](cudaStream_t s, int i) {
     KERNEL<<<dim3(splits, H_kv, 1), 128, 0, s>>>(dq, dkv, dkv + nk, nullptr, nullptr, dout, dpart,
                                                 dpart + size_t(splits) * H_q * E, H_q, H_kv, 1, S, 0, 0, 0, kps,
                                                 scale_log2, H_q * E, E, E, H_kv * S * E, S * E, E, H_kv * S * E,
-                                                S * E, E, tag, 0);
+                                                S * E, E, 0x100 + i, 0);
   };
 
-  // 20 launches in a graph; the flags (which hold each launch's tag, repeated
-  // by every replay) cleared before each replay, outside the timed part.
-  cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 20; ++i) launch(s, 0x100 + i);
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> per;
-  for (int r = 0; r < 22; ++r) {
-    CHECK(cudaMemsetAsync(dpart, 0, part_bytes, s));
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 2) per.push_back(ms * 1000 / 20);
-  }
-  CHECK(cudaGetLastError());
-
-  // One launch with the timeline on.
+  const float us = probe::graph_us(launch, 20, dpart, part_bytes);
   const int blocks = splits * H_kv;
-  Marks* dm;
-  CHECK(cudaMalloc(&dm, blocks * sizeof(Marks)));
-  CHECK(cudaMemset(dm, 0, blocks * sizeof(Marks)));
-  CHECK(cudaMemcpyToSymbol(g_marks, &dm, sizeof(dm)));
-  CHECK(cudaMemset(dpart, 0, part_bytes));
-  launch(0, 0x777);
-  CHECK(cudaDeviceSynchronize());
-  Marks* none = nullptr;
-  CHECK(cudaMemcpyToSymbol(g_marks, &none, sizeof(none)));
-  std::vector<Marks> mk(blocks);
-  CHECK(cudaMemcpy(mk.data(), dm, blocks * sizeof(Marks), cudaMemcpyDeviceToHost));
-  unsigned long long t0 = ~0ull;
-  for (const Marks& m : mk) t0 = std::min(t0, m.ns[0]);
-  std::printf("  timeline (ns from the first start; median / max over blocks):");
-  for (int i = 0; i < 16; ++i) {
-    std::vector<float> x;
-    for (const Marks& m : mk)
-      if (m.ns[i] != 0) x.push_back(float(m.ns[i] - t0));
-    if (x.empty()) continue;
-    std::printf("  %d: %.0f / %.0f (%zu)", i, probe::median(x), *std::max_element(x.begin(), x.end()), x.size());
-  }
-  std::printf("\n");
+  probe::print_timeline(blocks, [&] {
+    CHECK(cudaMemset(dpart, 0, part_bytes));
+    launch(0, 0x777);
+  });
   std::printf("f32 %s E=%d S=%6d splits %3d (%4d keys) blocks %4d: %7.2f us a launch\n", name, E, S, splits, kps,
-              blocks, probe::median(per));
+              blocks, us);
 
-  CHECK(cudaFree(dm));
-  CHECK(cudaGraphExecDestroy(ge));
-  CHECK(cudaGraphDestroy(g));
-  CHECK(cudaStreamDestroy(s));
   CHECK(cudaFree(dq));
   CHECK(cudaFree(dkv));
   CHECK(cudaFree(dout));

@@ -7,24 +7,7 @@
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/df scripts/decode-floor.cu && /tmp/df
 
-#include <cstdint>
-
-// Timeline marks (common.cuh's FA_MARK): thread 0 of each block records
-// %globaltimer at the decode's points 0-9 when g_marks is set.
-struct Marks {
-  unsigned long long ns[10];
-};
-__device__ Marks* g_marks;
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#define FA_MARK(i)                                                                              \
-  do {                                                                                          \
-    if (threadIdx.x == 0 && g_marks != nullptr)                                                 \
-      g_marks[(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x].ns[i] = global_ns(); \
-  } while (0)
+#include "probe/timeline.cuh"  // before the kernels: FA_MARK
 
 #define FA_DTYPE 2
 #define FA_E 64
@@ -97,40 +80,6 @@ __global__ void __launch_bounds__(32 * W) decode_kernel(const T* q, const T* k, 
                               keys_per_split, scale_log2, lay);
 }
 
-// Microseconds per launch: `batch` launches captured in one graph, the
-// graph launched `reps` times, each timed; the median.
-template <typename Launch>
-float graph_us(Launch launch, int reps, void* clear = nullptr, size_t clear_bytes = 0, int batch = 20) {
-  cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < batch; ++i) launch(s, i);
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> per;
-  for (int r = 0; r < reps + 2; ++r) {
-    // the fused decode's flags hold the launch's tag, which a replay repeats
-    if (clear != nullptr) CHECK(cudaMemsetAsync(clear, 0, clear_bytes, s));
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 2) per.push_back(ms * 1000 / batch);
-  }
-  CHECK(cudaGetLastError());
-  CHECK(cudaGraphExecDestroy(ge));
-  CHECK(cudaGraphDestroy(g));
-  CHECK(cudaStreamDestroy(s));
-  return probe::median(per);
-}
-
 // One shape's floors (when asked) and decode variants: variants(variant)
 // runs the decode kernels to time, variant(name, kernel, warps, splits,
 // fused, timeline).
@@ -152,7 +101,7 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int reps, in
   for (int grid : {sms, 2 * sms, 4 * sms}) {
     if (!floors) break;
     for (int threads : {256, 512}) {
-      const float t = graph_us(
+      const float t = probe::graph_us(
           [&](cudaStream_t s, int) {
             read_kernel<8><<<grid, threads, 0, s>>>(reinterpret_cast<const uint4*>(dkv), bytes / 16, sink);
           },
@@ -167,7 +116,7 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int reps, in
     if (per > 200 * 1024) continue;
     CHECK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     for (int chunk : {4096, 16384}) {
-      const float t = graph_us(
+      const float t = probe::graph_us(
           [&](cudaStream_t s, int) {
             bulk_kernel<<<grid, 128, per, s>>>(reinterpret_cast<const char*>(dkv), bytes, chunk, sink);
           },
@@ -205,32 +154,12 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int reps, in
         err = std::isnan(d) ? INFINITY : std::max(err, d);
       }
     }
-    const float t = graph_us(launch, reps, dpart, part_bytes);
-    if (timeline) {  // one launch, marks on: ns from the first block's start
-      const int blocks = splits * H_kv;
-      Marks* dm;
-      CHECK(cudaMalloc(&dm, blocks * sizeof(Marks)));
-      CHECK(cudaMemset(dm, 0, blocks * sizeof(Marks)));
-      CHECK(cudaMemcpyToSymbol(g_marks, &dm, sizeof(dm)));
-      CHECK(cudaMemset(dpart, 0, part_bytes));
-      launch(0, 7);
-      CHECK(cudaDeviceSynchronize());
-      Marks* none = nullptr;
-      CHECK(cudaMemcpyToSymbol(g_marks, &none, sizeof(none)));
-      std::vector<Marks> mk(blocks);
-      CHECK(cudaMemcpy(mk.data(), dm, blocks * sizeof(Marks), cudaMemcpyDeviceToHost));
-      CHECK(cudaFree(dm));
-      unsigned long long t0 = ~0ull;
-      for (const Marks& m : mk) t0 = std::min(t0, m.ns[0]);
-      std::printf("    timeline (ns from the first start; median / max over blocks):");
-      for (int i = 0; i < 10; ++i) {
-        std::vector<float> x;
-        for (const Marks& m : mk)
-          if (m.ns[i] != 0) x.push_back(float(m.ns[i] - t0));
-        if (x.empty()) continue;
-        std::printf("  %d: %.0f / %.0f (%zu)", i, probe::median(x), *std::max_element(x.begin(), x.end()), x.size());
-      }
-      std::printf("\n");
+    const float t = probe::graph_us(launch, reps, dpart, part_bytes);
+    if (timeline) {
+      probe::print_timeline(splits * H_kv, [&] {
+        CHECK(cudaMemset(dpart, 0, part_bytes));
+        launch(0, 7);
+      });
     }
     std::printf("  %-28s %2d warps, %3d splits  err %.1e  %6.2f us  %6.0f GB/s\n", name, warps, splits, err, t,
                 bytes / (t * 1e3));
@@ -246,7 +175,7 @@ int main(int argc, char** argv) {
   uint32_t* sink;
   CHECK(cudaMalloc(&sink, 4));
   std::printf("empty kernel, 132 x 128 threads        %6.2f us\n",
-              graph_us([&](cudaStream_t s, int) { empty_kernel<<<sms, 128, 0, s>>>(sink); }, reps));
+              probe::graph_us([&](cudaStream_t s, int) { empty_kernel<<<sms, 128, 0, s>>>(sink); }, reps));
   const bool floors = argc > 2 && std::atoi(argv[2]) != 0;
   for (int S : {8192, 32768}) {
     shape<64>("qwen05b", 14, 2, S, floors, reps, sms, sink, [&](auto variant) {

@@ -117,7 +117,7 @@ __device__ __forceinline__ bool claims_merge(unsigned long long* flags, unsigned
 template <int E, typename T, typename RowOf>
 __device__ __forceinline__ void merge_group(const float* o_part, const float* ml_part, int R, RowOf row_of,
                                             T* out, int64_t rows_total) {
-  static_assert(E % 4 == 0 && E <= 128, "float4 reads of the partials, 32 of them a row at most");
+  static_assert(E % 4 == 0, "float4 reads of the partials");
   __shared__ float weight[kFusedMaxRows][kFusedMaxSplits];
   __shared__ float inv_l[kFusedMaxRows];
   const int splits = gridDim.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, warps = blockDim.x >> 5;
