@@ -114,6 +114,30 @@ def test_short_calls_are_repeated_until_enough_is_timed():
     assert len(slow.times_s) == 2
 
 
+
+def test_batched_calls_chain_on_the_last_output(monkeypatch):
+    # On a GPU short calls are batched; with a chain, each call after a
+    # batch's first takes the last one's output (as a model's layers do), and
+    # measure returns the first call's output (the one checked for errors).
+    import mlx.core as mx
+
+    import flash_eval.measure as measure_mod
+
+    monkeypatch.setattr(measure_mod, "_batch", lambda first_s, on_gpu: 4)
+    seen = []
+
+    def chain(x):
+        seen.append(x.item())
+        return x + 1.0
+
+    out, m = measure_mod.measure(lambda: mx.array(10.0), repeats=2, warmup=0, chain=chain)
+    assert out.item() == 10.0
+    assert len(m.times_s) >= 2
+    assert seen[:3] == [10.0, 11.0, 12.0]  # one batch: fn(), then chained three times
+    calls = []
+    measure_mod.measure(lambda: calls.append(1) or mx.array(0.0), repeats=2, warmup=0)
+    assert len(calls) > 1 and (len(calls) - 1) % 4 == 0  # independent: the first call, then fn() 4 a batch
+
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 

@@ -51,6 +51,9 @@ class Impl:
     run: Callable[[], object]
     to_numpy: Callable[[object], np.ndarray]
     sync: Callable[[], None] = lambda: None
+    # run again on the given queries (the last call's output): MLX calls
+    # chained in one evaluation, as a model's layers are (measure.py)
+    chain: Callable[[object], object] | None = None
 
 
 def mlx_to_numpy(x: mx.array) -> np.ndarray:
@@ -64,6 +67,7 @@ def flash_impl(inp: Inputs) -> Impl:
         True,
         lambda: flash_attention(inp.q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
         mlx_to_numpy,
+        chain=lambda q: flash_attention(q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
     )
 
 
@@ -74,6 +78,7 @@ def mlx_impl(inp: Inputs) -> Impl:
         True,
         lambda: mx.fast.scaled_dot_product_attention(inp.q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
         mlx_to_numpy,
+        chain=lambda q: mx.fast.scaled_dot_product_attention(q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
     )
 
 

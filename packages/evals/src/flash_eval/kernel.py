@@ -73,11 +73,15 @@ def total_memory_bytes() -> int:
                    "a quarter second are repeated until that much is timed, up to 100 times).")
 @click.option("--max-call-seconds", default=60.0, show_default=True, type=click.FloatRange(0.1),
               help="Skip a reference whose single call would take longer than this.")
+@click.option("--calls", type=click.Choice(["chained", "independent"]), default="chained", show_default=True,
+              help="On a GPU, calls timed together in one evaluation: each on the last one's output (as a "
+                   "model's layers), or independent (MLX's CUDA graph may then run them side by side).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, seed, as_json, markdown, plot):
+def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, calls, seed, as_json, markdown,
+           plot):
     """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
     cases = [
         KernelCase(SHAPES[s], kind, n, dt)
@@ -104,6 +108,7 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, se
     if mx.default_device() == mx.gpu:
         machine["gpu"] = mx.device_info().get("device_name", "GPU") if hasattr(mx, "device_info") else "GPU"
         machine["copy_bandwidth_GBps"] = device_copy_bandwidth() / 1e9
+        machine["calls"] = calls
     elif any(c.kind == "decode" for c in cases):
         machine["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
         machine["pages"] = page_setting()
@@ -137,7 +142,8 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, se
                 warmup = 0 if predicted and predicted > 2.0 else 1
                 try:
                     if impl.on_mlx:
-                        out, m = measure(impl.run, repeats=n, warmup=warmup)
+                        out, m = measure(impl.run, repeats=n, warmup=warmup,
+                                       chain=impl.chain if calls == "chained" else None)
                     else:
                         out, m = measure_host(impl.run, repeats=n, warmup=warmup, sync=impl.sync,
                                               on_gpu=mx.default_device() == mx.gpu)

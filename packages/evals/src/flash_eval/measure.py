@@ -27,7 +27,12 @@ class Measurement:
 # synchronisation: 0.3-1.3 ms on an H200 with MLX 0.32.4) that a model's
 # forward pass spreads over many calls: calls shorter than BATCH_BELOW_S are
 # timed in batches of up to MAX_BATCH that fill about BATCH_BELOW_S, their
-# outputs evaluated together, and the time divided by the batch.
+# outputs evaluated together, and the time divided by the batch. A batch's
+# calls are chained when a `chain` is given (each call's queries the last
+# one's output, as a model's layers follow one another); independent calls
+# MLX's CUDA graph may run side by side, which times their throughput, not a
+# call's latency (H200: MLX's cuDNN prefill, hd128 L = 4096, took 235 us a
+# call independent and 277 chained; scripts/host-probe.py).
 BATCH_BELOW_S = 0.02
 MAX_BATCH = 20
 # Short calls are noisy: they are repeated until at least MIN_TIMED_S has been
@@ -48,11 +53,15 @@ def _more(times: list[float], repeats: int) -> bool:
     return len(times) < repeats or (sum(times) < MIN_TIMED_S and len(times) < MAX_REPEATS)
 
 
-def measure(fn: Callable[[], mx.array], repeats: int = 3, warmup: int = 1) -> tuple[mx.array, Measurement]:
+def measure(fn: Callable[[], mx.array], repeats: int = 3, warmup: int = 1,
+            chain: Callable[[mx.array], mx.array] | None = None) -> tuple[mx.array, Measurement]:
     """Run fn (which returns a lazy MLX array) to completion repeatedly. The
     first timed call runs alone: it gives the peak-memory figure and decides
     the batch; when later calls are batched, its time (which carries a whole
-    evaluation's overhead) is not kept. Repeats follow _more()."""
+    evaluation's overhead) is not kept. Repeats follow _more(). chain(x): the
+    call again on the output x of the one before (a batch's calls after the
+    first); without it a batch's calls are independent. Returns fn()'s
+    output."""
     out = None
     for _ in range(warmup):
         out = fn()
@@ -72,11 +81,13 @@ def measure(fn: Callable[[], mx.array], repeats: int = 3, warmup: int = 1) -> tu
     while _more(times, repeats):
         mx.synchronize()
         start = time.perf_counter()
-        outs = [fn() for _ in range(batch)]
+        outs = [fn()]
+        for _ in range(batch - 1):
+            outs.append(chain(outs[-1]) if chain else fn())
         mx.eval(outs)
         mx.synchronize()
         times.append((time.perf_counter() - start) / batch)
-        out = outs[-1]
+        out = outs[0]
         del outs
     return out, Measurement(times, peak)
 

@@ -38,6 +38,8 @@ def machine_lines(machine: dict) -> list[str]:
         lines.append(f"memory: copy on all cores {machine['copy_bandwidth_GBps']:.1f} GB/s (read + write)")
     if machine.get("pages"):
         lines.append(machine["pages"])
+    if machine.get("calls"):
+        lines.append(f"short calls timed {machine['calls']}, up to 20 an evaluation (MLX)")
     lines += [f"{name}: {text}" for name, text in machine.get("impls", {}).items()]
     return lines
 
