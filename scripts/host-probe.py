@@ -45,12 +45,7 @@ def show(name, b):
     print(f"{name:44s} build {b[0]:6.1f}  host eval {b[1]:6.1f}  GPU wait {b[2]:6.1f}  total {b[3]:6.1f} us")
 
 
-def trivial_ptx(pad_bytes):
-    """A kernel that copies 16 floats, as PTX, with pad_bytes of comment."""
-    body = """
-.version 8.0
-.target sm_80
-.address_size 64
+COPY_PTX = """
 .visible .entry probe_copy(.param .u64 a, .param .u64 out)
 {
   .reg .b64 %rd<6>; .reg .b32 %r<3>; .reg .f32 %f<2>; .reg .pred %p<2>;
@@ -61,8 +56,13 @@ def trivial_ptx(pad_bytes):
   ret;
 }
 """
+EMPTY_PTX = ".visible .entry probe_copy() { ret; }\n"
+
+
+def ptx_module(entry, pad_bytes):
+    """A PTX module of one entry point, padded with pad_bytes of comment."""
     line = "// " + "x" * 76 + "\n"
-    return (body + line * (pad_bytes // len(line))).encode()
+    return (".version 8.0\n.target sm_80\n.address_size 64\n" + entry + line * (pad_bytes // len(line))).encode()
 
 
 def custom_kernel_costs():
@@ -70,7 +70,7 @@ def custom_kernel_costs():
     mx.eval(a)
     show("mx add (one node)", phases(lambda i, p: a + 1.0))
     for kb in (0, 8, 16, 32, 64):
-        src = trivial_ptx(kb * 1024)
+        src = ptx_module(COPY_PTX, kb * 1024)
         run = lambda i, p, src=src: mx.fast.precompiled_cuda_kernel(
             name="probe_copy", compiled_source=src, inputs=[a], output_shapes=[(16,)],
             output_dtypes=[mx.float32], scalars=[], grid=(32, 1, 1), threadgroup=(32, 1, 1))[0]
@@ -78,9 +78,7 @@ def custom_kernel_costs():
     # MLX's custom-kernel costs with an 18 KB module (the tensor-core decode's
     # size) and an empty kernel: inputs, outputs (ours: out + 2 scratch) and
     # scalars (ours: 20) added one kind at a time.
-    src = trivial_ptx(18 * 1024).replace(b"probe_copy(.param .u64 a, .param .u64 out)", b"probe_copy()")
-    src = src.replace(b"ld.param.u64 %rd1, [a]; ld.param.u64 %rd2, [out];", b"")
-    src = src.replace(b"ld.global.f32 %f1, [%rd4]; st.global.f32 [%rd5], %f1;", b"")
+    src = ptx_module(EMPTY_PTX, 18 * 1024)
     for n_in, outs, n_sc in ((1, 1, 0), (5, 1, 0), (1, 3, 0), (1, 1, 20), (5, 3, 20), (3, 2, 17)):
         shapes = [(16,), (64 * 14 * 64,), (64 * 14 * 2 + 2 * 2 * 65,)][:outs]
         run = lambda i, p, n_in=n_in, shapes=shapes, n_sc=n_sc: mx.fast.precompiled_cuda_kernel(
