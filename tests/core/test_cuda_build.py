@@ -13,6 +13,7 @@ EXPECTED = (
     | {f"fa_merge_{d}" for d in DTYPES}
     | {f"fa_decode{s}_{d}_{e}" for d in DTYPES for e in (64, 96, 128) for s in ("", "_split")}
     | {f"fa_decode_mma{s}_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 128) for s in ("", "_split")}
+    | {f"fa_decode_tf32{s}_float32_{e}" for e in (64, 128) for s in ("", "_split", "_fused")}
     | {f"fa_prefill_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 80, 96, 128, 256)}
     | {f"fa_prefill_float32_{e}" for e in (64, 80, 96, 128)}
 )

@@ -123,12 +123,55 @@ def test_infinity_meets_values_exact_in_tf32(E, where, value):
     assert_non_finite_semantics(q, k, v, None)
 
 
-@pytest.mark.parametrize("S", [513, 4096, 32768])
+@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("mask", ["causal", None])
+def test_non_finite_inputs_in_float32_decode(E, where, value, mask):
+    # tests/core/test_values.py's semantics on the tensor-core float32 decode
+    # (decode_tf32.cu: L = 1, a 7:1 group, the keys split over several
+    # blocks and merged): one poisoned key early, one late, in different
+    # groups; a poisoned query element in one row.
+    case = Case(batch=(1,), heads=(14, 2), L=1, S=3000, E=E)
+    q, k, v, _ = (np.array(x) for x in make_inputs(case))
+    if where == "q":
+        q[0, 3, 0, 5] = value
+    else:
+        target = k if where == "k" else v
+        target[0, 1, 3, 5] = value
+        target[0, 0, 2998, 0] = value
+    assert_non_finite_semantics(q, k, v, {"causal": "causal", None: None}[mask])
+
+
+@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("inf"), -float("inf")])
+def test_infinity_meets_values_exact_in_tf32_decode(E, where, value):
+    # As test_infinity_meets_values_exact_in_tf32, on the float32 decode: every
+    # value bfloat16-exact (a low part of 0 after the 3xTF32 split), so an
+    # infinity in q or k meets exact elements, and one in v meets exact
+    # probabilities (the row maximum's P is exactly 1).
+    case = Case(batch=(1,), heads=(14, 2), L=1, S=3000, E=E)
+    q, k, v, _ = (np.array(x) for x in make_inputs(case))
+    if where != "v":
+        other = k if where == "q" else q
+        other[..., 5] = np.abs(other[..., 5]) + 0.5
+    q, k, v = (np.array(mx.array(x).astype(mx.bfloat16).astype(mx.float32)) for x in (q, k, v))
+    if where == "q":
+        q[0, 3, 0, 5] = value
+    else:
+        {"k": k, "v": v}[where][0, 1, 1500, 5] = value
+    assert_non_finite_semantics(q, k, v, "causal")
+    assert_non_finite_semantics(q, k, v, None)
+
+
+@pytest.mark.parametrize("S", [200, 513, 4096, 32768])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("heads,E", [((14, 2), 64), ((32, 8), 128), ((16, 1), 64), ((12, 4), 96)])
 @pytest.mark.parametrize("mask", ["none", "causal"])
 def test_decode_splits(S, dtype, heads, E, mask):
-    # 16-bit E = 64 / 128 take the tensor-core decode kernel, the rest decode.cu.
+    # E = 64 / 128 take the tensor-core decode kernels (float32 when a group
+    # has at most 8 rows), the rest decode.cu.
     case = Case(batch=(2,), heads=heads, L=1, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
     q, k, v, m = make_inputs(case)
     out = flash_attention(q, k, v, mask=m)

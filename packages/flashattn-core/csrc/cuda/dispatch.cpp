@@ -5,7 +5,9 @@
 //       same launch by a block that finds its group done; up to 1024 keys one block
 //       per group, no merge); on tensor cores
 //       (decode_mma.cu) for float16 / bfloat16, E in {64, 128} when no key
-//       in the range is hidden (no mask, or causal with L = 1)
+//       in the range is hidden (no mask, or causal with L = 1); so too for
+//       float32 with at most 8 rows per KV head, with the 3xTF32 split
+//       (decode_tf32.cu)
 //   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill;
 //       for E = 64 or 128 on Hopper, on wgmma (prefill_f16_wg.cu)
 //   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill; for
@@ -116,6 +118,8 @@ constexpr int kDecodeBlockRows = 8;
 // Query rows of a tensor-core decode block (the M of mma.sync m16n8k16;
 // decode_mma.cu packs a group into them).
 constexpr int kMmaDecodeRows = 16;
+// The float32 one (decode_tf32.cu) uses rows 0-7 of m16n8k8 (TF32).
+constexpr int kTf32DecodeRows = 8;
 // Up to this many keys one block per group walks them all and writes the
 // output. In one H200 run (qwen05b / hd128) that took S = 256-1024 from 27-46
 // to 19-36 us a call against split + merge, and made S >= 2048 slower; calls
@@ -149,6 +153,22 @@ constexpr int kFusedMaxSplits = 64;  // of the kernel's 128 (decode_combine.cuh)
 // for it: about kDecodeTargetBlocks blocks, splits of at least
 // kDecodeMinKeysPerSplit keys, at most the kernel's 128 splits.
 constexpr int kScalarFusedMaxSplits = 128;
+
+// How a decode kernel splits its keys: up to one_split_max_keys one block per
+// group (no merge); above, about target_blocks blocks, splits of at least
+// min_keys keys, at most max_splits (then the same launch merges them).
+struct SplitRule {
+  int one_split_max_keys, target_blocks, min_keys, max_splits;
+};
+constexpr SplitRule kScalarSplits{kDecodeOneSplitMaxKeys, kDecodeTargetBlocks, kDecodeMinKeysPerSplit,
+                                  kScalarFusedMaxSplits};
+constexpr SplitRule kMmaSplits{kDecodeOneSplitMaxKeys, kFusedTargetBlocks, kFusedMinKeysPerSplit, kFusedMaxSplits};
+// The float32 tensor-core decode reads twice the bytes a key and its block
+// covers at most 256 keys a pass (64 at E = 128), so it splits sooner and
+// finer: one H200 run with the 16-bit kernel's rule had it at 0.42-0.65x
+// MLX's speed at S = 1024-2048 (one or two blocks per group, walking 1024
+// keys in 4 to 32 passes) and 0.87x at qwen05b S = 8192 (64 blocks).
+constexpr SplitRule kTf32Splits{256, kFusedTargetBlocks, 128, kFusedMaxSplits};
 
 bool has_decode_kernel(int E) {
   return E == 64 || E == 96 || E == 128;
@@ -247,40 +267,45 @@ Launches generic_launches(const Dims& d, int splits) {
   return {attend, merge_step(d, static_cast<int>(rows), splits)};
 }
 
-// The tensor-core decode kernel (decode_mma.cu): float16 / bfloat16, E = 64
-// or 128, one block's 16 rows hold the group's, and no key inside the range
-// is hidden (no mask, or causal with one query position).
-bool takes_mma_decode(const Dims& d, int rows_per_group) {
+// The tensor-core decode kernels: E = 64 or 128, no key inside the range
+// hidden (no mask, or causal with one query position), and one block's rows
+// hold the group's: 16 for float16 / bfloat16 (decode_mma.cu), 8 for float32
+// (decode_tf32.cu). The family's name; empty: decode.cu takes the call.
+std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
       (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1);
-  return d.dt != "float32" && (d.E == 64 || d.E == 128) && rows_per_group <= kMmaDecodeRows && hides_none;
+  if (!hides_none || (d.E != 64 && d.E != 128)) return "";
+  if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" : "";
+  return rows_per_group <= kMmaDecodeRows ? "fa_decode_mma_" : "";
 }
 
 // The decode launches, when decode takes the call; splits: the key splits chosen.
 std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const int rows_per_group = (d.H_q / d.H_kv) * d.L;
-  const bool mma = takes_mma_decode(d, rows_per_group);
+  const std::string tensor_core = tensor_core_decode(d, rows_per_group);
+  const bool mma = !tensor_core.empty();
   const int row_blocks = mma ? 1 : (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
   if (d.L >= kMinPrefillL || rows_per_group > kDecodeMaxRows || !has_decode_kernel(d.E) || d.batch > 65535 ||
       d.H_kv * row_blocks > 65535) {
     return std::nullopt;
   }
   const int64_t groups = d.batch * d.H_kv;
-  const bool fused = d.S > kDecodeOneSplitMaxKeys;
-  const bool long_splits = fused && mma;  // the tensor-core decode's fused merge
-  const int target = long_splits ? kFusedTargetBlocks : kDecodeTargetBlocks;
-  const int min_keys = long_splits ? kFusedMinKeysPerSplit : kDecodeMinKeysPerSplit;
-  splits = static_cast<int>(std::clamp<int64_t>((target + groups - 1) / groups, 1, (d.S + min_keys - 1) / min_keys));
-  splits = std::min(splits, !fused ? kMaxSplits : mma ? kFusedMaxSplits : kScalarFusedMaxSplits);
-  if (d.S <= kDecodeOneSplitMaxKeys) splits = 1;
+  const bool tf32 = mma && d.dt == "float32";
+  const SplitRule rule = tf32 ? kTf32Splits : mma ? kMmaSplits : kScalarSplits;
+  const bool fused = d.S > rule.one_split_max_keys;
+  splits = static_cast<int>(std::clamp<int64_t>((rule.target_blocks + groups - 1) / groups, 1,
+                                                (d.S + rule.min_keys - 1) / rule.min_keys));
+  splits = std::min(splits, rule.max_splits);
+  if (!fused) splits = 1;
   int keys_per_split = (d.S + splits - 1) / splits;
   keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
   splits = (d.S + keys_per_split - 1) / keys_per_split;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
-  const std::string family = mma ? "fa_decode_mma_" : "fa_decode_";
+  const std::string family = mma ? tensor_core : "fa_decode_";
   const char* variant = splits == 1 ? "" : fused ? "fused_" : "split_";
-  const int threads = mma ? 32 * fa::decode_shapes::mma_warps(d.E) : kThreads;
+  const int threads = !mma ? kThreads
+      : tf32 ? 32 * fa::decode_shapes::tf32_warps(d.E) : 32 * fa::decode_shapes::mma_warps(d.E);
   Step attend{family + variant + suffix, scalars,
               {splits * threads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {threads, 1, 1}, 0};
   if (splits == 1) return Launches{attend, std::nullopt};

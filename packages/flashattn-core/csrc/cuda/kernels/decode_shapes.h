@@ -1,4 +1,4 @@
-// Block shape of the tensor-core decode (decode_mma.cu), in plain C++: the
+// Block shape of the tensor-core decodes (decode_mma.cu, decode_tf32.cu), in plain C++: the
 // kernel builds its blocks from it and the planner (dispatch.cpp) its
 // launches, so the two cannot disagree on threads.
 //
@@ -17,5 +17,11 @@ namespace fa::decode_shapes {
 
 constexpr int mma_warps(int E) { return E == 64 ? 8 : 4; }
 constexpr int mma_chunks_in_flight(int E) { return E == 64 ? 2 : 1; }
+
+// The float32 decode (decode_tf32.cu): chunks of 1024 / E keys (the same
+// bytes as the 16-bit kernel's chunks). 8 warps at E = 128 too: its o (8
+// rows, not 16) leaves room in shared memory.
+constexpr int tf32_warps(int) { return 8; }
+constexpr int tf32_chunks_in_flight(int E) { return mma_chunks_in_flight(E); }
 
 }  // namespace fa::decode_shapes
