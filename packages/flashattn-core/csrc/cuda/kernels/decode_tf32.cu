@@ -72,11 +72,11 @@ __device__ __forceinline__ float lane_of(const float4& x, int i) {
 // 2t + 1); rows 8-15 of A are zero and their results dropped, so they take
 // no registers across calls.
 __device__ __forceinline__ void mma_top_rows(float (&c)[2], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  float d2, d3;
   asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%10, %11, %12, %13};\n"
-      : "=f"(c[0]), "=f"(c[1]), "=f"(d2), "=f"(d3)
+      "{\n.reg .f32 d2, d3;\n"
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, d2, d3}, {%2, %3, %4, %5}, "
+      "{%6, %7}, {%8, %9, %10, %11};\n}\n"
+      : "=f"(c[0]), "=f"(c[1])
       : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(0.0f), "f"(0.0f));
 }
 
