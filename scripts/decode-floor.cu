@@ -3,7 +3,7 @@
 // tensor-core decode itself cost per launch, each timed as MLX runs them:
 // 20 launches recorded in one CUDA graph, the graph launched and timed with
 // CUDA events (median of reps), K / V the same each launch (hot in L2, as
-// `flash-eval kernel` times calls).
+// `flash-eval kernel --kv-sets 1` times calls).
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/df scripts/decode-floor.cu && /tmp/df
 

@@ -77,6 +77,7 @@ def test_slow_reference_is_skipped_and_said_so():
         (["--shape", "gpt5"], "choose from"),
         (["--dtype", "int8"], "choose from"),
         (["--prefill", "", "--decode", ""], "no cases"),
+        (["--kv-sets", "21"], "--kv-sets"),
     ],
 )
 def test_kernel_bad_options(args, message):
@@ -137,6 +138,47 @@ def test_batched_calls_chain_on_the_last_output(monkeypatch):
     calls = []
     measure_mod.measure(lambda: calls.append(1) or mx.array(0.0), repeats=2, warmup=0)
     assert len(calls) > 1 and (len(calls) - 1) % 4 == 0  # independent: the first call, then fn() 4 a batch
+
+def test_calls_take_the_key_value_copies_in_turn():
+    # --kv-sets n: n buffers holding the same keys and values, which an
+    # implementation's calls take in turn (so a batch of calls on a GPU reads
+    # them from memory, not from the L2 cache); every call gives the same
+    # output.
+    import mlx.core as mx
+    import numpy as np
+
+    from flash_eval.impls import flash_impl, make_inputs, mlx_call
+    from flash_eval.kernel import KV_ROTATION_BYTES, kv_sets_for
+    from flash_eval.shapes import SHAPES, KernelCase
+
+    case = KernelCase(SHAPES["qwen05b"], "decode", 256, "float32")
+    inp = make_inputs(case, seed=3, kv_sets=3)
+    assert len(inp.kv_sets) == 3
+    buffers = {id(k) for k, _ in inp.kv_sets} | {id(v) for _, v in inp.kv_sets}
+    assert len(buffers) == 6
+    for k, v in inp.kv_sets:
+        assert np.array_equal(np.array(k), np.array(inp.k)) and np.array_equal(np.array(v), np.array(inp.v))
+    taken = []
+    call = mlx_call(inp, lambda q, k, v, scale, mask: taken.append((id(k), id(v))) or q)
+    for _ in range(7):
+        call(inp.q)
+    assert taken == [(id(k), id(v)) for k, v in inp.kv_sets * 3][:7]
+    impl = flash_impl(inp)
+    outs = [impl.run() for _ in range(3)]
+    assert all(np.array_equal(np.array(o), np.array(outs[0])) for o in outs)
+    # Automatic: one copy on the CPU; on a GPU enough for 256 MiB a batch, at most 20.
+    assert kv_sets_for(case, 0, on_gpu=False) == 1 and kv_sets_for(case, 5, on_gpu=False) == 5
+    assert kv_sets_for(case, 0, on_gpu=True) == 20
+    big = KernelCase(SHAPES["hd128"], "decode", 32768, "float32")
+    assert big.kv_bytes >= KV_ROTATION_BYTES and kv_sets_for(big, 0, on_gpu=True) == 1
+    mid = KernelCase(SHAPES["qwen05b"], "decode", 32768, "bfloat16")
+    assert kv_sets_for(mid, 0, on_gpu=True) == -(-KV_ROTATION_BYTES // mid.kv_bytes) == 16
+    result = run([*TINY, "--dtype", "float32", "--impl", "flash,mlx", "--kv-sets", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["results"]
+    assert all(r["kv_sets"] == 2 and r["max_abs_error"] <= 1e-5 for r in rows)
+    mx.synchronize()
+
 
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import mlx.core as mx
@@ -22,6 +23,10 @@ class Inputs:
     q: mx.array
     k: mx.array
     v: mx.array
+    # (k, v) and copies of them, which an implementation's calls take in
+    # turn (make_inputs), so that a batch of calls reads its keys and values
+    # from memory as a model's layers do, each from its own cache.
+    kv_sets: list[tuple[mx.array, mx.array]] = field(default_factory=list)
 
     @property
     def scale(self) -> float:
@@ -32,15 +37,24 @@ class Inputs:
         return "causal" if self.case.causal else None
 
 
-def make_inputs(case: KernelCase, seed: int = 0) -> Inputs:
+def make_inputs(case: KernelCase, seed: int = 0, kv_sets: int = 1) -> Inputs:
+    """Random inputs, with kv_sets - 1 copies of k and v (the same values in
+    other buffers: every call computes the same function)."""
     s = case.shape
     kq, kk, kv = mx.random.split(mx.random.key(seed), 3)
     dtype = DTYPES[case.dtype]
     q = mx.random.normal((1, s.H_q, case.L, s.E), key=kq).astype(dtype)
     k = mx.random.normal((1, s.H_kv, case.S, s.E), key=kk).astype(dtype)
     v = mx.random.normal((1, s.H_kv, case.S, s.E), key=kv).astype(dtype)
-    mx.eval(q, k, v)
-    return Inputs(case, q, k, v)
+    sets = [(k, v)] + [(k + 0, v + 0) for _ in range(kv_sets - 1)]
+    mx.eval(q, sets)
+    return Inputs(case, q, k, v, sets)
+
+
+def kv_turns(inp: Inputs) -> Callable[[], tuple]:
+    """The next (k, v) of inp's sets at each call, round and round."""
+    turns = itertools.cycle(inp.kv_sets or [(inp.k, inp.v)])
+    return lambda: next(turns)
 
 
 @dataclass
@@ -60,25 +74,31 @@ def mlx_to_numpy(x: mx.array) -> np.ndarray:
     return np.array(x.astype(mx.float32))
 
 
+def mlx_call(inp: Inputs, attention: Callable) -> Callable[[mx.array], mx.array]:
+    """attention(q, k, v, scale=, mask=) on the given queries and the next K/V set."""
+    next_kv = kv_turns(inp)
+
+    def call(q: mx.array) -> mx.array:
+        k, v = next_kv()
+        return attention(q, k, v, scale=inp.scale, mask=inp.mask)
+
+    return call
+
+
 def flash_impl(inp: Inputs) -> Impl:
-    return Impl(
-        "flash",
-        "flashattn_core.flash_attention",
-        True,
-        lambda: flash_attention(inp.q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
-        mlx_to_numpy,
-        chain=lambda q: flash_attention(q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
-    )
+    call = mlx_call(inp, flash_attention)
+    return Impl("flash", "flashattn_core.flash_attention", True, lambda: call(inp.q), mlx_to_numpy, chain=call)
 
 
 def mlx_impl(inp: Inputs) -> Impl:
+    call = mlx_call(inp, mx.fast.scaled_dot_product_attention)
     return Impl(
         "mlx",
         f"mx.fast.scaled_dot_product_attention (MLX {mx.__version__})",
         True,
-        lambda: mx.fast.scaled_dot_product_attention(inp.q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
+        lambda: call(inp.q),
         mlx_to_numpy,
-        chain=lambda q: mx.fast.scaled_dot_product_attention(q, inp.k, inp.v, scale=inp.scale, mask=inp.mask),
+        chain=call,
     )
 
 
@@ -94,36 +114,45 @@ def torch_impls(inp: Inputs) -> list[Impl]:
     if on_gpu and not torch.cuda.is_available():
         return []
     device = "cuda" if on_gpu else "cpu"
-    q, k, v = (torch.from_numpy(mlx_to_numpy(x)).to(device=device, dtype=tdtype) for x in (inp.q, inp.k, inp.v))
+
+    def to_torch(x: mx.array):
+        return torch.from_numpy(mlx_to_numpy(x)).to(device=device, dtype=tdtype)
+
+    q, k, v = to_torch(inp.q), to_torch(inp.k), to_torch(inp.v)
+    sets = len(inp.kv_sets) or 1
     # PyTorch's is_causal is top-left aligned; for L = S that is MLX's mask.
     causal = inp.case.causal
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
 
-    def make(backend):
+    def make(backend, kv):
+        # Copies of kv, taken in turn as the MLX implementations take theirs.
+        turns = itertools.cycle([kv] + [tuple(x.clone() for x in kv) for _ in range(sets - 1)])
+
         def run():
+            kt, vt = next(turns)
             with torch.no_grad():
                 if backend is None:
                     return torch.nn.functional.scaled_dot_product_attention(
-                        q, k, v, is_causal=causal, scale=inp.scale, enable_gqa=True)
+                        q, kt, vt, is_causal=causal, scale=inp.scale, enable_gqa=True)
                 from torch.nn.attention import sdpa_kernel
 
                 with sdpa_kernel(backend):
-                    # The fused backends take no GQA: repeat K/V heads outside
-                    # the timing (as a caller of them would have to).
                     return torch.nn.functional.scaled_dot_product_attention(
-                        q, kr, vr, is_causal=causal, scale=inp.scale)
+                        q, kt, vt, is_causal=causal, scale=inp.scale)
         return run
 
     version = torch.__version__
     if not on_gpu:
         text = f"torch.nn.functional.scaled_dot_product_attention (PyTorch {version}, {torch.get_num_threads()} threads)"
-        return [Impl("torch", text, False, make(None), lambda t: t.float().cpu().numpy(), sync)]
+        return [Impl("torch", text, False, make(None, (k, v)), lambda t: t.float().cpu().numpy(), sync)]
     from torch.nn.attention import SDPBackend
 
+    # The fused backends take no GQA: K/V heads repeated outside the timing
+    # (as a caller of them would have to).
     ratio = q.shape[-3] // k.shape[-3]
-    kr, vr = k.repeat_interleave(ratio, dim=-3), v.repeat_interleave(ratio, dim=-3)
+    repeated = (k.repeat_interleave(ratio, dim=-3), v.repeat_interleave(ratio, dim=-3))
     return [
         Impl(f"torch-{name}", f"PyTorch {version} SDPA, {name} backend (K/V heads repeated for GQA)", False,
-             make(backend), lambda t: t.float().cpu().numpy(), sync)
+             make(backend, repeated), lambda t: t.float().cpu().numpy(), sync)
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
     ]

@@ -18,13 +18,27 @@ from flashattn_core.reference import attention_reference, causal_mask
 
 from . import report
 from .impls import Inputs, flash_impl, make_inputs, mlx_impl, torch_impls
-from .measure import copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
+from .measure import MAX_BATCH, copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
 from .options import comma_list, int_list
 from .progress import progress_bar
 from .shapes import SHAPES, KernelCase
 
 # Repetitions get fewer as calls get slower: about this many seconds per impl.
 TIME_BUDGET_S = 8.0
+# On a GPU a batch of calls (measure.py) takes copies of the keys and values
+# in turn, enough that the batch reads at least this many distinct bytes of
+# them (up to one copy a call): a model's layers each read their own cache,
+# and one copy read again and again would be timed from the GPU's L2 cache
+# (H200: 60 MB; qwen05b's decode at S = 32768 reads 16.8 MB a call).
+KV_ROTATION_BYTES = 256 * 2**20
+
+
+def kv_sets_for(case: KernelCase, asked: int, on_gpu: bool) -> int:
+    if asked:
+        return asked
+    if not on_gpu:
+        return 1
+    return max(1, min(MAX_BATCH, -(-KV_ROTATION_BYTES // case.kv_bytes)))
 
 
 def sampled_rows_error(inp: Inputs, out: np.ndarray, rows: np.ndarray, ref: np.ndarray) -> float:
@@ -76,12 +90,16 @@ def total_memory_bytes() -> int:
 @click.option("--calls", type=click.Choice(["chained", "independent"]), default="chained", show_default=True,
               help="On a GPU, calls timed together in one evaluation: each on the last one's output (as a "
                    "model's layers), or independent (MLX's CUDA graph may then run them side by side).")
+@click.option("--kv-sets", default=0, show_default=True, type=click.IntRange(0, MAX_BATCH),
+              help="Copies of the keys and values that a batch's calls take in turn; 0: on a GPU enough "
+                   "for a batch to read 256 MiB of distinct K/V (as a model's layers, each with its own "
+                   "cache), 1 on the CPU. 1 re-reads one copy (from the GPU's L2 cache when it fits).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, calls, seed, as_json, markdown,
-           plot):
+def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, calls, kv_sets, seed, as_json,
+           markdown, plot):
     """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
     cases = [
         KernelCase(SHAPES[s], kind, n, dt)
@@ -105,10 +123,12 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, ca
         "device": str(mx.default_device()),
         "flashattn_cpu": flashattn_core.cpu_info(),
     }
-    if mx.default_device() == mx.gpu:
+    on_gpu = mx.default_device() == mx.gpu
+    if on_gpu:
         machine["gpu"] = mx.device_info().get("device_name", "GPU") if hasattr(mx, "device_info") else "GPU"
         machine["copy_bandwidth_GBps"] = device_copy_bandwidth() / 1e9
         machine["calls"] = calls
+        machine["kv_sets"] = kv_sets or "auto"
     elif any(c.kind == "decode" for c in cases):
         machine["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
         machine["pages"] = page_setting()
@@ -117,13 +137,14 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, ca
     rate = {}  # (impl, kind) -> FLOP/s of its last case: predicts the next call
     with progress_bar(len(cases), "kernel cases", quiet) as advance:
         for case in cases:
-            inp = make_inputs(case, seed)
+            sets = kv_sets_for(case, kv_sets, on_gpu)
+            inp = make_inputs(case, seed, sets)
             rows, ref = reference_rows(inp)
             candidates = {"flash": lambda i: [flash_impl(i)], "mlx": lambda i: [mlx_impl(i)], "torch": torch_impls}
             for key, impl in ((key, impl) for key in impls for impl in candidates[key](inp)):
                 machine.setdefault("impls", {})[impl.name] = impl.description
                 row = {"case": case.label, "kind": case.kind, "shape": case.shape.name,
-                       "length": case.length, "dtype": case.dtype, "impl": impl.name}
+                       "length": case.length, "dtype": case.dtype, "impl": impl.name, "kv_sets": sets}
                 seen = rate.get((impl.name, case.kind))
                 predicted = case.flops / seen if seen else None
                 if key != "flash" and predicted and predicted > max_call_seconds:

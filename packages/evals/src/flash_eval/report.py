@@ -40,6 +40,10 @@ def machine_lines(machine: dict) -> list[str]:
         lines.append(machine["pages"])
     if machine.get("calls"):
         lines.append(f"short calls timed {machine['calls']}, up to 20 an evaluation (MLX)")
+    if machine.get("kv_sets") == "auto":
+        lines.append("keys and values: copies taken in turn, at least 256 MiB of them a batch (up to 20)")
+    elif machine.get("kv_sets"):
+        lines.append(f"keys and values: {machine['kv_sets']} copies taken in turn")
     lines += [f"{name}: {text}" for name, text in machine.get("impls", {}).items()]
     return lines
 
