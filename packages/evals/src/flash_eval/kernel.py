@@ -167,7 +167,7 @@ def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, ca
                                        chain=impl.chain if calls == "chained" else None)
                     else:
                         out, m = measure_host(impl.run, repeats=n, warmup=warmup, sync=impl.sync,
-                                              on_gpu=mx.default_device() == mx.gpu)
+                                              on_gpu=on_gpu)
                 except RuntimeError as e:  # e.g. a PyTorch backend that refuses float32
                     row["skipped"] = f"refused: {str(e).splitlines()[0][:80]}"
                     results.append(row)

@@ -29,6 +29,7 @@
 
 #include "decode_combine.cuh"
 #include "decode_shapes.h"
+#include "decode_walk.cuh"
 #include "mma.cuh"
 #include "unit.cuh"
 
@@ -76,7 +77,6 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
   static_assert(E == 64 || E == 128, "tensor-core decode takes E = 64 or 128");
   constexpr int KC = 2048 / E;  // keys per chunk: what the registers hold
   constexpr int NT = KC / 8, KB = E / 32, KS = KC / 16, DB = E / 64, NO = 8 * DB;
-  constexpr int PASS = W * U * KC;  // keys a pass of the block covers
   __shared__ MmaDecodeSmem<E, W> sm;
   FA_MARK(0);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -90,25 +90,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
   const int c_end = min(S, c_begin + keys_per_split);
   auto q_row = [&](int r) { return q + lay.q.at(b, kvh * ratio + r / L, r % L); };
 
-  auto prefetch_chunk = [&](int c0) {
-    for (int r = lane; r < KC; r += 32) {
-      if (c0 + r < c_end) {
-        const char* k_row = reinterpret_cast<const char*>(k_head + (c0 + r) * ks);
-        const char* v_row = reinterpret_cast<const char*>(v_head + (c0 + r) * vs);
-#pragma unroll
-        for (int by = 0; by < E * (int)sizeof(T); by += 128) {
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(k_row + by));
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(v_row + by));
-        }
-      }
-    }
-  };
-  // chunk u of a pass from `base`: this warp's keys from chunk_at(base, u)
-  auto chunk_at = [&](int base, int u) { return base + (u * W + w) * KC; };
-  if constexpr (U == 1) {
-#pragma unroll
-    for (int a = 0; a <= kMmaAhead; ++a) prefetch_chunk(c_begin + (a * W + w) * KC);
-  }
+  const ChunkWalk<T, E, W, U, KC, kMmaAhead> walk{k_head, v_head, ks, vs, c_begin, c_end, w, lane};
+  walk.prefetch_start();
 
   // Query fragments of rows g and g + 8 (zeros past R), per 32-dim block.
   uint4 qa[KB], qb[KB];
@@ -120,17 +103,12 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 
   float o[NO][4] = {};  // tile 8 db + i: dims 64 db + 8 n + i (n: the fragment's column)
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
-  for (int base = c_begin; base < c_end; base += PASS) {
-    if constexpr (U == 1) {
-      prefetch_chunk(chunk_at(base, 0) + (kMmaAhead + 1) * PASS);
-    } else {
-#pragma unroll
-      for (int u = 0; u < U; ++u) prefetch_chunk(chunk_at(base + PASS, u));
-    }
+  for (int base = c_begin; base < c_end; base += walk.PASS) {
+    walk.prefetch_ahead(base);
     uint4 kf[U][NT][KB], vf[U][KS][4][DB];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c0 = chunk_at(base, u);
+      const int c0 = walk.chunk_at(base, u);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int key = c0 + 8 * nt + g;
@@ -152,7 +130,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c0 = chunk_at(base, u);
+      const int c0 = walk.chunk_at(base, u);
       if (c0 >= c_end) break;  // past the split's end: this warp's later chunks too
       // S = Q K^T
       float sc[NT][4] = {};

@@ -39,6 +39,7 @@
 
 #include "decode_combine.cuh"
 #include "decode_shapes.h"
+#include "decode_walk.cuh"
 #include "mma.cuh"
 #include "unit.cuh"
 
@@ -152,7 +153,6 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
   static_assert(E == 64 || E == 128, "the float32 tensor-core decode takes E = 64 or 128");
   constexpr int KC = 1024 / E;  // keys per chunk: what the registers hold
   constexpr int NT = KC / 8, QB = E / 16, VB = E / 32, NO = 4 * VB;
-  constexpr int PASS = W * U * KC;  // keys a pass of the block covers
   __shared__ Tf32DecodeSmem<E, W> sm;
   FA_MARK(0);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -166,24 +166,8 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
   const int c_end = min(S, c_begin + keys_per_split);
   const int key_g = (g >> 1) + 4 * (g & 1);  // the key of column g of an 8-key tile
 
-  auto prefetch_chunk = [&](int c0) {
-    for (int r = lane; r < KC; r += 32) {
-      if (c0 + r < c_end) {
-        const char* k_row = reinterpret_cast<const char*>(k_head + (c0 + r) * ks);
-        const char* v_row = reinterpret_cast<const char*>(v_head + (c0 + r) * vs);
-#pragma unroll
-        for (int by = 0; by < E * 4; by += 128) {
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(k_row + by));
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(v_row + by));
-        }
-      }
-    }
-  };
-  auto chunk_at = [&](int base, int u) { return base + (u * W + w) * KC; };
-  if constexpr (U == 1) {
-#pragma unroll
-    for (int a = 0; a <= kTf32Ahead; ++a) prefetch_chunk(c_begin + (a * W + w) * KC);
-  }
+  const ChunkWalk<float, E, W, U, KC, kTf32Ahead> walk{k_head, v_head, ks, vs, c_begin, c_end, w, lane};
+  walk.prefetch_start();
 
   // Row g's query fragments, split once: slot t of k-step (qb, j) is
   // element 2j of the float4 at dim 16 qb + 4t, slot t + 4 element 2j + 1.
@@ -203,17 +187,12 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 
   float o[NO][2] = {};  // tile 4 vb + i: dims 32 vb + 4 n + i (n: the fragment's column)
   float m_i = FA_NEG_INF, l_i = 0.0f;
-  for (int base = c_begin; base < c_end; base += PASS) {
-    if constexpr (U == 1) {
-      prefetch_chunk(chunk_at(base, 0) + (kTf32Ahead + 1) * PASS);
-    } else {
-#pragma unroll
-      for (int u = 0; u < U; ++u) prefetch_chunk(chunk_at(base + PASS, u));
-    }
+  for (int base = c_begin; base < c_end; base += walk.PASS) {
+    walk.prefetch_ahead(base);
     float4 kf[U][NT][QB], vf[U][NT][2][VB];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c0 = chunk_at(base, u);
+      const int c0 = walk.chunk_at(base, u);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int key = c0 + 8 * nt + key_g;
@@ -231,7 +210,7 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c0 = chunk_at(base, u);
+      const int c0 = walk.chunk_at(base, u);
       if (c0 >= c_end) break;  // past the split's end: this warp's later chunks too
       // S = Q K^T
       float sc[NT][2] = {};
