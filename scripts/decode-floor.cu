@@ -2,10 +2,15 @@
 // read of the call's K and V, a read by TMA bulk copies, and the fused
 // tensor-core decode itself cost per launch, each timed as MLX runs them:
 // 20 launches recorded in one CUDA graph, the graph launched and timed with
-// CUDA events (median of reps), K / V the same each launch (hot in L2, as
-// `flash-eval kernel --kv-sets 1` times calls).
+// CUDA events (median of reps). K / V: with one copy the same each launch
+// (hot in L2, as `flash-eval kernel --kv-sets 1` times calls); with more,
+// launch i reads copy i % copies (from memory, as each layer of a model reads
+// its own cache and `flash-eval kernel` times calls by default), and the
+// timeline's launch follows a read of the other copies (L2 holds none of its
+// own).
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/df scripts/decode-floor.cu && /tmp/df
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/df scripts/decode-floor.cu
+//   /tmp/df [reps] [floors 0/1] [copies]
 
 #include "probe/timeline.cuh"  // before the kernels: FA_MARK
 
@@ -70,13 +75,16 @@ __global__ void bulk_kernel(const char* __restrict__ src, size_t bytes, int chun
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
-// W warps, U chunks of keys in flight a warp; fused: merged in the launch,
-// else the splits' partials alone (the merge's share of the time).
-template <int E, int W, int U, bool kFused>
+// W warps, U chunks of keys in flight a warp, their L2 prefetches PA passes
+// ahead, the loads' L2 fetch hint LH bytes (decode_shapes.h has the shipped
+// ones); fused: merged in the launch, else the splits' partials alone (the
+// merge's share of the time).
+template <int E, int W, int U, bool kFused, int PA = fa::decode_shapes::mma_passes_ahead(E),
+          int LH = fa::decode_shapes::mma_load_hint(E)>
 __global__ void __launch_bounds__(32 * W) decode_kernel(const T* q, const T* k, const T* v, T* out, float* o_part,
                                                         float* ml_part, int H_q, int H_kv, int S, int keys_per_split,
                                                         float scale_log2, fa::Layout lay, unsigned long long tag) {
-  fa::decode_mma<T, E, W, U>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
+  fa::decode_mma<T, E, W, U, PA, LH>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
                               keys_per_split, scale_log2, lay);
 }
 
@@ -84,26 +92,27 @@ __global__ void __launch_bounds__(32 * W) decode_kernel(const T* q, const T* k, 
 // runs the decode kernels to time, variant(name, kernel, warps, splits,
 // fused, timeline).
 template <int E, typename Variants>
-void shape(const char* name, int H_q, int H_kv, int S, bool floors, int reps, int sms, uint32_t* sink,
+void shape(const char* name, int H_q, int H_kv, int S, bool floors, int copies, int reps, int sms, uint32_t* sink,
            Variants variants) {
   const size_t nk = size_t(H_kv) * S * E, bytes = 2 * nk * sizeof(T);
   std::vector<T> q = probe::randn<T>(size_t(H_q) * E, 1), kv = probe::randn<T>(2 * nk, 2);
   T *dq, *dkv, *dout;
   float* dpart;
   CHECK(cudaMalloc(&dq, q.size() * sizeof(T)));
-  CHECK(cudaMalloc(&dkv, bytes));
+  CHECK(cudaMalloc(&dkv, bytes * copies));
+  auto kv_of = [&](int i) { return dkv + size_t(i % copies) * 2 * nk; };
   CHECK(cudaMalloc(&dout, q.size() * sizeof(T)));
   const size_t part_bytes = (size_t(128) * (H_q * (E + 2) + 2 * H_kv) + 64) * sizeof(float);
   CHECK(cudaMalloc(&dpart, part_bytes));
   CHECK(cudaMemcpy(dq, q.data(), q.size() * sizeof(T), cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dkv, kv.data(), bytes, cudaMemcpyHostToDevice));
-  std::printf("%s S=%d: K/V %.1f MB\n", name, S, bytes / 1e6);
+  for (int c = 0; c < copies; ++c) CHECK(cudaMemcpy(kv_of(c), kv.data(), bytes, cudaMemcpyHostToDevice));
+  std::printf("%s S=%d: K/V %.1f MB, %d cop%s\n", name, S, bytes / 1e6, copies, copies == 1 ? "y" : "ies");
   for (int grid : {sms, 2 * sms, 4 * sms}) {
     if (!floors) break;
     for (int threads : {256, 512}) {
       const float t = probe::graph_us(
-          [&](cudaStream_t s, int) {
-            read_kernel<8><<<grid, threads, 0, s>>>(reinterpret_cast<const uint4*>(dkv), bytes / 16, sink);
+          [&](cudaStream_t s, int i) {
+            read_kernel<8><<<grid, threads, 0, s>>>(reinterpret_cast<const uint4*>(kv_of(i)), bytes / 16, sink);
           },
           reps);
       std::printf("  read, %4d blocks x %3d threads, 8 x 16 B in flight   %6.2f us  %6.0f GB/s\n", grid, threads, t,
@@ -117,8 +126,8 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int reps, in
     CHECK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     for (int chunk : {4096, 16384}) {
       const float t = probe::graph_us(
-          [&](cudaStream_t s, int) {
-            bulk_kernel<<<grid, 128, per, s>>>(reinterpret_cast<const char*>(dkv), bytes, chunk, sink);
+          [&](cudaStream_t s, int i) {
+            bulk_kernel<<<grid, 128, per, s>>>(reinterpret_cast<const char*>(kv_of(i)), bytes, chunk, sink);
           },
           reps);
       std::printf("  bulk, %4d blocks, %6zu B each in %5d B copies         %6.2f us  %6.0f GB/s\n", grid, per, chunk,
@@ -137,7 +146,7 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int reps, in
   auto variant = [&](const char* name, auto kernel, int warps, int splits, bool fused, bool timeline = false) {
     const int kps = (S + splits - 1) / splits;
     auto launch = [&](cudaStream_t s, int i) {
-      kernel<<<dim3(splits, H_kv), 32 * warps, 0, s>>>(dq, dkv, dkv + nk, dout, dpart,
+      kernel<<<dim3(splits, H_kv), 32 * warps, 0, s>>>(dq, kv_of(i), kv_of(i) + nk, dout, dpart,
                                                        dpart + size_t(splits) * H_q * E, H_q, H_kv, S, kps,
                                                        scale_log2, lay, 0x100 + i);
     };
@@ -158,13 +167,19 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int reps, in
     if (timeline) {
       probe::print_timeline(splits * H_kv, [&] {
         CHECK(cudaMemset(dpart, 0, part_bytes));
-        launch(0, 7);
+        if (copies > 1)  // the other copies through L2, then copy 0's launch
+          read_kernel<8><<<4 * sms, 512>>>(reinterpret_cast<const uint4*>(kv_of(1)), (copies - 1) * bytes / 16, sink);
+        launch(0, copies * 7);
       });
     }
     std::printf("  %-28s %2d warps, %3d splits  err %.1e  %6.2f us  %6.0f GB/s\n", name, warps, splits, err, t,
                 bytes / (t * 1e3));
   };
   variants(variant);
+  CHECK(cudaFree(dq));
+  CHECK(cudaFree(dkv));
+  CHECK(cudaFree(dout));
+  CHECK(cudaFree(dpart));
 }
 
 int main(int argc, char** argv) {
@@ -177,21 +192,27 @@ int main(int argc, char** argv) {
   std::printf("empty kernel, 132 x 128 threads        %6.2f us\n",
               probe::graph_us([&](cudaStream_t s, int) { empty_kernel<<<sms, 128, 0, s>>>(sink); }, reps));
   const bool floors = argc > 2 && std::atoi(argv[2]) != 0;
+  const int copies = argc > 3 ? std::max(1, std::atoi(argv[3])) : 1;
   for (int S : {8192, 32768}) {
-    shape<64>("qwen05b", 14, 2, S, floors, reps, sms, sink, [&](auto variant) {
+    shape<64>("qwen05b", 14, 2, S, floors, copies, reps, sms, sink, [&](auto variant) {
       for (int splits : {32, 64}) {
-        variant("fused W4 U1", decode_kernel<64, 4, 1, true>, 4, splits, true, false);
+        variant("fused W4 U1", decode_kernel<64, 4, 1, true, 1, 0>, 4, splits, true, false);
+        variant("fused W8 U2 plain loads", decode_kernel<64, 8, 2, true, 1, 0>, 8, splits, true, false);
         variant("fused W8 U2 (shipped)", decode_kernel<64, 8, 2, true>, 8, splits, true, splits == 64);
         variant("split alone W8 U2", decode_kernel<64, 8, 2, false>, 8, splits, false, false);
       }
     });
   }
-  shape<128>("hd128", 32, 8, 32768, floors, reps, sms, sink, [&](auto variant) {
-    for (int splits : {8, 16, 32}) {
-      variant("fused W4 U1 (shipped)", decode_kernel<128, 4, 1, true>, 4, splits, true, splits == 16);
-      variant("fused W4 U2", decode_kernel<128, 4, 2, true>, 4, splits, true, false);
-      variant("split alone W4 U1", decode_kernel<128, 4, 1, false>, 4, splits, false, false);
-    }
-  });
+  for (int S : {8192, 32768}) {
+    shape<128>("hd128", 32, 8, S, floors && S == 32768, copies, reps, sms, sink, [&](auto variant) {
+      for (int splits : {16, 32, 64}) {
+        variant("fused W4 U1", decode_kernel<128, 4, 1, true, 1, 0>, 4, splits, true, false);
+        variant("fused W4 U2 prefetch 1 pass", decode_kernel<128, 4, 2, true, 1, 0>, 4, splits, true, false);
+        variant("fused W4 U2 L2::256B loads", decode_kernel<128, 4, 2, true, 0, 256>, 4, splits, true, false);
+        variant("fused W4 U2 (shipped)", decode_kernel<128, 4, 2, true>, 4, splits, true, splits == 32);
+        variant("split alone W4 U2", decode_kernel<128, 4, 2, false>, 4, splits, false, false);
+      }
+    });
+  }
   return 0;
 }

@@ -4,7 +4,8 @@ output), evaluating it on the host (mx.async_eval: every node's eval_gpu,
 MLX's CUDA graph built and launched) and waiting for the GPU
 (mx.synchronize), per call, best of 20. Also the same 20 calls chained, each
 call's queries the last one's output (as a model's layers follow one
-another), and MLX's custom-kernel path with modules of growing size (it
+another), chained with each call on the next of several copies of K and V
+(read from memory, as each layer reads its own cache), and MLX's custom-kernel path with modules of growing size (it
 copies and hashes the module on every launch).
 
     python3 scripts/host-probe.py [floors|decode|prefill]"""
@@ -105,6 +106,19 @@ def attention(cases):
         }
         for impl, fn in chained.items():
             show(f"  chained {impl}", phases(fn))
+        # Chained again, call i on copy i % n of K and V (at least 256 MiB of
+        # them, up to BATCH, as flash-eval kernel takes them): from memory.
+        n = min(BATCH, -(-256 * 2**20 // (2 * k.nbytes)))
+        kv = [(k, v)] + [(k + 0, v + 0) for _ in range(n - 1)]
+        mx.eval(kv)
+        rotated = {
+            "flash": lambda i, p: flash_attention(q if p is None else p, *kv[i % n], mask=mask),
+            "mlx": lambda i, p: mx.fast.scaled_dot_product_attention(q if p is None else p, *kv[i % n],
+                                                                     scale=E**-0.5, mask=mask),
+        }
+        for impl, fn in rotated.items():
+            show(f"  chained, {n} K/V copies {impl}", phases(fn))
+        del kv
 
 
 DECODE = [("qwen05b", QWEN05B, 1, 8192, mx.bfloat16), ("qwen05b", QWEN05B, 1, 32768, mx.bfloat16),

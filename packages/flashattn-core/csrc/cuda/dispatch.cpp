@@ -142,6 +142,9 @@ constexpr int kDecodeTargetBlocks = 512;
 // 512 keys (22.1 at 128, 15.9 at 32; split + merge 20.7), S = 8192 10.9 us at
 // 32 splits of 256 keys (15.5 at 64; split + merge 9.5, one launch more);
 // hd128 S = 32768 54.2 us at 16 splits (58.7 at 32; split + merge 71.8).
+// The 16-bit kernel at E = 128 has since dropped its L2 prefetches and takes
+// 32 splits there (decode_shapes.h: mma_target_blocks); the float32 one
+// keeps kFusedTargetBlocks.
 constexpr int kFusedTargetBlocks = 128, kFusedMinKeysPerSplit = 256;
 constexpr int kFusedMaxSplits = 64;  // of the kernel's 128 (decode_combine.cuh)
 // decode.cu's fused decode (float32, masks, L > 1) is bound by its
@@ -162,7 +165,11 @@ struct SplitRule {
 };
 constexpr SplitRule kScalarSplits{kDecodeOneSplitMaxKeys, kDecodeTargetBlocks, kDecodeMinKeysPerSplit,
                                   kScalarFusedMaxSplits};
-constexpr SplitRule kMmaSplits{kDecodeOneSplitMaxKeys, kFusedTargetBlocks, kFusedMinKeysPerSplit, kFusedMaxSplits};
+// The 16-bit one aims at its own block count a call (decode_shapes.h: two
+// blocks an SM at E = 128).
+constexpr SplitRule mma_splits(int E) {
+  return {kDecodeOneSplitMaxKeys, fa::decode_shapes::mma_target_blocks(E), kFusedMinKeysPerSplit, kFusedMaxSplits};
+}
 // The float32 tensor-core decode reads twice the bytes a key and its block
 // covers at most 256 keys a pass (64 at E = 128), so it splits sooner and
 // finer: one H200 run with the 16-bit kernel's rule had it at 0.42-0.65x
@@ -291,7 +298,7 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   }
   const int64_t groups = d.batch * d.H_kv;
   const bool tf32 = mma && d.dt == "float32";
-  const SplitRule rule = tf32 ? kTf32Splits : mma ? kMmaSplits : kScalarSplits;
+  const SplitRule rule = tf32 ? kTf32Splits : mma ? mma_splits(d.E) : kScalarSplits;
   const bool fused = d.S > rule.one_split_max_keys;
   splits = static_cast<int>(std::clamp<int64_t>((rule.target_blocks + groups - 1) / groups, 1,
                                                 (d.S + rule.min_keys - 1) / rule.min_keys));

@@ -4,24 +4,41 @@
 //
 // E = 64: 8 warps, each loading two chunks of 32 keys before computing them
 // (64 KB of K and V in flight a block: a split of 512 keys, qwen05b's at
-// S = 32768, asked for at once). E = 128: 4 warps, one chunk of 16 keys at a
-// time (a warp's o takes 64 registers; 8 warps' o would not fit the 48 KB of
-// static shared memory the combine uses). H200 (scripts/decode-floor.cu, 20
-// launches in a CUDA graph): qwen05b S = 32768 bfloat16 14.4 -> 12.8 us a
-// launch with the merge changes of the same commit; hd128 S = 32768 W = 4
-// with two chunks in flight was within 1% of one.
+// S = 32768, asked for at once). E = 128: 4 warps (a warp's o takes 64
+// registers; 8 warps' o would not fit the 48 KB of static shared memory the
+// combine uses), each with two chunks of 16 keys in flight (254 registers,
+// no spills: two blocks fit an SM). H200, scripts/decode-floor.cu (20
+// launches in a CUDA graph), bfloat16, GPU time a launch on 16 copies of K
+// and V taken in turn (one copy alike within ~3%):
+// - qwen05b S = 32768 14.4 -> 12.8 us with two chunks (hot L2, the commit
+//   that brought them); K and V loads that ask L2 for 256 bytes on a miss
+//   (two 128-byte rows, the fragment loads touching half a row each):
+//   14.96 -> 14.18 us, S = 8192 9.89 -> 9.33.
+// - hd128 S = 32768: 49.2 us (one chunk, L2 prefetch 3 passes ahead, 16
+//   splits) -> 45.7 (two chunks, one pass ahead) -> 43.9 (no prefetch) ->
+//   41.5 (no prefetch, 32 splits: two blocks an SM); prefetching 2-4 passes
+//   ahead was slower still (49-60 us), the 256-byte hint too (44-50 us).
+//   S = 8192 19.8 -> 18.6-18.8 us.
 
 #pragma once
 
 namespace fa::decode_shapes {
 
 constexpr int mma_warps(int E) { return E == 64 ? 8 : 4; }
-constexpr int mma_chunks_in_flight(int E) { return E == 64 ? 2 : 1; }
+constexpr int mma_chunks_in_flight(int) { return 2; }
+// Passes of K and V asked into L2 ahead of their loads (decode_walk.cuh).
+constexpr int mma_passes_ahead(int E) { return E == 64 ? 1 : 0; }
+// The K / V loads' L2 fetch hint in bytes (ld.global.nc.L2::256B); 0: none.
+constexpr int mma_load_hint(int E) { return E == 64 ? 256 : 0; }
+// Blocks a call's key splits aim at (dispatch.cpp): one an SM at E = 64,
+// two at E = 128 (their merge then reads twice the partials, still faster).
+constexpr int mma_target_blocks(int E) { return E == 64 ? 128 : 256; }
 
 // The float32 decode (decode_tf32.cu): chunks of 1024 / E keys (the same
 // bytes as the 16-bit kernel's chunks). 8 warps at E = 128 too: its o (8
-// rows, not 16) leaves room in shared memory.
+// rows, not 16) leaves room in shared memory; one chunk in flight at
+// E = 128 (two were not measured there).
 constexpr int tf32_warps(int) { return 8; }
-constexpr int tf32_chunks_in_flight(int E) { return mma_chunks_in_flight(E); }
+constexpr int tf32_chunks_in_flight(int E) { return E == 64 ? 2 : 1; }
 
 }  // namespace fa::decode_shapes
