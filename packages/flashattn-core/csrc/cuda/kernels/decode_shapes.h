@@ -6,7 +6,7 @@
 // (64 KB of K and V in flight a block: a split of 512 keys, qwen05b's at
 // S = 32768, asked for at once). E = 128: 4 warps (a warp's o takes 64
 // registers; 8 warps' o would not fit the 48 KB of static shared memory the
-// combine uses), each with two chunks of 16 keys in flight (254 registers,
+// combine uses), each with two chunks of 16 keys in flight (254-255 registers,
 // no spills: two blocks fit an SM). H200, scripts/decode-floor.cu (20
 // launches in a CUDA graph), bfloat16, GPU time a launch on 16 copies of K
 // and V taken in turn (one copy alike within ~3%):
