@@ -75,16 +75,16 @@ __global__ void bulk_kernel(const char* __restrict__ src, size_t bytes, int chun
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
-// W warps, U chunks of keys in flight a warp, their L2 prefetches PA passes
-// ahead, the loads' L2 fetch hint LH bytes (decode_shapes.h has the shipped
-// ones); fused: merged in the launch, else the splits' partials alone (the
-// merge's share of the time).
-template <int E, int W, int U, bool kFused, int PA = fa::decode_shapes::mma_passes_ahead(E),
-          int LH = fa::decode_shapes::mma_load_hint(E)>
+// W warps, U chunks of keys in flight a warp; NP: each pass asks the next
+// into L2; F256: the loads ask L2 for 256 bytes (decode_shapes.h has the
+// shipped choices); fused: merged in the launch, else the splits' partials
+// alone (the merge's share of the time).
+template <int E, int W, int U, bool kFused, bool NP = fa::decode_shapes::mma_prefetch_next_pass(E),
+          bool F256 = fa::decode_shapes::mma_fetch_256(E)>
 __global__ void __launch_bounds__(32 * W) decode_kernel(const T* q, const T* k, const T* v, T* out, float* o_part,
                                                         float* ml_part, int H_q, int H_kv, int S, int keys_per_split,
                                                         float scale_log2, fa::Layout lay, unsigned long long tag) {
-  fa::decode_mma<T, E, W, U, PA, LH>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
+  fa::decode_mma<T, E, W, U, NP, F256>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
                               keys_per_split, scale_log2, lay);
 }
 
@@ -196,8 +196,8 @@ int main(int argc, char** argv) {
   for (int S : {8192, 32768}) {
     shape<64>("qwen05b", 14, 2, S, floors, copies, reps, sms, sink, [&](auto variant) {
       for (int splits : {32, 64}) {
-        variant("fused W4 U1", decode_kernel<64, 4, 1, true, 1, 0>, 4, splits, true, false);
-        variant("fused W8 U2 plain loads", decode_kernel<64, 8, 2, true, 1, 0>, 8, splits, true, false);
+        variant("fused W4 U1", decode_kernel<64, 4, 1, true, true, false>, 4, splits, true, false);
+        variant("fused W8 U2 plain loads", decode_kernel<64, 8, 2, true, true, false>, 8, splits, true, false);
         variant("fused W8 U2 (shipped)", decode_kernel<64, 8, 2, true>, 8, splits, true, splits == 64);
         variant("split alone W8 U2", decode_kernel<64, 8, 2, false>, 8, splits, false, false);
       }
@@ -206,9 +206,9 @@ int main(int argc, char** argv) {
   for (int S : {8192, 32768}) {
     shape<128>("hd128", 32, 8, S, floors && S == 32768, copies, reps, sms, sink, [&](auto variant) {
       for (int splits : {16, 32, 64}) {
-        variant("fused W4 U1", decode_kernel<128, 4, 1, true, 1, 0>, 4, splits, true, false);
-        variant("fused W4 U2 prefetch 1 pass", decode_kernel<128, 4, 2, true, 1, 0>, 4, splits, true, false);
-        variant("fused W4 U2 L2::256B loads", decode_kernel<128, 4, 2, true, 0, 256>, 4, splits, true, false);
+        variant("fused W4 U1", decode_kernel<128, 4, 1, true, true, false>, 4, splits, true, false);
+        variant("fused W4 U2 prefetch 1 pass", decode_kernel<128, 4, 2, true, true, false>, 4, splits, true, false);
+        variant("fused W4 U2 L2::256B loads", decode_kernel<128, 4, 2, true, false, true>, 4, splits, true, false);
         variant("fused W4 U2 (shipped)", decode_kernel<128, 4, 2, true>, 4, splits, true, splits == 32);
         variant("split alone W4 U2", decode_kernel<128, 4, 2, false>, 4, splits, false, false);
       }

@@ -15,6 +15,7 @@ import time
 
 import mlx.core as mx
 from flashattn_core import flash_attention
+from flash_eval.kernel import KV_ROTATION_BYTES
 from gpu_probe_calls import HD128, QWEN05B, calls
 
 BATCH, REPS = 20, 20
@@ -106,9 +107,9 @@ def attention(cases):
         }
         for impl, fn in chained.items():
             show(f"  chained {impl}", phases(fn))
-        # Chained again, call i on copy i % n of K and V (at least 256 MiB of
-        # them, up to BATCH, as flash-eval kernel takes them): from memory.
-        n = min(BATCH, -(-256 * 2**20 // (2 * k.nbytes)))
+        # Chained again, call i on copy i % n of K and V (as many as
+        # flash-eval kernel takes, up to BATCH): from memory.
+        n = min(BATCH, -(-KV_ROTATION_BYTES // (2 * k.nbytes)))
         kv = [(k, v)] + [(k + 0, v + 0) for _ in range(n - 1)]
         mx.eval(kv)
         rotated = {

@@ -43,22 +43,18 @@ struct MmaDecodeSmem {
   float m[W][16], l[W][16];
 };
 
-// 16 bytes at p, or zeros when !valid; LH = 128 or 256: a miss fetches that
-// many bytes around p into L2 (the next fragment loads' rows).
-template <int LH = 0>
+// 16 bytes at p, or zeros when !valid; kFetch256: a miss brings the 256
+// bytes around p into L2 (the rows the next fragment loads read).
+template <bool kFetch256 = false>
 __device__ __forceinline__ uint4 load16(const void* p, bool valid) {
-  if constexpr (LH == 0) {
+  if constexpr (!kFetch256) {
     return valid ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
   } else {
     uint4 r = make_uint4(0, 0, 0, 0);
     if (valid) {
-      if constexpr (LH == 128) {
-        asm("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-      } else {
-        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-      }
+      asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+          : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+          : "l"(p));
     }
     return r;
   }
@@ -84,9 +80,10 @@ struct MmaDecodeColumn {
 };
 
 // W warps; each warp loads U chunks at once (a pass), then computes them.
-// PA: passes asked into L2 ahead; LH: the loads' L2 fetch hint (decode_shapes.h).
+// kNextPass: each pass asks the next into L2; kFetch256: the loads' L2 hint
+// (decode_shapes.h).
 template <typename T, int E, int W = decode_shapes::mma_warps(E), int U = decode_shapes::mma_chunks_in_flight(E),
-          int PA = decode_shapes::mma_passes_ahead(E), int LH = decode_shapes::mma_load_hint(E)>
+          bool kNextPass = decode_shapes::mma_prefetch_next_pass(E), bool kFetch256 = decode_shapes::mma_fetch_256(E)>
 __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, T* __restrict__ out,
                                            float* __restrict__ o_part, float* __restrict__ ml_part,
@@ -109,7 +106,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
   const int c_end = min(S, c_begin + keys_per_split);
   auto q_row = [&](int r) { return q + lay.q.at(b, kvh * ratio + r / L, r % L); };
 
-  const ChunkWalk<T, E, W, U, KC, kMmaAhead, PA> walk{k_head, v_head, ks, vs, c_begin, c_end, w, lane};
+  const ChunkWalk<T, E, W, U, KC, kMmaAhead, kNextPass> walk{k_head, v_head, ks, vs, c_begin, c_end, w, lane};
   walk.prefetch_start();
 
   // Query fragments of rows g and g + 8 (zeros past R), per 32-dim block.
@@ -133,7 +130,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
         const int key = c0 + 8 * nt + g;
 #pragma unroll
         for (int kb = 0; kb < KB; ++kb)
-          kf[u][nt][kb] = load16<LH>(k_head + key * ks + 32 * kb + 8 * t, key < c_end);
+          kf[u][nt][kb] = load16<kFetch256>(k_head + key * ks + 32 * kb + 8 * t, key < c_end);
       }
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
@@ -142,7 +139,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
           const int key = c0 + 16 * s + 2 * t + (j & 1) + (j >> 1) * 8;
 #pragma unroll
           for (int db = 0; db < DB; ++db)
-            vf[u][s][j][db] = load16<LH>(v_head + key * vs + 64 * db + 8 * g, key < c_end);
+            vf[u][s][j][db] = load16<kFetch256>(v_head + key * vs + 64 * db + 8 * g, key < c_end);
         }
       }
     }

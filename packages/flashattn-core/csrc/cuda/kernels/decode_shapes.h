@@ -26,10 +26,11 @@ namespace fa::decode_shapes {
 
 constexpr int mma_warps(int E) { return E == 64 ? 8 : 4; }
 constexpr int mma_chunks_in_flight(int) { return 2; }
-// Passes of K and V asked into L2 ahead of their loads (decode_walk.cuh).
-constexpr int mma_passes_ahead(int E) { return E == 64 ? 1 : 0; }
-// The K / V loads' L2 fetch hint in bytes (ld.global.nc.L2::256B); 0: none.
-constexpr int mma_load_hint(int E) { return E == 64 ? 256 : 0; }
+// Whether each pass asks the next pass's K and V into L2 (decode_walk.cuh).
+constexpr bool mma_prefetch_next_pass(int E) { return E == 64; }
+// Whether the K / V loads ask L2 for the 256 bytes around them
+// (ld.global.nc.L2::256B).
+constexpr bool mma_fetch_256(int E) { return E == 64; }
 // Blocks a call's key splits aim at (dispatch.cpp): one an SM at E = 64,
 // two at E = 128 (their merge then reads twice the partials, still faster).
 constexpr int mma_target_blocks(int E) { return E == 64 ? 128 : 256; }

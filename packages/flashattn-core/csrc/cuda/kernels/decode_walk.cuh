@@ -4,8 +4,8 @@
 // rows of chunks to come asked into L2 ahead of their loads. With one chunk
 // a warp at a time (U = 1) the first kAhead + 1 passes are asked for at the
 // start and each pass asks for the one kAhead + 1 ahead; with several (all
-// of a pass's loads issued at once), passes 1 to kPassesAhead - 1 are asked
-// for at the start and each pass asks for the one kPassesAhead ahead.
+// of a pass's loads issued at once), each pass asks for the next when
+// kNextPass (decode_shapes.h says where that pays).
 
 #pragma once
 
@@ -13,7 +13,7 @@
 
 namespace fa {
 
-template <typename T, int E, int W, int U, int KC, int kAhead, int kPassesAhead = 1>
+template <typename T, int E, int W, int U, int KC, int kAhead, bool kNextPass = true>
 struct ChunkWalk {
   static constexpr int PASS = W * U * KC;  // keys a pass of the block covers
   const T* k_head;
@@ -44,11 +44,6 @@ struct ChunkWalk {
     if constexpr (U == 1) {
 #pragma unroll
       for (int a = 0; a <= kAhead; ++a) prefetch_chunk(chunk_at(c_begin + a * PASS, 0));
-    } else if constexpr (kPassesAhead > 0) {
-#pragma unroll
-      for (int a = 1; a < kPassesAhead; ++a)
-#pragma unroll
-        for (int u = 0; u < U; ++u) prefetch_chunk(chunk_at(c_begin + a * PASS, u));
     }
   }
 
@@ -56,9 +51,9 @@ struct ChunkWalk {
   __device__ __forceinline__ void prefetch_ahead(int base) const {
     if constexpr (U == 1) {
       prefetch_chunk(chunk_at(base, 0) + (kAhead + 1) * PASS);
-    } else if constexpr (kPassesAhead > 0) {
+    } else if constexpr (kNextPass) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) prefetch_chunk(chunk_at(base + kPassesAhead * PASS, u));
+      for (int u = 0; u < U; ++u) prefetch_chunk(chunk_at(base + PASS, u));
     }
   }
 };
