@@ -84,7 +84,7 @@ template <int E, int W, int U, bool kFused, bool NP = fa::decode_shapes::mma_pre
 __global__ void __launch_bounds__(32 * W) decode_kernel(const T* q, const T* k, const T* v, T* out, float* o_part,
                                                         float* ml_part, int H_q, int H_kv, int S, int keys_per_split,
                                                         float scale_log2, fa::Layout lay, unsigned long long tag) {
-  fa::decode_mma<T, E, W, U, NP, F256>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
+  fa::decode_mma<T, false, E, W, U, NP, F256>(q, k, v, kFused ? out : nullptr, o_part, ml_part, kFused, tag, H_q, H_kv, 1, S,
                               keys_per_split, scale_log2, lay);
 }
 

@@ -8,7 +8,7 @@ another), chained with each call on the next of several copies of K and V
 (read from memory, as each layer reads its own cache), and MLX's custom-kernel path with modules of growing size (it
 copies and hashes the module on every launch).
 
-    python3 scripts/host-probe.py [floors|decode|prefill]"""
+    python3 scripts/host-probe.py [floors|decode|decode32k|prefill]"""
 
 import sys
 import time
@@ -81,7 +81,8 @@ def custom_kernel_costs():
     # size) and an empty kernel: inputs, outputs (ours: out + 2 scratch) and
     # scalars (ours: 20) added one kind at a time.
     src = ptx_module(EMPTY_PTX, 18 * 1024)
-    for n_in, outs, n_sc in ((1, 1, 0), (5, 1, 0), (1, 3, 0), (1, 1, 20), (5, 3, 20), (3, 2, 17)):
+    for n_in, outs, n_sc in ((1, 1, 0), (5, 1, 0), (1, 3, 0), (1, 1, 20), (5, 3, 20), (3, 3, 20), (5, 2, 20),
+                             (5, 3, 15), (3, 2, 15)):
         shapes = [(16,), (64 * 14 * 64,), (64 * 14 * 2 + 2 * 2 * 65,)][:outs]
         run = lambda i, p, n_in=n_in, shapes=shapes, n_sc=n_sc: mx.fast.precompiled_cuda_kernel(
             name="probe_copy", compiled_source=src, inputs=[a] * n_in, output_shapes=shapes,
@@ -117,6 +118,16 @@ def attention(cases):
             "mlx": lambda i, p: mx.fast.scaled_dot_product_attention(q if p is None else p, *kv[i % n],
                                                                      scale=E**-0.5, mask=mask),
         }
+        if dtype != mx.float32:
+            # The patch's float32 precision on a 16-bit model, as it was
+            # (q, k, v cast to float32, the result cast back) and as it is
+            # (dtype=float32: the decode reads the 16-bit K / V).
+            f32 = mx.float32
+            rotated["patch, cast"] = lambda i, p: flash_attention(
+                *((q if p is None else p).astype(f32), kv[i % n][0].astype(f32), kv[i % n][1].astype(f32)),
+                mask=mask).astype(dtype)
+            rotated["patch, dtype=float32"] = lambda i, p: flash_attention(
+                q if p is None else p, *kv[i % n], mask=mask, dtype=f32).astype(dtype)
         for impl, fn in rotated.items():
             show(f"  chained, {n} K/V copies {impl}", phases(fn))
         del kv
@@ -126,7 +137,11 @@ DECODE = [("qwen05b", QWEN05B, 1, 8192, mx.bfloat16), ("qwen05b", QWEN05B, 1, 32
           ("qwen05b", QWEN05B, 1, 32768, mx.float32), ("hd128", HD128, 1, 32768, mx.bfloat16)]
 PREFILL = [("qwen05b", QWEN05B, 8192, 8192, mx.bfloat16), ("hd128", HD128, 4096, 4096, mx.bfloat16)]
 
+DECODE_32K = [c for c in DECODE if c[3] == 32768 and c[0] == "qwen05b"]
+
 mode = sys.argv[1] if len(sys.argv) > 1 else "all"
+if mode == "decode32k":
+    attention(DECODE_32K)
 if mode in ("all", "floors"):
     custom_kernel_costs()
 if mode in ("all", "decode"):

@@ -178,8 +178,9 @@ def test_decode_splits(S, dtype, heads, E, mask):
     assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("widen", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_fused_decode_calls_in_one_evaluation(dtype):
+def test_fused_decode_calls_in_one_evaluation(dtype, widen):
     # The fused decode (one launch, the last split of a group merges) keeps
     # its per-call flags in scratch MLX allocates afresh: calls evaluated
     # together, whose kernels may run at once and whose scratch may reuse
@@ -189,10 +190,56 @@ def test_fused_decode_calls_in_one_evaluation(dtype):
              for heads, E, L, S in [((14, 2), 64, 1, 32768), ((32, 8), 128, 1, 5000), ((16, 2), 64, 2, 9000),
                                     ((14, 2), 64, 1, 2048), ((8, 8), 128, 4, 20000)]]
     inputs = [make_inputs(c, seed=i) for i, c in enumerate(cases * 3)]
-    outs = [flash_attention(q, k, v, mask=m) for q, k, v, m in inputs]
+    out_dtype = mx.float32 if widen else None  # widened: fa_decode_mma32_fused_*
+    outs = [flash_attention(q, k, v, mask=m, dtype=out_dtype) for q, k, v, m in inputs]
     mx.eval(outs)
     for (q, k, v, m), out in zip(inputs, outs):
-        assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
+        tol = TOLERANCE["float32" if widen else dtype]
+        assert relative_error(out, attention_reference(q, k, v, mask=m)) <= tol
+
+
+@pytest.mark.parametrize("S", [200, 1024, 1025, 4096, 32768])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("heads,E", [((14, 2), 64), ((32, 8), 128), ((16, 1), 64)])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_float32_decode_over_16_bit_inputs(S, dtype, heads, E, mask):
+    # fa_decode_mma32_*: the 16-bit keys and values read as they are, P kept
+    # to float32 accuracy, a float32 output: the float32 tolerance.
+    case = Case(batch=(2,), heads=heads, L=1, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
+    q, k, v, m = make_inputs(case)
+    out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
+    assert out.dtype == mx.float32
+    assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("S", [300, 4096])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float32_decode_over_misaligned_16_bit_rows(S, dtype):
+    # Rows off 16-byte boundaries: the generic kernel's split form (float32
+    # partials, even for one split) and fa_merge_float32 instead.
+    q = _misaligned((2, 8, 1, 64), dtype, 1)
+    k = _misaligned((2, 2, S, 64), dtype, 2)
+    v = _misaligned((2, 2, S, 64), dtype, 3)
+    out = flash_attention(q, k, v, dtype=mx.float32)
+    assert out.dtype == mx.float32
+    assert relative_error(out, attention_reference(q, k, v)) <= TOLERANCE["float32"]
+
+
+def test_float32_decode_reads_the_16_bit_cache_in_place():
+    # Casting keys and values of this cache to float32 would take 2 x 234 MiB.
+    capacity, offset = 65536, 60000
+    keys = mx.random.normal((1, 8, capacity, 128)).astype(mx.bfloat16)
+    values = mx.random.normal((1, 8, capacity, 128)).astype(mx.bfloat16)
+    q = mx.random.normal((1, 32, 1, 128)).astype(mx.bfloat16)
+    mx.eval(keys, values, q)
+    k, v = keys[..., :offset, :], values[..., :offset, :]
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, k, v, dtype=mx.float32)
+    mx.eval(out)
+    assert mx.get_peak_memory() - before < 32 * 2**20
+    assert relative_error(out, attention_reference(q, k, v)) <= TOLERANCE["float32"]
 
 
 def test_decode_nan_key_reaches_only_its_rows():

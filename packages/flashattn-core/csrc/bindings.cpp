@@ -84,10 +84,11 @@ NB_MODULE(_ext, m) {
          const mx::array& values,
          std::optional<float> scale,
          const MaskArg& mask,
+         std::optional<mx::Dtype> dtype,
          mx::StreamOrDevice stream) {
         auto [mode, mask_arr] = split_mask(mask);
         return flashattn::flash_attention(
-            queries, keys, values, scale, mode, mask_arr, stream);
+            queries, keys, values, scale, mode, mask_arr, stream, dtype);
       },
       "queries"_a,
       "keys"_a,
@@ -95,11 +96,13 @@ NB_MODULE(_ext, m) {
       nb::kw_only(),
       "scale"_a = nb::none(),
       "mask"_a = nb::none(),
+      "dtype"_a = nb::none(),
       "stream"_a = nb::none(),
       nb::sig(
           "def flash_attention(queries: mlx.core.array, keys: mlx.core.array, "
           "values: mlx.core.array, *, scale: float | None = None, "
           "mask: str | mlx.core.array | None = None, "
+          "dtype: mlx.core.Dtype | None = None, "
           "stream: mlx.core.Stream | mlx.core.Device | None = None) "
           "-> mlx.core.array"),
       R"(FlashAttention-2: softmax(scale * Q K^T + mask) V without the L x S matrix.
@@ -113,11 +116,15 @@ Args:
         aligned: row ``i`` sees key ``j`` iff ``j <= i + S - L``), a boolean
         array (``True`` attends) or an additive float array, broadcastable to
         ``(B..., H_q, L, S)``.
+    dtype (Dtype, optional): ``None`` (the inputs' dtype) or ``float32``
+        with ``float16`` / ``bfloat16`` inputs: attention in float32 and a
+        float32 result, as if the inputs had been cast to float32 first (on
+        CUDA the tensor-core decode reads the 16-bit inputs as they are).
     stream (Stream or Device, optional): where to run.
 
 Returns:
-    array: ``(B..., H_q, L, E)`` in the dtype of ``queries``. Rows that see
-    no key are zeros.)");
+    array: ``(B..., H_q, L, E)`` in ``dtype``, by default the dtype of
+    ``queries``. Rows that see no key are zeros.)");
 
   // For tests: the Metal kernels' sources and the emulated path
   // (tests/metal_emulator builds the emulator and passes its entry point).

@@ -31,7 +31,10 @@ enum class MaskKind { none, causal, boolean, additive };
  *
  * mask_mode is "" (no mask), "causal" (bottom-right aligned: row i sees key j
  * iff j <= i + S - L) or "array" (mask_arr, boolean or additive, broadcastable
- * to (B..., H_q, L, S)). Bad input throws std::invalid_argument.
+ * to (B..., H_q, L, S)). dtype: unset or the queries' dtype, or float32 with
+ * float16 / bfloat16 inputs: attention in float32 and a float32 result, as if
+ * the inputs had been cast to float32 first (on CUDA the 16-bit decode does
+ * it without the casts' copies). Bad input throws std::invalid_argument.
  */
 mx::array flash_attention(
     const mx::array& queries,
@@ -40,7 +43,8 @@ mx::array flash_attention(
     std::optional<float> scale,
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
-    mx::StreamOrDevice s = {});
+    mx::StreamOrDevice s = {},
+    std::optional<mx::Dtype> dtype = std::nullopt);
 
 // Gradients of softmax(scale Q K^T + mask) V with respect to the primals
 // {queries, keys, values[, mask]} named in argnums, by recomputation through

@@ -280,6 +280,17 @@ mx::array with_attention_vjp(
   return mx::custom_vjp(fwd, backward)(in)[0];
 }
 
+// Whether dtype asks for float32 attention over float16 / bfloat16 inputs;
+// any dtype but the inputs' own or float32 is refused.
+bool widens(const mx::array& queries, std::optional<mx::Dtype> dtype) {
+  if (!dtype || *dtype == queries.dtype()) return false;
+  if (*dtype != mx::float32) {
+    fail("dtype must be None, the inputs' dtype (" + dtype_str(queries.dtype()) + ") or float32; got " +
+         dtype_str(*dtype));
+  }
+  return true;
+}
+
 } // namespace
 
 mx::array flash_attention(
@@ -289,15 +300,17 @@ mx::array flash_attention(
     std::optional<float> scale,
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
-    mx::StreamOrDevice s) {
+    mx::StreamOrDevice s,
+    std::optional<mx::Dtype> dtype) {
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
+  const bool widen = widens(queries, dtype);
   Backend backend = backend_for(requested_device(s));
   auto stream = mx::to_stream(s);
 
   // Empty problems are defined without running a kernel: no queries give an
   // empty output, no keys give zeros (an empty weighted sum).
   if (queries.size() == 0 || keys.shape(-2) == 0) {
-    return mx::zeros(queries.shape(), queries.dtype(), stream);
+    return mx::zeros(queries.shape(), widen ? mx::float32 : queries.dtype(), stream);
   }
 
   const float softmax_scale = c.scale;
@@ -308,7 +321,13 @@ mx::array flash_attention(
     // the graph (mlx-lm's generation calls this once per layer and token).
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = mask_arr;
-    return cuda::flash_attention(queries, keys, values, softmax_scale, mask_kind, m, stream);
+    return cuda::flash_attention(queries, keys, values, softmax_scale, mask_kind, m, stream, widen);
+  }
+  if (widen) {
+    // Elsewhere float32 attention over 16-bit inputs is the float32 path on
+    // cast inputs.
+    auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, stream); };
+    return flash_attention(f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s);
   }
   if (backend != Backend::cpu) {
     auto forward = [=](const std::vector<mx::array>& in) {

@@ -242,6 +242,7 @@ struct Dims {
   std::string dt;
   int kind, mask_rs, mask_cs;
   float scale_log2;
+  bool widen;  // float32 attention over 16-bit inputs, float32 output
 };
 
 Step merge_step(const Dims& d, int rows, int splits) {
@@ -258,6 +259,9 @@ int generic_splits(const Dims& d) {
 }
 
 // The generic kernel: one warp per query row, any head dim, any strides.
+// Widened (16-bit inputs, float32 output) always in its split form, even
+// with one split: its partials are float32, and fa_merge_float32 writes a
+// float32 output.
 Launches generic_launches(const Dims& d, int splits) {
   const int64_t rows = d.batch * d.H_q * d.L;
   const int keys_per_split = (d.S + splits - 1) / splits;
@@ -268,22 +272,27 @@ Launches generic_launches(const Dims& d, int splits) {
   std::vector<Scalar> scalars = {static_cast<int>(d.batch), d.H_q, d.H_kv, d.L, d.S, d.E, d.kind,
                                  d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
   const std::string suffix = d.dt + "_" + std::to_string((d.E + 31) / 32);
-  Step attend{splits == 1 ? "fa_generic_" + suffix : "fa_generic_split_" + suffix, scalars,
+  const bool split = splits > 1 || d.widen;
+  Step attend{split ? "fa_generic_split_" + suffix : "fa_generic_" + suffix, scalars,
               {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0};
-  if (splits == 1) return {attend, std::nullopt};
-  return {attend, merge_step(d, static_cast<int>(rows), splits)};
+  if (!split) return {attend, std::nullopt};
+  Step merge = merge_step(d, static_cast<int>(rows), splits);
+  if (d.widen) merge.kernel = "fa_merge_float32";
+  return {attend, merge};
 }
 
 // The tensor-core decode kernels: E = 64 or 128, no key inside the range
 // hidden (no mask, or causal with one query position), and one block's rows
 // hold the group's: 16 for float16 / bfloat16 (decode_mma.cu), 8 for float32
 // (decode_tf32.cu). The family's name; empty: decode.cu takes the call.
+// Widened, the 16-bit one's float32 variant (decode_mma.cu: fa_decode_mma32_).
 std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
       (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1);
   if (!hides_none || (d.E != 64 && d.E != 128)) return "";
   if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" : "";
-  return rows_per_group <= kMmaDecodeRows ? "fa_decode_mma_" : "";
+  if (rows_per_group > kMmaDecodeRows) return "";
+  return d.widen ? "fa_decode_mma32_" : "fa_decode_mma_";
 }
 
 // The decode launches, when decode takes the call; splits: the key splits chosen.
@@ -291,6 +300,7 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const int rows_per_group = (d.H_q / d.H_kv) * d.L;
   const std::string tensor_core = tensor_core_decode(d, rows_per_group);
   const bool mma = !tensor_core.empty();
+  if (d.widen && !mma) return std::nullopt;  // widened: the tensor-core decode only
   const int row_blocks = mma ? 1 : (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
   if (d.L >= kMinPrefillL || rows_per_group > kDecodeMaxRows || !has_decode_kernel(d.E) || d.batch > 65535 ||
       d.H_kv * row_blocks > 65535) {
@@ -307,19 +317,24 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   int keys_per_split = (d.S + splits - 1) / splits;
   keys_per_split = (keys_per_split + kDecodeKeysPerBlockStep - 1) / kDecodeKeysPerBlockStep * kDecodeKeysPerBlockStep;
   splits = (d.S + keys_per_split - 1) / keys_per_split;
-  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
+  // The tensor-core decodes take no mask (decode_mma.cu, decode_tf32.cu).
+  const bool masks = !mma;
+  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S};
+  if (masks) scalars.insert(scalars.end(), {d.kind, d.mask_rs, d.mask_cs});
+  scalars.insert(scalars.end(), {keys_per_split, d.scale_log2});
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
   const std::string family = mma ? tensor_core : "fa_decode_";
-  const char* variant = splits == 1 ? "" : fused ? "fused_" : "split_";
+  // Past one split the keys are always merged in the same launch (splits
+  // stay within every rule's max_splits).
+  const char* variant = splits == 1 ? "" : "fused_";
   const int threads = !mma ? kThreads
       : tf32 ? 32 * fa::decode_shapes::tf32_warps(d.E) : 32 * fa::decode_shapes::mma_warps(d.E);
   Step attend{family + variant + suffix, scalars,
-              {splits * threads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {threads, 1, 1}, 0};
+              {splits * threads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {threads, 1, 1}, 0, masks};
   if (splits == 1) return Launches{attend, std::nullopt};
   // the fused kernel's scratch past the m / l partials: a flag per block and
   // a claim word per group, 8 bytes each (decode_combine.cuh)
-  if (fused) return Launches{attend, std::nullopt, 2 * groups * row_blocks * (splits + 1)};
-  return Launches{attend, merge_step(d, static_cast<int>(d.batch * d.H_q * d.L), splits)};
+  return Launches{attend, std::nullopt, 2 * groups * row_blocks * (splits + 1)};
 }
 
 // The tensor-map template of the 16-bit wgmma kernels (tma.cuh) as 32
@@ -385,13 +400,22 @@ mx::array flash_attention(
     float scale,
     MaskKind mask_kind,
     const std::optional<mx::array>& mask,
-    mx::Stream s) {
+    mx::Stream s,
+    bool widen) {
+  // Widened calls that the tensor-core decode does not take (an array mask,
+  // or below) are the float32 kernels' on cast inputs.
+  auto cast = [&] {
+    auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, s); };
+    return flash_attention(f32(q), f32(k), f32(v), scale, mask_kind, mask, s);
+  };
+  const bool mask_array = mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive;
+  if (widen && mask_array) return cast();
   const int nd = q.ndim();
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
   MaskArgs m = mask_args(q, mask_kind, mask, s);
   const Dims d{batch, q.shape(-3), k.shape(-3), q.shape(-2), k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
-               static_cast<int>(mask_kind), m.row_stride, m.col_stride, scale * kLog2e};
+               static_cast<int>(mask_kind), m.row_stride, m.col_stride, scale * kLog2e, widen};
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
   if (head_elements * std::max(d.H_q, d.H_kv) > std::numeric_limits<int>::max()) {
@@ -403,7 +427,9 @@ mx::array flash_attention(
 
   Plan plan;
   int splits = 0;
-  if (auto decode = decode_launches(d, splits)) {
+  auto decode = decode_launches(d, splits);
+  if (widen && !decode) return cast();
+  if (decode) {
     plan.aligned = *decode;
   } else if (auto prefill = prefill_launches(d, q.dtype(), s.device.index)) {
     plan.aligned = *prefill;
@@ -416,13 +442,13 @@ mx::array flash_attention(
   plan.any = generic_launches(d, splits);
   const int rows = static_cast<int>(batch * d.H_q * d.L);
   std::vector<mx::Shape> shapes = {q.shape()};
-  std::vector<mx::Dtype> dtypes = {q.dtype()};
+  std::vector<mx::Dtype> dtypes = {widen ? mx::float32 : q.dtype()};
   if (plan.aligned.tma()) {  // scratch for the tensor maps
     namespace ws = fa::wg_shapes;
     shapes.push_back({ws::kMapSlots * ws::kMapSlotBytes / 4});
     dtypes.push_back(mx::uint32);
   }
-  if (plan.aligned.merge || plan.aligned.fused) {
+  if (plan.aligned.merge || plan.aligned.fused || plan.any.merge) {
     // m / l per split and row, then the fused kernel's flags (which the
     // generic kernel of plan.any leaves alone).
     const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2 + plan.aligned.fused;
@@ -433,8 +459,10 @@ mx::array flash_attention(
     shapes.insert(shapes.end(), plan.partials.begin(), plan.partials.end());
     dtypes.insert(dtypes.end(), {mx::float32, mx::float32});
   }
-  auto outputs = mx::array::make_arrays(
-      std::move(shapes), dtypes, std::make_shared<Attention>(s, std::move(plan)), {q, k, v, m.data, m.base});
+  std::vector<mx::array> inputs = {q, k, v};
+  if (mask_array) inputs.insert(inputs.end(), {m.data, m.base});
+  auto outputs =
+      mx::array::make_arrays(std::move(shapes), dtypes, std::make_shared<Attention>(s, std::move(plan)), inputs);
   return outputs[0];
 }
 

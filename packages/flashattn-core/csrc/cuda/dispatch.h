@@ -14,7 +14,10 @@ namespace flashattn::cuda {
 // Whether this build embedded CUDA kernels (nvcc was present).
 bool kernels_available();
 
-// Inputs already validated by the operation; L and S are non-zero.
+// Inputs already validated by the operation; L and S are non-zero. widen:
+// float32 attention over float16 / bfloat16 inputs, a float32 result (the
+// tensor-core decode reads the 16-bit inputs; every other call runs the
+// float32 kernels on cast inputs).
 mx::array flash_attention(
     const mx::array& q,
     const mx::array& k,
@@ -22,6 +25,7 @@ mx::array flash_attention(
     float scale,
     MaskKind mask_kind,
     const std::optional<mx::array>& mask,
-    mx::Stream stream);
+    mx::Stream stream,
+    bool widen = false);
 
 }  // namespace flashattn::cuda

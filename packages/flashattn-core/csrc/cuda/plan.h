@@ -17,15 +17,17 @@ namespace flashattn::cuda {
 using Scalar = std::variant<bool, int, float>;
 
 // One kernel launch through MLX's custom-kernel API. An attention kernel
-// takes {q, k, v, mask data, mask base offsets} and, after `scalars`, the
-// inputs' layout (9 strides); the merge takes the attention kernel's
-// partials.
+// takes {q, k, v, mask data, mask base offsets} (mask_inputs) or {q, k, v}
+// (the tensor-core decodes, which no array mask reaches: two inputs fewer
+// for MLX to handle on every call) and, after `scalars`, the inputs'
+// layout (9 strides); the merge takes the attention kernel's partials.
 struct Step {
   std::string kernel;
   std::vector<Scalar> scalars;
   std::tuple<int, int, int> grid;  // threads, as MLX counts them
   std::tuple<int, int, int> block;
   int smem = 0;
+  bool mask_inputs = true;
 };
 
 // An attention kernel, and the merge when it split the keys (its partials

@@ -123,9 +123,11 @@ void Attention::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&)
 
 void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::Stream s = stream();
-  // inputs: q, k, v, mask data (read row-contiguous), mask base offsets.
+  // inputs: q, k, v, and with an array mask its data (read row-contiguous)
+  // and base offsets.
   std::array<std::optional<Rows>, 3> in_place;
-  bool copy = !inputs[3].flags().row_contiguous;
+  const bool mask_array = inputs.size() > 3;
+  bool copy = mask_array && !inputs[3].flags().row_contiguous;
   for (int i = 0; i < 3; ++i) {
     in_place[i] = rows_in_place(inputs[i]);
     copy |= !in_place[i].has_value();
@@ -153,20 +155,25 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     scalars.insert(scalars.end(), {tag[0], tag[1]});
     scalars.insert(scalars.end(), run.map_template.begin(), run.map_template.end());
   }
-  if (plan_.aligned.tma() && !run.tma()) {
-    // The generic kernel instead, and the maps' scratch (an output of this
-    // node) allocated but unused.
-    outputs[1].set_data(mx::allocator::malloc(outputs[1].nbytes()));
-    std::vector<mx::array> out = {outputs[0]};
-    launch(run.attend, scalars, inputs, out, copy, s);
-    return;
+  // The kernels that read masks take their two pointers whether or not
+  // there is an array mask (without one the queries stand in, never read).
+  std::vector<mx::array> in = {inputs[0], inputs[1], inputs[2]};
+  if (run.attend.mask_inputs) {
+    in.insert(in.end(), {mask_array ? inputs[3] : inputs[0], mask_array ? inputs[4] : inputs[0]});
   }
-  if (!run.merge) {  // one launch: the output, and the fused kernel's or the maps' scratch
-    launch(run.attend, scalars, inputs, outputs, copy, s);
+  if (!run.merge) {
+    // One launch: the output, and the fused decode's partials or the tensor
+    // maps' scratch. Outputs this launch leaves alone (the tensor maps'
+    // scratch or the partials of the other plan's kernels) are allocated
+    // unused.
+    const size_t used = run.fused ? 3 : run.tma() ? 2 : 1;
+    for (size_t i = used; i < outputs.size(); ++i) outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+    std::vector<mx::array> out(outputs.begin(), outputs.begin() + used);
+    launch(run.attend, scalars, in, out, copy, s);
     return;
   }
   std::vector<mx::array> partials = {outputs[1], outputs[2]};
-  launch(run.attend, scalars, inputs, partials, copy, s);
+  launch(run.attend, scalars, in, partials, copy, s);
   std::vector<mx::array> out = {outputs[0]};
   launch(*run.merge, run.merge->scalars, partials, out, false, s);
 }

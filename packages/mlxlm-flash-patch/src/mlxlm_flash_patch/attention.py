@@ -17,10 +17,14 @@ from ._stats import count_fallback, count_flash_call
 def make_attention(original, precision: str):
     """The replacement for mlx-lm's shared attention function.
 
-    precision "float32" (the default, as the design asks) casts queries, keys
-    and values to float32 and the result back to the queries' dtype;
-    "native" hands flash_attention the model's own dtype.
+    precision "float32" (the default, as the design asks) computes attention
+    in float32 and casts the result back to the queries' dtype: 16-bit
+    queries, keys and values go to flash_attention with dtype=float32, which
+    is float32 attention on cast inputs (on CUDA the decode reads the 16-bit
+    keys and values without casting them); "native" hands flash_attention
+    the model's own dtype.
     """
+    dtype = mx.float32 if precision == "float32" else None
 
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         if hasattr(cache, "bits"):
@@ -30,12 +34,8 @@ def make_attention(original, precision: str):
             count_fallback("attention_sinks")
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         out_dtype = queries.dtype
-        if precision == "float32":
-            q, k, v = (x.astype(mx.float32) for x in (queries, keys, values))
-        else:
-            q, k, v = queries, keys, values
         try:
-            out = flash_attention(q, k, v, scale=scale, mask=mask)
+            out = flash_attention(queries, keys, values, scale=scale, mask=mask, dtype=dtype)
         except (ValueError, TypeError) as error:
             # Validation happens before anything is computed: nothing is lost.
             count_fallback(_reason_of(error), str(error))

@@ -247,9 +247,9 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 
 }  // namespace fa
 
-// fa_decode_<dtype>_<E>: grid (splits x 128, H_kv x row blocks, batch), 128 threads;
-// fa_decode_split_<dtype>_<E> writes partials for fa_merge_<dtype>;
-// fa_decode_fused_<dtype>_<E> merges them itself (decode_combine.cuh).
+// fa_decode_<dtype>_<E>: grid (splits x 128, H_kv x row blocks, batch), 128
+// threads, one split; fa_decode_fused_<dtype>_<E>: several, merged in the
+// same launch (decode_combine.cuh).
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -259,14 +259,6 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_, FA_TNAME, 
     FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S,
-                         mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
-}
-#elif FA_PARTIAL == 1
-extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_split_, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
-    float* o_part, float* ml_part, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-    int mask_cs, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, nullptr, o_part, ml_part, false, 0, H_q, H_kv, L, S,
                          mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #else

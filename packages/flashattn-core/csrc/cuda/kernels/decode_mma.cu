@@ -26,6 +26,13 @@
 // Keys past the split's end load as zeros (P = 0 multiplies only zeros), so
 // no hidden value reaches a row. The warps' (m, l, o) are combined through
 // shared memory (decode_combine.cuh).
+//
+// Float32 attention over 16-bit inputs (kF32, fa_decode_mma32_*: what the
+// patch's default asks of a 16-bit model, without casting K and V to float32
+// first): the scores are already float32-exact (16-bit products are exact in
+// float32 and accumulate in float32); P goes into P V not rounded to 16 bits
+// but as PSplit's terms, whose sum is P to float32 accuracy; the output is
+// float32.
 
 #include "decode_combine.cuh"
 #include "decode_shapes.h"
@@ -36,6 +43,25 @@
 namespace fa {
 
 constexpr int kMmaAhead = 2;  // chunks ahead of the current one asked into L2 (U = 1)
+
+// P (in [0, 1]) as kTerms 16-bit terms for the P V product, each the
+// rounding of what the terms before it left: bfloat16 keeps 8 significant
+// bits a term, so 3 terms hold float32's 24. float16 keeps 11 but is
+// subnormal below 2^-14, so P is scaled by 2^15 first (at most 32768: no
+// overflow) and 2 terms hold 22 bits (relative error ~2^-23); o takes the
+// scale back before it leaves the warp.
+template <typename T>
+struct PSplit;
+template <>
+struct PSplit<__nv_bfloat16> {
+  static constexpr int kTerms = 3;
+  static constexpr float kScale = 1.0f;
+};
+template <>
+struct PSplit<__half> {
+  static constexpr int kTerms = 2;
+  static constexpr float kScale = 32768.0f;
+};
 
 template <int E, int W>
 struct MmaDecodeSmem {
@@ -82,10 +108,12 @@ struct MmaDecodeColumn {
 // W warps; each warp loads U chunks at once (a pass), then computes them.
 // kNextPass: each pass asks the next into L2; kFetch256: the loads' L2 hint
 // (decode_shapes.h).
-template <typename T, int E, int W = decode_shapes::mma_warps(E), int U = decode_shapes::mma_chunks_in_flight(E),
-          bool kNextPass = decode_shapes::mma_prefetch_next_pass(E), bool kFetch256 = decode_shapes::mma_fetch_256(E)>
+// kF32: float32 attention (above), the output float32.
+template <typename T, bool kF32, int E, int W = decode_shapes::mma_warps(E),
+          int U = decode_shapes::mma_chunks_in_flight(E), bool kNextPass = decode_shapes::mma_prefetch_next_pass(E),
+          bool kFetch256 = decode_shapes::mma_fetch_256(E), typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __restrict__ k,
-                                           const T* __restrict__ v, T* __restrict__ out,
+                                           const T* __restrict__ v, TO* __restrict__ out,
                                            float* __restrict__ o_part, float* __restrict__ ml_part,
                                            bool fused, unsigned long long tag, int H_q,
                                            int H_kv, int L, int S, int keys_per_split, float scale_log2,
@@ -166,23 +194,43 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       const Mask none{kNone, nullptr, nullptr, 0, 0, 0};
       softmax_step<NT, NO>(sc, o, m_i, l_i, none, 0, g, R, c_end, c0, scale_log2, c0 + KC > c_end, lane);
 
-      // O += P V
+      // O += P V: P of keys 16 s .. 16 s + 15 as the A operand (pairs of
+      // sc[2 s], then sc[2 s + 1]), in 16 bits or (kF32) as PSplit's terms.
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
-        const uint32_t a[4] = {pack2<T>(sc[2 * s][0], sc[2 * s][1]), pack2<T>(sc[2 * s][2], sc[2 * s][3]),
-                               pack2<T>(sc[2 * s + 1][0], sc[2 * s + 1][1]),
-                               pack2<T>(sc[2 * s + 1][2], sc[2 * s + 1][3])};
+        auto p_times_v = [&](const uint32_t (&a)[4]) {
 #pragma unroll
-        for (int db = 0; db < DB; ++db)
+          for (int db = 0; db < DB; ++db)
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
-            mma16816<T>(o[8 * db + i], a, pair(vf[u][s][0][db], vf[u][s][1][db], i),
-                        pair(vf[u][s][2][db], vf[u][s][3][db], i));
+            for (int i = 0; i < 8; ++i)
+              mma16816<T>(o[8 * db + i], a, pair(vf[u][s][0][db], vf[u][s][1][db], i),
+                          pair(vf[u][s][2][db], vf[u][s][3][db], i));
+        };
+        float p[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) p[j] = sc[2 * s + (j >> 2)][j & 3] * (kF32 ? PSplit<T>::kScale : 1.0f);
+        constexpr int kTerms = kF32 ? PSplit<T>::kTerms : 1;
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term) {
+          uint32_t a[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            a[j] = pack2<T>(p[2 * j], p[2 * j + 1]);
+            if (term + 1 < kTerms) p[2 * j] -= unpack_half<T>(a[j], 0), p[2 * j + 1] -= unpack_half<T>(a[j], 1);
+          }
+          p_times_v(a);
+        }
       }
     }
   }
 
   FA_MARK(1);
+  if constexpr (kF32 && PSplit<T>::kScale != 1.0f) {
+#pragma unroll
+    for (int i = 0; i < NO; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[i][c] *= 1.0f / PSplit<T>::kScale;
+  }
   // This warp's rows g and g + 8 into shared memory (l summed over the quad).
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -210,40 +258,43 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 }  // namespace fa
 
 // fa_decode_mma_<dtype>_<E>: grid (splits x threads, H_kv, batch), threads =
-// 32 decode_shapes::mma_warps(E);
-// fa_decode_mma_split_<dtype>_<E> writes partials for fa_merge_<dtype>;
-// fa_decode_mma_fused_<dtype>_<E> merges them itself. The
-// arguments are decode.cu's (the mask ones unused: no mask reaches here).
+// 32 decode_shapes::mma_warps(E), one split;
+// fa_decode_mma_fused_<dtype>_<E>: several splits, merged in the same launch.
+// -DFA_F32=1: fa_decode_mma32_<dtype>_<E> and fa_decode_mma32_fused_<dtype>_<E>,
+// float32 attention (kF32 above) and a float32 output. The arguments are
+// q, k, v (no mask reaches here), then the output (and the fused kernel's
+// scratch), then scalars.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
 #if FA_DTYPE == 0
 #error "decode_mma.cu takes float16 or bfloat16"
 #endif
+#if defined(FA_F32) && FA_F32
+#define FA_MMA_F32 true
+#define FA_MMA_FAMILY fa_decode_mma32_
+#define FA_MMA_OUT float
+#else
+#define FA_MMA_F32 false
+#define FA_MMA_FAMILY fa_decode_mma_
+#define FA_MMA_OUT FA_T
+#endif
 #define FA_DECODE_MMA_THREADS (32 * fa::decode_shapes::mma_warps(FA_E))
 #if FA_PARTIAL == 0
-extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(fa_decode_mma_, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, int H_q, int H_kv,
-    int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_mma<FA_T, FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split,
-                             scale_log2, FA_LAYOUT);
-}
-#elif FA_PARTIAL == 1
-extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(fa_decode_mma_split_, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, float* o_part, float* ml_part,
-    int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_mma<FA_T, FA_E>(q, k, v, nullptr, o_part, ml_part, false, 0, H_q, H_kv, L, S, keys_per_split,
-                             scale_log2, FA_LAYOUT);
+extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_MMA_FAMILY, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
+    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
+  fa::decode_mma<FA_T, FA_MMA_F32, FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split,
+                                         scale_log2, FA_LAYOUT);
 }
 #else
-// fa_decode_mma_fused_<dtype>_<E>: split and merge in one launch (at most
-// kFusedMaxSplits splits); the partials and split flags are scratch
-// outputs. tag_lo, tag_hi: the call's tag, 24 bits each (decode_combine.cuh).
-extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(fa_decode_mma_fused_, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const FA_T* k, const FA_T* v, const void*, const int64_t*, FA_T* out, float* o_part,
-    float* ml_part, int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2,
-    FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
-  fa::decode_mma<FA_T, FA_E>(q, k, v, out, o_part, ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
-                             keys_per_split, scale_log2, FA_LAYOUT);
+// The fused kernel (at most kFusedMaxSplits splits): the splits' partials
+// and flags are scratch outputs (decode_combine.cuh). tag_lo, tag_hi: the
+// call's tag, 24 bits each.
+extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_MMA_FAMILY, fused_, FA_TNAME, _, FA_E)(
+    const FA_T* q, const FA_T* k, const FA_T* v, FA_MMA_OUT* out, float* o_part, float* ml_part, int H_q, int H_kv,
+    int L, int S, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+  fa::decode_mma<FA_T, FA_MMA_F32, FA_E>(q, k, v, out, o_part, ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q,
+                                         H_kv, L, S, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif

@@ -264,10 +264,10 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 }  // namespace fa
 
 // fa_decode_tf32_float32_<E>: grid (splits x threads, H_kv, batch), threads
-// = 32 decode_shapes::tf32_warps(E); fa_decode_tf32_split_float32_<E>
-// writes partials for fa_merge_float32; fa_decode_tf32_fused_float32_<E>
-// merges them itself. The arguments are decode.cu's (the mask ones unused:
-// no mask reaches here).
+// = 32 decode_shapes::tf32_warps(E), one split; fa_decode_tf32_fused_float32_<E>:
+// several, merged in the same launch. The arguments are q, k, v (no mask
+// reaches here), then the output (and the fused kernel's scratch), then
+// scalars.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -277,24 +277,16 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 #define FA_DECODE_TF32_THREADS (32 * fa::decode_shapes::tf32_warps(FA_E))
 #if FA_PARTIAL == 0
 extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT3(fa_decode_tf32_float32_, FA_E, )(
-    const float* q, const float* k, const float* v, const void*, const int64_t*, float* out, int H_q, int H_kv,
-    int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
+    const float* q, const float* k, const float* v, float* out, int H_q, int H_kv, int L, int S, int keys_per_split,
+    float scale_log2, FA_LAYOUT_PARAMS) {
   fa::decode_tf32<FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split, scale_log2,
-                        FA_LAYOUT);
-}
-#elif FA_PARTIAL == 1
-extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT3(fa_decode_tf32_split_float32_, FA_E, )(
-    const float* q, const float* k, const float* v, const void*, const int64_t*, float* o_part, float* ml_part,
-    int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_tf32<FA_E>(q, k, v, nullptr, o_part, ml_part, false, 0, H_q, H_kv, L, S, keys_per_split, scale_log2,
                         FA_LAYOUT);
 }
 #else
 // tag_lo, tag_hi: the call's tag, 24 bits each (decode_combine.cuh).
 extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT3(fa_decode_tf32_fused_float32_, FA_E, )(
-    const float* q, const float* k, const float* v, const void*, const int64_t*, float* out, float* o_part,
-    float* ml_part, int H_q, int H_kv, int L, int S, int, int, int, int keys_per_split, float scale_log2,
-    FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+    const float* q, const float* k, const float* v, float* out, float* o_part, float* ml_part, int H_q, int H_kv,
+    int L, int S, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
   fa::decode_tf32<FA_E>(q, k, v, out, o_part, ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
                         keys_per_split, scale_log2, FA_LAYOUT);
 }

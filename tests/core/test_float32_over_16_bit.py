@@ -1,0 +1,109 @@
+"""dtype=float32 with float16 / bfloat16 inputs: attention in float32 and a
+float32 result, as if the inputs had been cast to float32 first (what the
+patch's default precision asks of a 16-bit model). Held to the float32
+tolerance against a float64 reference on the 16-bit inputs' values. On CUDA
+the tensor-core decode cases here run its float32 variant on the 16-bit keys
+and values; everything else is the float32 path on cast inputs."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from attention_cases import TOLERANCE, Case, make_inputs
+
+from flashattn_core import flash_attention
+from flashattn_core.reference import attention_reference, relative_error
+
+CASES = [
+    # decode: on CUDA the tensor-core decode's float32 variant (one split up
+    # to 1024 keys, merged in the same launch above), mlx-lm's layouts
+    Case(batch=(1,), heads=(14, 2), L=1, S=700, E=64, mask="none", layout="kv_cache"),
+    Case(batch=(2,), heads=(14, 2), L=1, S=5000, E=64, mask="causal", layout="kv_cache"),
+    Case(batch=(1,), heads=(32, 8), L=1, S=3000, E=128, mask="none", layout="kv_cache"),
+    Case(batch=(1,), heads=(16, 2), L=2, S=2500, E=64, mask="none"),
+    Case(batch=(1,), heads=(8, 8), L=4, S=1500, E=128, mask="none", layout="transposed"),
+    # the rest: cast inputs, float32 kernels
+    Case(batch=(1,), heads=(14, 2), L=3, S=900, E=64, mask="causal", layout="kv_cache"),
+    Case(batch=(2,), heads=(4, 2), L=1, S=2000, E=96, mask="none"),
+    Case(batch=(1,), heads=(8, 8), L=1, S=1200, E=128, mask="bool_keys"),
+    Case(batch=(1,), heads=(4, 1), L=64, S=64, E=64, mask="causal"),
+    Case(batch=(1,), heads=(6, 2), L=50, S=80, E=80, mask="additive_LS", layout="transposed"),
+]
+
+
+def widened_cases():
+    for case in CASES:
+        for dtype in ("bfloat16", "float16"):
+            yield Case(**{**case.__dict__, "dtype": dtype})
+
+
+@pytest.mark.parametrize("case", list(widened_cases()), ids=str)
+def test_float32_accuracy_from_16_bit_inputs(case):
+    q, k, v, mask = make_inputs(case)
+    out = flash_attention(q, k, v, mask=mask, dtype=mx.float32)
+    assert out.dtype == mx.float32 and out.shape == q.shape
+    assert relative_error(out, attention_reference(q, k, v, mask=mask)) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_agrees_with_float32_attention_on_cast_inputs(dtype):
+    case = Case(batch=(1,), heads=(14, 2), L=1, S=9000, E=64, mask="none", dtype=dtype, layout="kv_cache")
+    q, k, v, _ = make_inputs(case)
+    widened = flash_attention(q, k, v, dtype=mx.float32)
+    cast = flash_attention(*(x.astype(mx.float32) for x in (q, k, v)))
+    assert relative_error(widened, np.array(cast)) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_large_score_differences_keep_small_weights(dtype):
+    # Most keys far below the best one: their weights (down to ~2^-40) go
+    # into P V as they are, not flushed by 16-bit rounding of P (float16's
+    # smallest subnormal is 2^-24).
+    rng = np.random.default_rng(7)
+    S, E = 4096, 64
+    q = mx.array(np.full((1, 2, 1, E), 0.5)).astype(getattr(mx, dtype))
+    k = rng.standard_normal((1, 1, S, E)) * 0.1
+    k[..., 100, :] = 2.0
+    v = rng.standard_normal((1, 1, S, E))
+    k, v = (mx.array(x).astype(getattr(mx, dtype)) for x in (k, v))
+    out = flash_attention(q, k, v, scale=1.0, dtype=mx.float32)
+    assert relative_error(out, attention_reference(q, k, v, scale=1.0)) <= TOLERANCE["float32"]
+
+
+def test_inputs_dtype_and_float32_inputs_are_unchanged():
+    case = Case(batch=(1,), heads=(4, 2), L=5, S=40, E=16, mask="causal", dtype="bfloat16")
+    q, k, v, mask = make_inputs(case)
+    assert mx.array_equal(flash_attention(q, k, v, mask=mask, dtype=mx.bfloat16), flash_attention(q, k, v, mask=mask))
+    q32, k32, v32 = (x.astype(mx.float32) for x in (q, k, v))
+    out = flash_attention(q32, k32, v32, mask=mask, dtype=mx.float32)
+    assert out.dtype == mx.float32
+    assert mx.array_equal(out, flash_attention(q32, k32, v32, mask=mask))
+
+
+@pytest.mark.parametrize("inputs, dtype", [("float32", mx.float16), ("bfloat16", mx.float16),
+                                           ("float16", mx.bfloat16), ("bfloat16", mx.int32)])
+def test_other_dtypes_are_refused(inputs, dtype):
+    q = k = v = mx.zeros((1, 2, 3, 8), dtype=getattr(mx, inputs))
+    with pytest.raises(ValueError, match="dtype must be None, the inputs' dtype"):
+        flash_attention(q, k, v, dtype=dtype)
+
+
+def test_empty_keys_give_float32_zeros():
+    q = mx.ones((1, 2, 3, 8), dtype=mx.bfloat16)
+    k = v = mx.zeros((1, 2, 0, 8), dtype=mx.bfloat16)
+    out = flash_attention(q, k, v, dtype=mx.float32)
+    assert out.dtype == mx.float32 and not out.any().item()
+
+
+def test_gradients_are_those_of_the_cast_path():
+    case = Case(batch=(1,), heads=(4, 2), L=1, S=300, E=64, mask="none", dtype="bfloat16")
+    q, k, v, _ = make_inputs(case)
+
+    def widened(q, k, v):
+        return flash_attention(q, k, v, dtype=mx.float32).sum()
+
+    def cast(q, k, v):
+        return flash_attention(*(x.astype(mx.float32) for x in (q, k, v))).sum()
+
+    for a, b in zip(mx.grad(widened, argnums=(0, 1, 2))(q, k, v), mx.grad(cast, argnums=(0, 1, 2))(q, k, v)):
+        assert a.dtype == mx.bfloat16
+        assert relative_error(a, np.array(b.astype(mx.float32))) <= TOLERANCE["bfloat16"]
