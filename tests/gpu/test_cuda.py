@@ -300,13 +300,18 @@ def test_strided_views_in_the_tensor_core_prefill(E, layout):
 
 
 @pytest.mark.parametrize("L", [1, 512])
-def test_kv_cache_views_are_not_copied(L):
+@pytest.mark.parametrize("transposed", [False, True])
+def test_kv_cache_views_are_not_copied(L, transposed):
     # mlx-lm's KVCache hands attention keys[..., :offset, :] of a larger
-    # buffer; a copy of keys and values would add 2 x 117 MiB here.
+    # buffer; a copy of keys and values would add 2 x 117 MiB here. Its
+    # queries are (B, L, H, E) projections transposed to (B, H, L, E) (until
+    # 6eb4dcd such queries made MLX copy every input).
     capacity, offset = 65536, 60000
     keys = mx.random.normal((1, 8, capacity, 128)).astype(mx.bfloat16)
     values = mx.random.normal((1, 8, capacity, 128)).astype(mx.bfloat16)
     q = mx.random.normal((1, 32, L, 128)).astype(mx.bfloat16)
+    if transposed:
+        q = mx.swapaxes(mx.random.normal((1, L, 32, 128)).astype(mx.bfloat16), 1, 2)
     mx.eval(keys, values, q)
     k, v = keys[..., :offset, :], values[..., :offset, :]
     mx.synchronize()
