@@ -5,6 +5,8 @@ tolerance against a float64 reference on the 16-bit inputs' values. On CUDA
 the tensor-core decode cases here run its float32 variant on the 16-bit keys
 and values; everything else is the float32 path on cast inputs."""
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -33,7 +35,7 @@ CASES = [
 def widened_cases():
     for case in CASES:
         for dtype in ("bfloat16", "float16"):
-            yield Case(**{**case.__dict__, "dtype": dtype})
+            yield replace(case, dtype=dtype)
 
 
 @pytest.mark.parametrize("case", list(widened_cases()), ids=str)

@@ -245,8 +245,9 @@ struct Dims {
   bool widen;  // float32 attention over 16-bit inputs, float32 output
 };
 
+// Widened, the merge writes float32 (its partials are float32 for every dtype).
 Step merge_step(const Dims& d, int rows, int splits) {
-  return {"fa_merge_" + d.dt, {rows, d.E, splits}, {rows * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0};
+  return {"fa_merge_" + (d.widen ? std::string("float32") : d.dt), {rows, d.E, splits}, {rows * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0};
 }
 
 // The generic kernel's key splits when it is the planned kernel: as many as
@@ -276,9 +277,7 @@ Launches generic_launches(const Dims& d, int splits) {
   Step attend{split ? "fa_generic_split_" + suffix : "fa_generic_" + suffix, scalars,
               {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0};
   if (!split) return {attend, std::nullopt};
-  Step merge = merge_step(d, static_cast<int>(rows), splits);
-  if (d.widen) merge.kernel = "fa_merge_float32";
-  return {attend, merge};
+  return {attend, merge_step(d, static_cast<int>(rows), splits)};
 }
 
 // The tensor-core decode kernels: E = 64 or 128, no key inside the range

@@ -1,9 +1,9 @@
 // The end of a decode block (decode.cu, decode_mma.cu): its warps' online-
 // softmax states (m, l, o), left in shared memory per warp and row, combined
 // into the block's result for its R rows: the output itself when the keys
-// were not split, or this split's partials for fa_merge_*, or (fused) the
-// partials and then, in the block that finds its group done and claims it,
-// the merge.
+// were not split, or (fused) this split's partials and then, in the block
+// that finds its group done and claims it, the merge. (Partials alone, for a
+// separate fa_merge_* launch: scripts/decode-probe.cu's comparison.)
 
 #pragma once
 
