@@ -20,7 +20,7 @@ EXPECTED = (
 )
 # Hopper's arch-specific instructions (wgmma): sm_90a machine code, no PTX.
 HOPPER_ONLY = {"fa_prefill_wg_float32_64"} | {
-    f"fa_prefill_wg_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 128)
+    f"fa_prefill_{f}_{d}_{e}" for f in ("wg", "wg32") for d in ("float16", "bfloat16") for e in (64, 128)
 }
 
 

@@ -242,6 +242,107 @@ def test_float32_decode_reads_the_16_bit_cache_in_place():
     assert relative_error(out, attention_reference(q, k, v)) <= TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mask", ["causal", "none", "bool_LS", "additive_full"])
+def test_float32_prefill_over_16_bit_inputs(E, dtype, mask):
+    # Hopper: fa_prefill_wg32_* (prefill_f16_wg.cu's float32 variant) reads
+    # the 16-bit inputs as they are; P goes into P V as 16-bit terms that sum
+    # to it at float32 accuracy; the output is float32.
+    heads = (14, 2) if E == 64 else (32, 8)
+    case = Case(batch=(2,), heads=heads, L=300, S=333, E=E, mask=mask, dtype=dtype, layout="kv_cache")
+    q, k, v, m = make_inputs(case)
+    out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
+    assert out.dtype == mx.float32
+    assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mask", ["causal", "none"])
+def test_float32_prefill_over_16_bit_inputs_long(E, dtype, mask):
+    # 4096 rows: at E = 128 (32 heads) the scheduled launch, a block per SM
+    # taking a share of every row tile.
+    heads = (14, 2) if E == 64 else (32, 8)
+    case = Case(batch=(1,), heads=heads, L=4096, S=4096, E=E, mask=mask, dtype=dtype)
+    q, k, v, m = make_inputs(case)
+    out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
+    assert out.dtype == mx.float32 and not mx.isnan(out).any().item()
+    assert sampled_error(q, k, v, out, m, rows=40) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float32_prefill_keeps_small_weights(dtype):
+    # Most keys far below the best one of each row: their weights (down to
+    # ~2^-40) go into P V as they are, not flushed by 16-bit rounding of P.
+    rng = np.random.default_rng(11)
+    L, S, E = 64, 4096, 64
+    q = np.full((1, 2, L, E), 0.5) + rng.standard_normal((1, 2, L, E)) * 0.01
+    k = rng.standard_normal((1, 1, S, E)) * 0.1
+    k[..., 100, :] = 2.0
+    v = rng.standard_normal((1, 1, S, E))
+    q, k, v = (mx.array(x).astype(getattr(mx, dtype)) for x in (q, k, v))
+    out = flash_attention(q, k, v, scale=1.0, dtype=mx.float32)
+    assert relative_error(out, attention_reference(q, k, v, scale=1.0)) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype):
+    # A non-finite value in a key that the causal mask hides from the rows
+    # before it: those rows stay finite (the kernel's exact path for such
+    # tiles), the rows after see it. An infinite value may come out NaN
+    # where float64 has +-inf: P's 16-bit terms include zeros and negative
+    # remainders (the README's "dtype=float32" notes); non-finite either way.
+    L = S = 300
+    q = mx.random.normal((1, 4, L, 64)).astype(getattr(mx, dtype))
+    k = mx.random.normal((1, 2, S, 64)).astype(getattr(mx, dtype))
+    v = np.array(mx.random.normal((1, 2, S, 64)).astype(getattr(mx, dtype)).astype(mx.float32))
+    v[0, 1, 200, 7] = value
+    v = mx.array(v).astype(getattr(mx, dtype))
+    out = np.array(flash_attention(q, k, v, mask="causal", dtype=mx.float32), dtype=np.float64)
+    ref = attention_reference(q, k, v, mask="causal")
+    finite = np.isfinite(ref)
+    assert np.array_equal(np.isfinite(out), finite)
+    if np.isnan(value):
+        assert np.array_equal(np.isnan(out), np.isnan(ref))
+    assert not finite.all() and finite[0, 2:, :200].all()
+    assert relative_error(out[finite], ref[finite]) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float32_prefill_over_misaligned_16_bit_rows(dtype):
+    # Rows off 16-byte boundaries: the generic kernel's split form (float32
+    # partials) and fa_merge_float32 instead of the wgmma kernel.
+    q = _misaligned((2, 8, 200, 64), dtype, 1)
+    k = _misaligned((2, 2, 333, 64), dtype, 2)
+    v = _misaligned((2, 2, 333, 64), dtype, 3)
+    out = flash_attention(q, k, v, mask="causal", dtype=mx.float32)
+    assert out.dtype == mx.float32
+    assert relative_error(out, attention_reference(q, k, v, mask="causal")) <= TOLERANCE["float32"]
+
+
+def test_float32_prefill_reads_the_16_bit_cache_in_place():
+    # A 2048-token chunk of prompt against a long bfloat16 cache: casting its
+    # keys and values to float32 would take 2 x 16 MiB, and the float32
+    # queries and output 7 MiB each.
+    capacity, offset, L = 65536, 32768, 2048
+    keys = mx.random.normal((1, 2, capacity, 64)).astype(mx.bfloat16)
+    values = mx.random.normal((1, 2, capacity, 64)).astype(mx.bfloat16)
+    q = mx.random.normal((1, 14, L, 64)).astype(mx.bfloat16)
+    mx.eval(keys, values, q)
+    k, v = keys[..., :offset, :], values[..., :offset, :]
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, k, v, mask="causal", dtype=mx.float32)
+    mx.eval(out)
+    # the float32 output (7 MiB), the generic plan's unused partials (7 MiB)
+    # and the tensor maps' scratch
+    assert mx.get_peak_memory() - before < 20 * 2**20
+    assert sampled_error(q, k, v, out, "causal", rows=24) <= TOLERANCE["float32"]
+
+
 def test_decode_nan_key_reaches_only_its_rows():
     # A NaN in one key row: every query row sees it (no mask), so every output
     # row of that group is NaN, and the other group's rows are not.

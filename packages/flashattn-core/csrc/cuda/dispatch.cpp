@@ -14,6 +14,9 @@
 //       E = 64 on Hopper, on wgmma (prefill_tf32_wg.cu)
 //   everything else: the generic kernel (keys split and merged when the
 //       query rows are few)
+//   widened (dtype=float32 over float16 / bfloat16 inputs): the float32
+//       variants of the 16-bit tensor-core decode and (Hopper) wgmma
+//       prefill; other calls run the float32 path on cast inputs
 //
 // The launches are planned here, when the graph is built; they run in the
 // primitive (primitive.cpp) once the inputs exist, with their strides:
@@ -361,8 +364,9 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
   int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
   // Hopper: the wgmma kernels (only sm_90a images exist: find_image finds none elsewhere).
+  // Widened, the 16-bit one's float32 variant (fa_prefill_wg32_) or none.
   namespace ws = fa::wg_shapes;
-  const std::string wg_kernel = "fa_prefill_wg_" + d.dt + "_" + std::to_string(d.E);
+  const std::string wg_kernel = (d.widen ? "fa_prefill_wg32_" : "fa_prefill_wg_") + d.dt + "_" + std::to_string(d.E);
   // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
   const bool needs_maps = dtype != mx::float32 && ws::kF16Tma;
   const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
@@ -371,8 +375,11 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
     if (dtype == mx::float32) {
       rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
     } else {
-      rows = ws::f16_rows(d.E), threads = ws::f16_threads(d.E), smem = ws::f16_smem_bytes(d.E);
+      rows = ws::f16_rows(d.E, d.widen), threads = ws::f16_threads(d.E, d.widen),
+      smem = ws::f16_smem_bytes(d.E, d.widen);
     }
+  } else if (d.widen) {
+    return std::nullopt;
   }
   const int tiles = (d.L + rows - 1) / rows;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
@@ -401,14 +408,15 @@ mx::array flash_attention(
     const std::optional<mx::array>& mask,
     mx::Stream s,
     bool widen) {
-  // Widened calls that the tensor-core decode does not take (an array mask,
-  // or below) are the float32 kernels' on cast inputs.
+  // Widened calls that neither the tensor-core decode nor the Hopper prefill
+  // takes (a decode with an array mask, below) are the float32 kernels' on
+  // cast inputs.
   auto cast = [&] {
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, s); };
     return flash_attention(f32(q), f32(k), f32(v), scale, mask_kind, mask, s);
   };
   const bool mask_array = mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive;
-  if (widen && mask_array) return cast();
+  if (widen && mask_array && q.shape(-2) < kMinPrefillL) return cast();
   const int nd = q.ndim();
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
@@ -427,10 +435,11 @@ mx::array flash_attention(
   Plan plan;
   int splits = 0;
   auto decode = decode_launches(d, splits);
-  if (widen && !decode) return cast();
+  auto prefill = decode ? std::nullopt : prefill_launches(d, q.dtype(), s.device.index);
+  if (widen && !decode && !prefill) return cast();
   if (decode) {
     plan.aligned = *decode;
-  } else if (auto prefill = prefill_launches(d, q.dtype(), s.device.index)) {
+  } else if (prefill) {
     plan.aligned = *prefill;
     splits = 1;
   } else {

@@ -31,7 +31,7 @@
 // patch's default asks of a 16-bit model, without casting K and V to float32
 // first): the scores are already float32-exact (16-bit products are exact in
 // float32 and accumulate in float32); P goes into P V not rounded to 16 bits
-// but as PSplit's terms, whose sum is P to float32 accuracy; the output is
+// but as PSplit's terms (mma.cuh), whose sum is P to float32 accuracy; the output is
 // float32.
 
 #include "decode_combine.cuh"
@@ -43,25 +43,6 @@
 namespace fa {
 
 constexpr int kMmaAhead = 2;  // chunks ahead of the current one asked into L2 (U = 1)
-
-// P (in [0, 1]) as kTerms 16-bit terms for the P V product, each the
-// rounding of what the terms before it left: bfloat16 keeps 8 significant
-// bits a term, so 3 terms hold float32's 24. float16 keeps 11 but is
-// subnormal below 2^-14, so P is scaled by 2^15 first (at most 32768: no
-// overflow) and 2 terms hold 22 bits (relative error ~2^-23); o takes the
-// scale back before it leaves the warp.
-template <typename T>
-struct PSplit;
-template <>
-struct PSplit<__nv_bfloat16> {
-  static constexpr int kTerms = 3;
-  static constexpr float kScale = 1.0f;
-};
-template <>
-struct PSplit<__half> {
-  static constexpr int kTerms = 2;
-  static constexpr float kScale = 32768.0f;
-};
 
 template <int E, int W>
 struct MmaDecodeSmem {

@@ -128,6 +128,26 @@ __device__ __forceinline__ float unpack_half<__half>(uint32_t w, int half) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(half ? w >> 16 : w & 0xffffu)));
 }
 
+// P (in [0, 1]) as kTerms 16-bit terms for the P V product, each the
+// rounding of what the terms before it left: bfloat16 keeps 8 significant
+// bits a term, so 3 terms hold float32's 24. float16 keeps 11 but is
+// subnormal below 2^-14, so P is scaled by 2^15 first (at most 32768: no
+// overflow) and 2 terms hold 22 bits (relative error ~2^-23); o takes the
+// scale back before it leaves the warp (the float32 attention over 16-bit
+// inputs of decode_mma.cu and prefill_f16_wg.cu).
+template <typename T>
+struct PSplit;
+template <>
+struct PSplit<__nv_bfloat16> {
+  static constexpr int kTerms = 3;
+  static constexpr float kScale = 1.0f;
+};
+template <>
+struct PSplit<__half> {
+  static constexpr int kTerms = 2;
+  static constexpr float kScale = 32768.0f;
+};
+
 // The slice a prefill block takes: grid (row tiles, H_q, batch). Blocks start
 // in the order of their linear index, which is mapped so that the heaviest
 // row tiles (under a causal mask, the last) of every head start first: the

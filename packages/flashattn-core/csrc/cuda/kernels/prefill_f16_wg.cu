@@ -132,10 +132,15 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
-template <typename T, int E, typename Shape>
+// kF32: float32 attention over the 16-bit inputs (fa_prefill_wg32_*), the
+// output float32: the scores are float32-exact already (16-bit products are
+// exact in float32 and accumulate in float32), and P goes into P V as
+// PSplit's terms (mma.cuh), whose sum is P to float32 accuracy: kTerms P V
+// products a tile instead of one.
+template <typename T, int E, typename Shape, bool kF32 = false, typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, const void* mask_data,
-                                           const int64_t* __restrict__ mask_base, T* __restrict__ out,
+                                           const int64_t* __restrict__ mask_base, TO* __restrict__ out,
                                            int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                            int mask_cs, float scale_log2, int slices, Layout lay,
                                            const MapTemplate* map_template = nullptr,
@@ -332,11 +337,28 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   const WgDesc d_v(wgmma_desc_sw128(sm.v[0], kWhBc * 128, 1024));
 
   float o[NO][4];
+  // kF32: each tile's P V into a fresh accumulator, added to o in float32
+  // (rounded to nearest). The tensor cores' own accumulation of the 2-3
+  // products a key over every tile drifted: 9.4e-5 against float64 at
+  // 32768 keys (bfloat16, H200), where float32's tolerance is 2e-5.
+  float o_tile[NO][4];
+  float (&o_pv)[NO][4] = kF32 ? o_tile : o;
+  auto add_tile = [&] {
+    if constexpr (kF32) {
+      fence_fragments(o_tile);
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[eb][c] += o_tile[eb][c];
+    }
+  };
   float m_i[2], l_i[2];
 
   constexpr int NK = kWhBc / 16;  // P V's K steps
+  constexpr int kTerms = kF32 ? PSplit<T>::kTerms : 1;
+  constexpr float kPScale = kF32 ? PSplit<T>::kScale : 1.0f;
   float s[NB][4];                   // scores, then P (float)
-  uint32_t p[NK][4];                // P as P V's A operand
+  uint32_t p[kTerms][NK][4];        // P as P V's A operand (kF32: its terms)
   auto wait_tile = [&](int j) {
     mbar_wait(&sm.full[buf(j)], ((it0 + j) / kWhBuffers) & 1);  // tile j has landed
     if constexpr (!kTma) fence_proxy_async();                   // and is visible to wgmma (TMA's are)
@@ -355,19 +377,34 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     for (int kk = 0; kk < E / 16; ++kk)
       wgmma16_ss<T, kWhBc>(s, d_q.at(step_e(kWhBr, kk)), d_k.at(b_off + step_e(kWhBc, kk)), kk > 0);
   };
-  auto issue_pv = [&](int j) {  // o += P V_j
+  auto issue_pv = [&](int j) {  // o += P V_j (kF32: o_tile = P V_j)
     const uint32_t b_off = buf_offset(j);
+    if constexpr (kF32) {
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o_tile[eb][c] = 0.0f;
+    }
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o, p[kk], d_v.at(b_off + kk * kStepKeys));
+    for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+      for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys));
   };
+  // P's pairs (keys 2t, 2t + 1 of rows g, g + 8 in each 8-key block) as P V's
+  // A operand; kF32: each term the rounding of what the ones before left.
   auto pack_p = [&] {
 #pragma unroll
     for (int kk = 0; kk < NK; ++kk) {
-      p[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      p[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      p[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      p[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float lo = s[2 * kk + (j >> 1)][2 * (j & 1)] * kPScale, hi = s[2 * kk + (j >> 1)][2 * (j & 1) + 1] * kPScale;
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term) {
+          p[term][kk][j] = pack2<T>(lo, hi);
+          if (term + 1 < kTerms) lo -= unpack_half<T>(p[term][kk][j], 0), hi -= unpack_half<T>(p[term][kk][j], 1);
+        }
+      }
     }
   };
   auto need_mask = [&](int j) { return mask.tile_hides(j * kWhBc, kWhBc, row0, S); };
@@ -397,18 +434,23 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     const T* sv = sm.v[buf(j)];
     const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
                            mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
-    uint32_t p_rows[2][NB];  // rows g, g + 8: keys 8 nb .. 8 nb + 7
+    uint32_t p_rows[kTerms][2][NB];  // rows g, g + 8: keys 8 nb .. 8 nb + 7
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      p_rows[0][nb] = p[nb >> 1][(nb & 1) * 2];
-      p_rows[1][nb] = p[nb >> 1][(nb & 1) * 2 + 1];
-    }
+    for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        p_rows[term][0][nb] = p[term][nb >> 1][(nb & 1) * 2];
+        p_rows[term][1][nb] = p[term][nb >> 1][(nb & 1) * 2 + 1];
+      }
 #pragma unroll 1
     for (int c = 0; c < kWhBc; ++c) {
       const int i = c & 7, src = (lane & ~3) | (i >> 1), key = c0 + c;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const float pr = unpack_half<T>(__shfl_sync(0xffffffffu, p_rows[rr][c >> 3], src), i & 1);
+        float pr = 0.0f;  // the terms' sum (times kPScale), as the wgmma path takes it
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term)
+          pr += unpack_half<T>(__shfl_sync(0xffffffffu, p_rows[term][rr][c >> 3], src), i & 1);
         if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
 #pragma unroll
         for (int eb = 0; eb < NO; ++eb) {
@@ -428,7 +470,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       wgmma_commit();
       wgmma_wait_all();
       fence_fragments(o);
-      fence_fragments(p);
+      fence_terms(p);
+      add_tile();
     }
   };
 
@@ -486,7 +529,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           }
           wgmma_wait<0>();
           fence_fragments(o);
-          fence_fragments(p);
+          fence_terms(p);
+          add_tile();
         }
         if constexpr (PREV != 0) mbar_arrive(&sm.empty[buf(j - 1)]);
         rescale_rows(o, alpha);
@@ -526,7 +570,13 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       if constexpr (kProducer) mbar_arrive(&sm.q_empty);
     }
 
-    store_rows<T, NO>(o, l_i, out, n, L, E, ra, t);
+    if constexpr (kPScale != 1.0f) {
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[eb][c] *= 1.0f / kPScale;
+    }
+    store_rows<TO, NO>(o, l_i, out, n, L, E, ra, t);
     it0 += n_tiles;
     done += n_tiles;
   }
@@ -548,18 +598,29 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #if FA_DTYPE == 0
 #error "prefill_f16_wg.cu takes float16 or bfloat16; float32 has prefill_tf32_wg.cu"
 #endif
-using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E), fa::wg_shapes::f16_bc(FA_E),
-                                fa::wg_shapes::f16_overlap(FA_E), fa::wg_shapes::kF16Producer,
+// -DFA_F32=1: fa_prefill_wg32_<dtype>_<E>, float32 attention over the 16-bit
+// inputs (kF32 above), a float32 output; the same arguments otherwise.
+#if defined(FA_F32) && FA_F32
+#define FA_WG_F32 true
+#define FA_WG_OUT float
+#define FA_WG_FAMILY fa_prefill_wg32_
+#else
+#define FA_WG_F32 false
+#define FA_WG_OUT FA_T
+#define FA_WG_FAMILY fa_prefill_wg_
+#endif
+using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32), fa::wg_shapes::f16_bc(FA_E),
+                                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32), fa::wg_shapes::kF16Producer,
                                 fa::wg_shapes::f16_items(FA_E), fa::wg_shapes::kF16Tma>;
 static_assert(fa::wg_shapes::kF16Tma, "the unit's arguments are those of the TMA copies");
-static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_smem_bytes(FA_E),
+static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32),
               "the planner's shared memory");
-extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(fa_prefill_wg_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(FA_WG_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
-    FA_T* out, void* map_slots, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    FA_WG_OUT* out, void* map_slots, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, int slices, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi, FA_MAP_TEMPLATE_PARAMS) {
   const fa::MapTemplate templ = FA_MAP_TEMPLATE;
-  fa::prefill_wg<FA_T, FA_E, WhUnitShape>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
                                           scale_log2, slices, FA_LAYOUT, &templ, map_slots,
                                           fa::call_tag(tag_lo, tag_hi));
 }

@@ -27,10 +27,18 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // consumers) and gives the rest to the consumers (160 each for three, 224
 // for two): with two the overlap fits at E = 128, which four warpgroups of
 // 128 registers could not.
-constexpr int f16_groups(int E) { return E <= 64 ? 3 : 2; }  // consumer warpgroups
+// f32: the float32 attention over 16-bit inputs (fa_prefill_wg32_*), whose P
+// is 2 or 3 A operands (mma.cuh's PSplit) instead of one: with three
+// consumers at E = 64 ptxas spilled 480 bytes (with the overlap) or 56
+// (without), with two none; at E = 128 the overlap spilled 204 bytes
+// (two row tiles a block) and no overlap none. Each tile's P V then goes
+// into a fresh accumulator as well (prefill_f16_wg.cu: accuracy), which
+// with the overlap spilled 4.6 KB at bfloat16 E = 64; without it 8 bytes
+// (E = 64) and 140 (E = 128) for bfloat16, none for float16.
+constexpr int f16_groups(int E, bool f32 = false) { return f32 || E > 64 ? 2 : 3; }  // consumer warpgroups
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
-constexpr bool f16_overlap(int) { return true; }
+constexpr bool f16_overlap(int, bool f32 = false) { return !f32; }
 // Whether the softmax of tile j really runs while P_{j-1} V_{j-1} is in
 // flight. The source asks for it with OVERLAP, but ptxas put the wait for that
 // P V at the top of the softmax's basic block (the SASS: wait, then the 64
@@ -49,8 +57,8 @@ constexpr bool kF16Producer = true;
 // before a block's first copy, once per SM and call).
 constexpr bool kF16Tma = true;
 constexpr int f16_bc(int) { return 128; }
-constexpr int f16_rows(int E) { return kRowsPerGroup * f16_groups(E); }
-constexpr int f16_threads(int E) { return 128 * (f16_groups(E) + (kF16Producer ? 1 : 0)); }
+constexpr int f16_rows(int E, bool f32 = false) { return kRowsPerGroup * f16_groups(E, f32); }
+constexpr int f16_threads(int E, bool f32 = false) { return 128 * (f16_groups(E, f32) + (kF16Producer ? 1 : 0)); }
 constexpr int kF16Buffers = 3;
 // Row tiles per block (prefill_f16_wg.cu's ITEMS): 2 lets a block take
 // many, when the planner launches one block per SM and the kernel places
@@ -72,8 +80,8 @@ constexpr long long kF16ScheduleMinTiles = 512;
 // K, V: 128 bytes each) once per SM and call, in the SM's slot of scratch
 // memory (the maps, then an 8-byte tag); GPUs with more SMs share slots.
 constexpr int kMapSlots = 256, kMapSlotBytes = 512;
-constexpr int f16_smem_bytes(int E) {
-  return (f16_rows(E) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + (2 * kF16Buffers + 2) * 8;
+constexpr int f16_smem_bytes(int E, bool f32 = false) {
+  return (f16_rows(E, f32) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + (2 * kF16Buffers + 2) * 8;
 }
 
 }  // namespace fa::wg_shapes

@@ -72,6 +72,13 @@ __device__ __forceinline__ void fence_fragments(T (&d)[N][4]) {
     }
 }
 
+// The same for each of M sets of A operands (P's terms).
+template <int M, int N>
+__device__ __forceinline__ void fence_terms(uint32_t (&d)[M][N][4]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) fence_fragments(d[m]);
+}
+
 #define FA_D8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define FA_D64 FA_D8(0), FA_D8(1), FA_D8(2), FA_D8(3), FA_D8(4), FA_D8(5), FA_D8(6), FA_D8(7)
 #define FA_R32                                                                                     \
