@@ -3,7 +3,9 @@ float32 result, as if the inputs had been cast to float32 first (what the
 patch's default precision asks of a 16-bit model). Held to the float32
 tolerance against a float64 reference on the 16-bit inputs' values. On CUDA
 the tensor-core decode cases here run its float32 variant on the 16-bit keys
-and values; everything else is the float32 path on cast inputs."""
+and values, and on Hopper the E = 64 prefill case the wgmma prefill's
+(tests/gpu has more of both); everything else is the float32 path on cast
+inputs."""
 
 from dataclasses import replace
 
@@ -23,7 +25,8 @@ CASES = [
     Case(batch=(1,), heads=(32, 8), L=1, S=3000, E=128, mask="none", layout="kv_cache"),
     Case(batch=(1,), heads=(16, 2), L=2, S=2500, E=64, mask="none"),
     Case(batch=(1,), heads=(8, 8), L=4, S=1500, E=128, mask="none", layout="transposed"),
-    # the rest: cast inputs, float32 kernels
+    # the rest: cast inputs, float32 kernels (but for the E = 64 prefill on
+    # Hopper: fa_prefill_wg32_*)
     Case(batch=(1,), heads=(14, 2), L=3, S=900, E=64, mask="causal", layout="kv_cache"),
     Case(batch=(2,), heads=(4, 2), L=1, S=2000, E=96, mask="none"),
     Case(batch=(1,), heads=(8, 8), L=1, S=1200, E=128, mask="bool_keys"),
