@@ -198,6 +198,14 @@ def test_fused_decode_calls_in_one_evaluation(dtype, widen):
         assert relative_error(out, attention_reference(q, k, v, mask=m)) <= tol
 
 
+def assert_float32_over_16_bit(q, k, v, mask=None):
+    """dtype=float32 over 16-bit inputs: a float32 output within float32's
+    tolerance of the float64 reference."""
+    out = flash_attention(q, k, v, mask=mask, dtype=mx.float32)
+    assert out.dtype == mx.float32
+    assert relative_error(out, attention_reference(q, k, v, mask=mask)) <= TOLERANCE["float32"]
+
+
 @pytest.mark.parametrize("S", [200, 1024, 1025, 4096, 32768])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("heads,E", [((14, 2), 64), ((32, 8), 128), ((16, 1), 64)])
@@ -206,23 +214,19 @@ def test_float32_decode_over_16_bit_inputs(S, dtype, heads, E, mask):
     # fa_decode_mma32_*: the 16-bit keys and values read as they are, P kept
     # to float32 accuracy, a float32 output: the float32 tolerance.
     case = Case(batch=(2,), heads=heads, L=1, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
-    q, k, v, m = make_inputs(case)
-    out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
-    assert out.dtype == mx.float32
-    assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["float32"]
+    assert_float32_over_16_bit(*make_inputs(case))
 
 
-@pytest.mark.parametrize("S", [300, 4096])
+@pytest.mark.parametrize("L,S,mask", [(1, 300, None), (1, 4096, None), (200, 333, "causal")])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_float32_decode_over_misaligned_16_bit_rows(S, dtype):
-    # Rows off 16-byte boundaries: the generic kernel's split form (float32
-    # partials, even for one split) and fa_merge_float32 instead.
-    q = _misaligned((2, 8, 1, 64), dtype, 1)
+def test_float32_over_misaligned_16_bit_rows(L, S, mask, dtype):
+    # Rows off 16-byte boundaries, decode and prefill: the generic kernel's
+    # split form (float32 partials, even for one split) and fa_merge_float32
+    # instead of the tensor-core kernels.
+    q = _misaligned((2, 8, L, 64), dtype, 1)
     k = _misaligned((2, 2, S, 64), dtype, 2)
     v = _misaligned((2, 2, S, 64), dtype, 3)
-    out = flash_attention(q, k, v, dtype=mx.float32)
-    assert out.dtype == mx.float32
-    assert relative_error(out, attention_reference(q, k, v)) <= TOLERANCE["float32"]
+    assert_float32_over_16_bit(q, k, v, mask)
 
 
 def test_float32_decode_reads_the_16_bit_cache_in_place():
@@ -251,10 +255,7 @@ def test_float32_prefill_over_16_bit_inputs(E, dtype, mask):
     # to it at float32 accuracy; the output is float32.
     heads = (14, 2) if E == 64 else (32, 8)
     case = Case(batch=(2,), heads=heads, L=300, S=333, E=E, mask=mask, dtype=dtype, layout="kv_cache")
-    q, k, v, m = make_inputs(case)
-    out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
-    assert out.dtype == mx.float32
-    assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["float32"]
+    assert_float32_over_16_bit(*make_inputs(case))
 
 
 @pytest.mark.parametrize("E", [64, 128])
@@ -308,18 +309,6 @@ def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype):
         assert np.array_equal(np.isnan(out), np.isnan(ref))
     assert not finite.all() and finite[0, 2:, :200].all()
     assert relative_error(out[finite], ref[finite]) <= TOLERANCE["float32"]
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_float32_prefill_over_misaligned_16_bit_rows(dtype):
-    # Rows off 16-byte boundaries: the generic kernel's split form (float32
-    # partials) and fa_merge_float32 instead of the wgmma kernel.
-    q = _misaligned((2, 8, 200, 64), dtype, 1)
-    k = _misaligned((2, 2, 333, 64), dtype, 2)
-    v = _misaligned((2, 2, 333, 64), dtype, 3)
-    out = flash_attention(q, k, v, mask="causal", dtype=mx.float32)
-    assert out.dtype == mx.float32
-    assert relative_error(out, attention_reference(q, k, v, mask="causal")) <= TOLERANCE["float32"]
 
 
 def test_float32_prefill_reads_the_16_bit_cache_in_place():
