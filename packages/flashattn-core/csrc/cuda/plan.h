@@ -31,7 +31,7 @@ struct Step {
 };
 
 // An attention kernel, and the merge when it split the keys (its partials
-// (o, and m / l per row) are the primitive's second and third outputs).
+// (o, and m / l per row) are the primitive's last two outputs).
 // fused: when not 0, the attention kernel splits the keys and merges them
 // itself: the partials are its scratch, followed by `fused` floats of flags
 // and claims (one 8-byte flag per split and group, one 8-byte claim per

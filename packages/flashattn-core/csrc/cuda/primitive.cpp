@@ -172,7 +172,12 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     launch(run.attend, scalars, in, out, copy, s);
     return;
   }
-  std::vector<mx::array> partials = {outputs[1], outputs[2]};
+  // Split, then merged: the partials are the last two outputs (dispatch.cpp);
+  // an output between (the tensor maps' scratch of plan.aligned, when this is
+  // plan.any's generic split) is allocated unused.
+  const size_t n = outputs.size();
+  for (size_t i = 1; i + 2 < n; ++i) outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+  std::vector<mx::array> partials = {outputs[n - 2], outputs[n - 1]};
   launch(run.attend, scalars, in, partials, copy, s);
   std::vector<mx::array> out = {outputs[0]};
   launch(*run.merge, run.merge->scalars, partials, out, false, s);
