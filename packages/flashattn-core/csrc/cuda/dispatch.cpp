@@ -457,8 +457,9 @@ mx::array flash_attention(
     dtypes.push_back(mx::uint32);
   }
   if (plan.aligned.merge || plan.aligned.fused || plan.any.merge) {
-    // m / l per split and row, then the fused kernel's flags (which the
-    // generic kernel of plan.any leaves alone).
+    // The partials, always the last two outputs (primitive.cpp): o, then m /
+    // l per split and row and the fused kernel's flags (which the generic
+    // kernel of plan.any leaves alone).
     const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2 + plan.aligned.fused;
     if (ml_floats > std::numeric_limits<int>::max()) {
       throw std::invalid_argument("flash_attention: too many query rows for one CUDA decode call");

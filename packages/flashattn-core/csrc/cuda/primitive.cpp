@@ -161,22 +161,25 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   if (run.attend.mask_inputs) {
     in.insert(in.end(), {mask_array ? inputs[3] : inputs[0], mask_array ? inputs[4] : inputs[0]});
   }
+  // Outputs [begin, end) that no launch of this run writes (the tensor maps'
+  // scratch, or the partials of the other plan's kernels): allocated unused.
+  auto leave_unused = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+  };
   if (!run.merge) {
     // One launch: the output, and the fused decode's partials or the tensor
-    // maps' scratch. Outputs this launch leaves alone (the tensor maps'
-    // scratch or the partials of the other plan's kernels) are allocated
-    // unused.
+    // maps' scratch.
     const size_t used = run.fused ? 3 : run.tma() ? 2 : 1;
-    for (size_t i = used; i < outputs.size(); ++i) outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+    leave_unused(used, outputs.size());
     std::vector<mx::array> out(outputs.begin(), outputs.begin() + used);
     launch(run.attend, scalars, in, out, copy, s);
     return;
   }
   // Split, then merged: the partials are the last two outputs (dispatch.cpp);
-  // an output between (the tensor maps' scratch of plan.aligned, when this is
-  // plan.any's generic split) is allocated unused.
+  // an output between is the tensor maps' scratch of plan.aligned, when this
+  // is plan.any's generic split.
   const size_t n = outputs.size();
-  for (size_t i = 1; i + 2 < n; ++i) outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+  leave_unused(1, n - 2);
   std::vector<mx::array> partials = {outputs[n - 2], outputs[n - 1]};
   launch(run.attend, scalars, in, partials, copy, s);
   std::vector<mx::array> out = {outputs[0]};
