@@ -77,6 +77,9 @@ def test_slow_reference_is_skipped_and_said_so():
         (["--shape", "gpt5"], "choose from"),
         (["--dtype", "int8"], "choose from"),
         (["--prefill", "", "--decode", ""], "no cases"),
+        (["--chunk", "2048"], "must exceed its 2048 rows"),
+        (["--chunk", "96", "--chunk-rows", "96"], "must exceed its 96 rows"),
+        (["--chunk-rows", "0"], "--chunk-rows"),
         (["--kv-sets", "21"], "--kv-sets"),
     ],
 )
@@ -84,6 +87,42 @@ def test_kernel_bad_options(args, message):
     result = CliRunner().invoke(main, ["kernel", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_chunk_cases_are_the_last_rows_against_all_keys():
+    # A chunk of mlx-lm's prefill: its L queries are the newest of S tokens,
+    # so the float64 reference's bottom-right causal mask is what both
+    # implementations must match (a top-left causal mask would leave the
+    # first query rows with a few keys and miss by far more than these
+    # tolerances).
+    result = run(["kernel", "--shape", "qwen05b", "--prefill", "", "--decode", "", "--chunk", "96,160",
+                  "--chunk-rows", "32", "--dtype", "float32,bfloat16", "--impl", "flash,mlx", "-n", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["results"]
+    assert {(r["case"], r["dtype"], r["impl"]) for r in rows} == {
+        (f"qwen05b chunk L=32 S={s}", dtype, impl)
+        for s in (96, 160) for dtype in ("float32", "bfloat16") for impl in ("flash", "mlx")}
+    for r in rows:
+        assert r["kind"] == "chunk" and r["length"] in (96, 160)
+        assert r["max_abs_error"] <= (1e-5 if r["dtype"] == "float32" else 2e-2), r
+    assert all("mlx" in r["speedup"] for r in rows if r["impl"] == "flash")
+
+
+@pytest.mark.parametrize("kind, L, S", [("prefill", 64, 64), ("chunk", 32, 96), ("chunk", 2048, 8192)])
+def test_case_flops_count_the_visible_pairs(kind, L, S):
+    # The FlashAttention convention counts L^2 / 2 pairs for a causal L = S
+    # triangle (its L / 2 diagonal pairs short of the count); a chunk adds its
+    # rows' full view of the keys before them. Counted from the reference's
+    # mask.
+    from flashattn_core.reference import causal_mask
+
+    from flash_eval.shapes import SHAPES, KernelCase
+
+    shape = SHAPES["qwen05b"]
+    case = KernelCase(shape, kind, S, "float32", rows=L)
+    assert (case.L, case.S, case.causal) == (L, S, True)
+    pairs = causal_mask(L, S).sum() - L / 2
+    assert case.flops == 4.0 * shape.H_q * shape.E * pairs
 
 
 def test_demo_runs():

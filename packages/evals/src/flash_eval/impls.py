@@ -120,8 +120,22 @@ def torch_impls(inp: Inputs) -> list[Impl]:
 
     q, k, v = to_torch(inp.q), to_torch(inp.k), to_torch(inp.v)
     sets = len(inp.kv_sets) or 1
-    # PyTorch's is_causal is top-left aligned; for L = S that is MLX's mask.
-    causal = inp.case.causal
+    # PyTorch's is_causal is top-left aligned: MLX's mask for L = S only. A
+    # chunk's queries are the last L of S (bottom-right aligned): on CUDA
+    # PyTorch's lower-right causal bias (which its fused backends take
+    # without a dense mask), on the CPU the boolean mask.
+    L, S = inp.case.L, inp.case.S
+    lower_right = inp.case.causal and L != S
+    causal = inp.case.causal and not lower_right
+    mask = None
+    if lower_right and on_gpu:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(L, S)
+    elif lower_right:
+        from flashattn_core.reference import causal_mask
+
+        mask = torch.from_numpy(causal_mask(L, S))
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
 
     def make(backend, kv):
@@ -133,12 +147,12 @@ def torch_impls(inp: Inputs) -> list[Impl]:
             with torch.no_grad():
                 if backend is None:
                     return torch.nn.functional.scaled_dot_product_attention(
-                        q, kt, vt, is_causal=causal, scale=inp.scale, enable_gqa=True)
+                        q, kt, vt, attn_mask=mask, is_causal=causal, scale=inp.scale, enable_gqa=True)
                 from torch.nn.attention import sdpa_kernel
 
                 with sdpa_kernel(backend):
                     return torch.nn.functional.scaled_dot_product_attention(
-                        q, kt, vt, is_causal=causal, scale=inp.scale)
+                        q, kt, vt, attn_mask=mask, is_causal=causal, scale=inp.scale)
         return run
 
     version = torch.__version__

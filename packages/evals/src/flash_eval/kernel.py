@@ -1,5 +1,6 @@
 """`flash-eval kernel`: flash_attention against MLX's SDPA (and PyTorch's, when
-installed) on the same inputs, over causal prefill and decode shapes."""
+installed) on the same inputs, over causal prefill, chunked prefill and decode
+shapes."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from .impls import Inputs, flash_impl, make_inputs, mlx_impl, torch_impls
 from .measure import MAX_BATCH, copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
 from .options import comma_list, int_list
 from .progress import progress_bar
-from .shapes import SHAPES, KernelCase
+from .shapes import CHUNK_ROWS, SHAPES, KernelCase
 
 # Repetitions get fewer as calls get slower: about this many seconds per impl.
 TIME_BUDGET_S = 8.0
@@ -75,6 +76,11 @@ def total_memory_bytes() -> int:
               callback=comma_list(list(SHAPES)), help="Head shapes (comma-separated).")
 @click.option("--prefill", default="512,2048,8192", show_default=True, callback=int_list,
               help="Causal prefill lengths L = S (comma-separated; empty for none).")
+@click.option("--chunk", default="", show_default=True, callback=int_list,
+              help="Chunked prefill: key lengths S (comma-separated) that the last --chunk-rows queries "
+                   "attend to, causal, as in mlx-lm's prefill steps after the first; empty for none.")
+@click.option("--chunk-rows", default=CHUNK_ROWS, show_default=True, type=click.IntRange(1),
+              help="Query rows of a --chunk case (mlx-lm's default prefill step).")
 @click.option("--decode", default="2048,32768,131072", show_default=True, callback=int_list,
               help="Decode key lengths S, one query (comma-separated; empty for none).")
 @click.option("--dtype", "dtypes", default="float32,bfloat16", show_default=True,
@@ -98,18 +104,23 @@ def total_memory_bytes() -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def kernel(shapes, prefill, decode, dtypes, impls, repeats, max_call_seconds, calls, kv_sets, seed, as_json,
+def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, max_call_seconds, calls, kv_sets, seed, as_json,
            markdown, plot):
     """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
+    short = [n for n in chunk if n <= chunk_rows]
+    if short:
+        raise click.BadParameter(
+            f"a chunk's key length must exceed its {chunk_rows} rows (--chunk-rows), got {short}; "
+            "time L = S with --prefill", param_hint="--chunk")
     cases = [
-        KernelCase(SHAPES[s], kind, n, dt)
+        KernelCase(SHAPES[s], kind, n, dt, chunk_rows)
         for s in shapes
-        for kind, lengths in (("prefill", prefill), ("decode", decode))
+        for kind, lengths in (("prefill", prefill), ("chunk", chunk), ("decode", decode))
         for n in lengths
         for dt in dtypes
     ]
     if not cases:
-        raise click.UsageError("no cases: give --prefill and/or --decode lengths")
+        raise click.UsageError("no cases: give --prefill, --chunk and/or --decode lengths")
     # The dtypes of one case back to back, so that a ratio between them (and
     # between the implementations of one dtype) meets one state of a noisy
     # machine rather than states minutes apart.

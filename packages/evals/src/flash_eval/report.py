@@ -113,7 +113,8 @@ def kernel_markdown(results: list[dict], machine: dict) -> str:
 
 
 def plot_kernel(results: list[dict], path: str) -> None:
-    """GFLOP/s per case (prefill) and K/V GB/s (decode), one bar per impl."""
+    """GFLOP/s per case (prefill and chunks) and K/V GB/s (decode), one bar
+    per impl."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,8 +122,9 @@ def plot_kernel(results: list[dict], path: str) -> None:
 
     impls = list(dict.fromkeys(r["impl"] for r in results))
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
-    for ax, kind, key, unit in ((axes[0], "prefill", "gflops", "GFLOP/s"), (axes[1], "decode", "kv_GBps", "K/V GB/s")):
-        cases = list(dict.fromkeys(f"{r['case']}\n{r['dtype']}" for r in results if r["kind"] == kind))
+    panels = ((axes[0], ("prefill", "chunk"), "gflops", "GFLOP/s"), (axes[1], ("decode",), "kv_GBps", "K/V GB/s"))
+    for ax, kinds, key, unit in panels:
+        cases = list(dict.fromkeys(f"{r['case']}\n{r['dtype']}" for r in results if r["kind"] in kinds))
         width = 0.8 / max(1, len(impls))
         for i, impl in enumerate(impls):
             values = []
@@ -134,7 +136,7 @@ def plot_kernel(results: list[dict], path: str) -> None:
         ax.set_xticklabels(cases, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel(unit)
         ax.set_yscale("log")
-        ax.set_title(f"{kind} (missing bar: skipped or not run)")
+        ax.set_title(f"{' and '.join(kinds)} (missing bar: skipped or not run)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -21,18 +21,26 @@ SHAPES = {
 }
 
 
+# mlx-lm's prefill step: a long prompt goes through a model in chunks of this
+# many tokens, each attending to the cache before it and to itself.
+CHUNK_ROWS = 2048
+
+
 @dataclass(frozen=True)
 class KernelCase:
-    """Causal prefill (L = S) or single-token decode (L = 1, no mask)."""
+    """Causal prefill (L = S), single-token decode (L = 1, no mask), or one
+    chunk of a chunked prefill (the last `rows` queries of S keys, causal: the
+    queries are the newest tokens, as mlx-lm's prefill steps make them)."""
 
     shape: HeadShape
-    kind: str  # "prefill" | "decode"
-    length: int  # L = S for prefill, S for decode
+    kind: str  # "prefill" | "decode" | "chunk"
+    length: int  # L = S for prefill, S for decode and chunk
     dtype: str
+    rows: int = CHUNK_ROWS  # L of a chunk
 
     @property
     def L(self) -> int:
-        return self.length if self.kind == "prefill" else 1
+        return {"prefill": self.length, "decode": 1}.get(self.kind, self.rows)
 
     @property
     def S(self) -> int:
@@ -40,13 +48,16 @@ class KernelCase:
 
     @property
     def causal(self) -> bool:
-        return self.kind == "prefill"
+        return self.kind != "decode"
 
     @property
     def flops(self) -> float:
-        """FlashAttention convention: 4 H_q L S E, halved for causal L = S."""
-        f = 4.0 * self.shape.H_q * self.L * self.S * self.shape.E
-        return f / 2 if self.causal else f
+        """FlashAttention convention: 4 H_q E for each query-key pair,
+        counting half of the causal triangle (L^2 / 2), so that a chunk's
+        count at L = S is the prefill's: a chunk's rows see the S - L keys
+        before them in full."""
+        pairs = self.L * (self.S - self.L) + self.L * self.L / 2 if self.causal else self.L * self.S
+        return 4.0 * self.shape.H_q * self.shape.E * pairs
 
     @property
     def kv_bytes(self) -> int:
@@ -55,5 +66,7 @@ class KernelCase:
 
     @property
     def label(self) -> str:
+        if self.kind == "chunk":
+            return f"{self.shape.name} chunk L={self.rows} S={self.length}"
         n = "L" if self.kind == "prefill" else "S"
         return f"{self.shape.name} {self.kind} {n}={self.length}"
