@@ -11,36 +11,11 @@ copies and hashes the module on every launch).
     python3 scripts/host-probe.py [floors|decode|decode32k|prefill]"""
 
 import sys
-import time
 
 import mlx.core as mx
 from flashattn_core import flash_attention
 from flash_eval.kernel import KV_ROTATION_BYTES
-from gpu_probe_calls import HD128, QWEN05B, calls
-
-BATCH, REPS = 20, 20
-
-
-def phases(make):
-    """Per-call us of (build, host evaluation, GPU wait, total), each the
-    best of REPS; make(i, prev) returns the i-th call's output."""
-    best = [float("inf")] * 4
-    mx.eval(make(0, None))
-    mx.synchronize()
-    for _ in range(REPS):
-        t0 = time.perf_counter()
-        outs, prev = [], None
-        for i in range(BATCH):
-            prev = make(i, prev)
-            outs.append(prev)
-        t1 = time.perf_counter()
-        mx.async_eval(outs)
-        t2 = time.perf_counter()
-        mx.synchronize()
-        t3 = time.perf_counter()
-        for j, x in enumerate((t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
-            best[j] = min(best[j], x / BATCH * 1e6)
-    return best
+from gpu_probe_calls import BATCH, HD128, QWEN05B, calls, phases
 
 
 def show(name, b):

@@ -23,8 +23,9 @@ from mlx_lm.utils import _get_classes
 
 import mlxlm_flash_patch
 from flashattn_core import flash_attention
+from gpu_probe_calls import phases
 
-CHUNK, REPS, BATCH = 2048, 7, 20
+CHUNK, REPS = 2048, 7
 
 
 def model_of(folder, dtype):
@@ -53,23 +54,6 @@ def forward_ms(model, tokens, offset):
         mx.synchronize()
         if rep:  # the first rep loads the kernels
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def calls_us(make):
-    """us a call: BATCH calls chained (each on the last one's output) an
-    evaluation, median of REPS evaluations."""
-    mx.eval(make(None))
-    times = []
-    for _ in range(REPS):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        prev = None
-        for _ in range(BATCH):
-            prev = make(prev)
-        mx.eval(prev)
-        mx.synchronize()
-        times.append((time.perf_counter() - t0) / BATCH * 1e6)
     return statistics.median(times)
 
 
@@ -104,7 +88,7 @@ def main():
         scale = E**-0.5
 
         def chained(fn):
-            return lambda p: fn(q if p is None else p)
+            return lambda i, p: fn(q if p is None else p)
 
         impls = {
             "mlx sdpa": lambda x: mx.fast.scaled_dot_product_attention(x, k, v, scale=scale, mask="causal"),
@@ -115,7 +99,8 @@ def main():
                                                     mask="causal").astype(dtype),
             "flash native": lambda x: flash_attention(x, k, v, scale=scale, mask="causal"),
         }
-        row = [f"{name} {calls_us(chained(fn)):8.1f}" for name, fn in impls.items()]
+        # Total us a call (20 chained calls an evaluation), median of REPS.
+        row = [f"{name} {phases(chained(fn), statistics.median, REPS)[3]:8.1f}" for name, fn in impls.items()]
         print(f"attention L={CHUNK} S={S:5d}: " + "  ".join(row) + " us")
 
 
