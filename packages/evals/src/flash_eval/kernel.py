@@ -104,8 +104,8 @@ def total_memory_bytes() -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, max_call_seconds, calls, kv_sets, seed, as_json,
-           markdown, plot):
+def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, max_call_seconds, calls, kv_sets,
+           seed, as_json, markdown, plot):
     """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
     short = [n for n in chunk if n <= chunk_rows]
     if short:

@@ -40,7 +40,9 @@ class KernelCase:
 
     @property
     def L(self) -> int:
-        return {"prefill": self.length, "decode": 1}.get(self.kind, self.rows)
+        if self.kind == "chunk":
+            return self.rows
+        return self.length if self.kind == "prefill" else 1
 
     @property
     def S(self) -> int:
