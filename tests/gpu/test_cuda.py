@@ -3,6 +3,8 @@ the CUDA build of MLX makes the GPU the default device): long sequences,
 every kernel variant, strided and broadcast inputs, decode splits."""
 
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -196,6 +198,39 @@ def test_fused_decode_calls_in_one_evaluation(dtype, widen):
     for (q, k, v, m), out in zip(inputs, outs):
         tol = TOLERANCE["float32" if widen else dtype]
         assert relative_error(out, attention_reference(q, k, v, mask=m)) <= tol
+
+
+DECODE_CALL = Case(batch=(1,), heads=(14, 2), L=1, S=3000, E=64, dtype="bfloat16", layout="kv_cache")
+PREFILL_CALL = Case(batch=(1,), heads=(8, 2), L=40, S=300, E=64, mask="bool_LS", dtype="bfloat16")
+
+
+@pytest.mark.parametrize(
+    "base,other,kwargs",
+    [
+        (DECODE_CALL, replace(DECODE_CALL, S=5000), {}),  # other key splits
+        (DECODE_CALL, replace(DECODE_CALL, heads=(14, 7)), {}),  # another group size
+        (DECODE_CALL, replace(DECODE_CALL, batch=(2,)), {}),
+        (DECODE_CALL, replace(DECODE_CALL, L=2), {}),
+        (DECODE_CALL, replace(DECODE_CALL, dtype="float16"), {}),
+        (DECODE_CALL, DECODE_CALL, {"scale": 0.3}),
+        (DECODE_CALL, DECODE_CALL, {"dtype": mx.float32}),  # float32 attention over the 16-bit inputs
+        (PREFILL_CALL, replace(PREFILL_CALL, mask="bool_keys"), {}),  # the mask's strides
+        (PREFILL_CALL, replace(PREFILL_CALL, mask="causal"), {}),
+        (PREFILL_CALL, replace(PREFILL_CALL, mask="additive_LS"), {}),
+    ],
+    ids=["S", "group", "batch", "L", "dtype", "scale", "widened", "mask_strides", "mask_kind", "mask_additive"],
+)
+def test_calls_alike_but_for_one_planned_value(base, other, kwargs):
+    # The planner keeps each thread's recent plans (dispatch.cpp, recent.h):
+    # calls that differ in one value their launches depend on, made in turn
+    # and evaluated together, must each get their own answer.
+    calls = [(base, {}), (other, kwargs)] * 2
+    inputs = [make_inputs(case, seed=i) for i, (case, _) in enumerate(calls)]
+    outs = [flash_attention(q, k, v, mask=m, **kw) for (q, k, v, m), (_, kw) in zip(inputs, calls)]
+    mx.eval(outs)
+    for (q, k, v, m), (case, kw), out in zip(inputs, calls, outs):
+        tol = TOLERANCE["float32" if "dtype" in kw else case.dtype]
+        assert relative_error(out, attention_reference(q, k, v, mask=m, scale=kw.get("scale"))) <= tol
 
 
 def assert_float32_over_16_bit(q, k, v, mask=None):

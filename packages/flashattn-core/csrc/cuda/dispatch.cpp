@@ -43,6 +43,7 @@
 #include "cuda/kernels/wg_shapes.h"
 #include "cuda/plan.h"
 #include "cuda/primitive.h"
+#include "cuda/recent.h"
 #include "mask_layout.h"
 #include "mlx/backend/gpu/device_info.h"
 
@@ -397,6 +398,69 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   return Launches{attend, std::nullopt, 0, kernel == wg_kernel ? maps : std::vector<int>{}};
 }
 
+// What a call's planning depends on beyond Dims' derived values: the
+// queries' shape (the output's), the dtype and the device.
+struct PlanKey {
+  mx::Shape q_shape;
+  int H_kv, S, dtype, kind, mask_rs, mask_cs;
+  float scale_log2;
+  bool widen;
+  int device;
+  bool operator==(const PlanKey&) const = default;
+};
+
+// A call's launches and its primitive's outputs (the attention output, then
+// scratch: the tensor maps', the partials).
+struct Planned {
+  Plan plan;
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+};
+
+// nullopt: a widened call that no kernel takes as it is (the caller casts).
+std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape& q_shape, int device_index) {
+  Planned out;
+  Plan& plan = out.plan;
+  int splits = 0;
+  auto decode = decode_launches(d, splits);
+  auto prefill = decode ? std::nullopt : prefill_launches(d, dtype, device_index);
+  if (d.widen && !decode && !prefill) return std::nullopt;
+  if (decode) {
+    plan.aligned = *decode;
+  } else if (prefill) {
+    plan.aligned = *prefill;
+    splits = 1;
+  } else {
+    splits = generic_splits(d);
+    plan.aligned = generic_launches(d, splits);
+  }
+  // The same splits: the partials (outputs of the primitive) have one shape.
+  plan.any = generic_launches(d, splits);
+  const int rows = static_cast<int>(d.batch * d.H_q * d.L);
+  std::vector<mx::Shape>& shapes = out.shapes;
+  std::vector<mx::Dtype>& dtypes = out.dtypes;
+  shapes = {q_shape};
+  dtypes = {d.widen ? mx::float32 : dtype};
+  if (plan.aligned.tma()) {  // scratch for the tensor maps
+    namespace ws = fa::wg_shapes;
+    shapes.push_back({ws::kMapSlots * ws::kMapSlotBytes / 4});
+    dtypes.push_back(mx::uint32);
+  }
+  if (plan.aligned.merge || plan.aligned.fused || plan.any.merge) {
+    // The partials, always the last two outputs (primitive.cpp): o, then m /
+    // l per split and row and the fused kernel's flags (which the generic
+    // kernel of plan.any leaves alone).
+    const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2 + plan.aligned.fused;
+    if (ml_floats > std::numeric_limits<int>::max()) {
+      throw std::invalid_argument("flash_attention: too many query rows for one CUDA decode call");
+    }
+    plan.partials = {{splits, rows, d.E}, {static_cast<int>(ml_floats)}};
+    shapes.insert(shapes.end(), plan.partials.begin(), plan.partials.end());
+    dtypes.insert(dtypes.end(), {mx::float32, mx::float32});
+  }
+  return out;
+}
+
 }  // namespace
 
 mx::array flash_attention(
@@ -432,46 +496,21 @@ mx::array flash_attention(
         ", " + std::to_string(d.L) + ", " + std::to_string(d.S) + ", " + std::to_string(d.E) + ")");
   }
 
-  Plan plan;
-  int splits = 0;
-  auto decode = decode_launches(d, splits);
-  auto prefill = decode ? std::nullopt : prefill_launches(d, q.dtype(), s.device.index);
-  if (widen && !decode && !prefill) return cast();
-  if (decode) {
-    plan.aligned = *decode;
-  } else if (prefill) {
-    plan.aligned = *prefill;
-    splits = 1;
-  } else {
-    splits = generic_splits(d);
-    plan.aligned = generic_launches(d, splits);
-  }
-  // The same splits: the partials (outputs of the primitive) have one shape.
-  plan.any = generic_launches(d, splits);
-  const int rows = static_cast<int>(batch * d.H_q * d.L);
-  std::vector<mx::Shape> shapes = {q.shape()};
-  std::vector<mx::Dtype> dtypes = {widen ? mx::float32 : q.dtype()};
-  if (plan.aligned.tma()) {  // scratch for the tensor maps
-    namespace ws = fa::wg_shapes;
-    shapes.push_back({ws::kMapSlots * ws::kMapSlotBytes / 4});
-    dtypes.push_back(mx::uint32);
-  }
-  if (plan.aligned.merge || plan.aligned.fused || plan.any.merge) {
-    // The partials, always the last two outputs (primitive.cpp): o, then m /
-    // l per split and row and the fused kernel's flags (which the generic
-    // kernel of plan.any leaves alone).
-    const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2 + plan.aligned.fused;
-    if (ml_floats > std::numeric_limits<int>::max()) {
-      throw std::invalid_argument("flash_attention: too many query rows for one CUDA decode call");
-    }
-    plan.partials = {{splits, rows, d.E}, {static_cast<int>(ml_floats)}};
-    shapes.insert(shapes.end(), plan.partials.begin(), plan.partials.end());
-    dtypes.insert(dtypes.end(), {mx::float32, mx::float32});
+  // A model repeats its calls (recent.h): each thread keeps its last few plans.
+  const PlanKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), d.kind, d.mask_rs, d.mask_cs,
+                    d.scale_log2, widen, s.device.index};
+  thread_local Recent<PlanKey, Planned, 8> recent;
+  std::shared_ptr<const Planned> planned = recent.find(key);
+  if (!planned) {
+    std::optional<Planned> made = plan_call(d, q.dtype(), q.shape(), s.device.index);
+    if (!made) return cast();
+    planned = recent.put(key, std::move(*made));
   }
   std::vector<mx::array> inputs = {q, k, v};
   if (mask_array) inputs.insert(inputs.end(), {m.data, m.base});
-  auto outputs =
-      mx::array::make_arrays(std::move(shapes), dtypes, std::make_shared<Attention>(s, std::move(plan)), inputs);
+  auto outputs = mx::array::make_arrays(planned->shapes, planned->dtypes,
+                                        std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &planned->plan)),
+                                        inputs);
   return outputs[0];
 }
 

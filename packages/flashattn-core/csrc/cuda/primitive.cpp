@@ -145,7 +145,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   // generic kernel.
   bool forward = true;
   for (const Rows& r : rows) forward &= r.sb >= 0 && r.sh >= 0 && r.sr >= 0;
-  const Launches& run = aligned && (forward || !plan_.aligned.tma()) ? plan_.aligned : plan_.any;
+  const Launches& run = aligned && (forward || !plan_->aligned.tma()) ? plan_->aligned : plan_->any;
   std::vector<Scalar> scalars = run.attend.scalars;
   for (const Rows& r : rows) {
     scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});

@@ -7,6 +7,8 @@
 
 #pragma once
 
+#include <memory>
+
 #include "cuda/plan.h"
 #include "mlx/primitives.h"
 
@@ -14,7 +16,8 @@ namespace flashattn::cuda {
 
 class Attention : public mx::Primitive {
  public:
-  Attention(mx::Stream stream, Plan plan) : mx::Primitive(stream), plan_(std::move(plan)) {}
+  // plan: shared with the planner's recent calls (dispatch.cpp), never changed.
+  Attention(mx::Stream stream, std::shared_ptr<const Plan> plan) : mx::Primitive(stream), plan_(std::move(plan)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -24,7 +27,7 @@ class Attention : public mx::Primitive {
   }
 
  private:
-  Plan plan_;
+  std::shared_ptr<const Plan> plan_;
 };
 
 }  // namespace flashattn::cuda
