@@ -1,5 +1,6 @@
-// Block timeline of the Hopper 16-bit prefill kernel (prefill_f16_wg.cu) at
-// E = 128, standalone (no MLX): each block records its SM and its start and
+// Block timeline of the Hopper 16-bit prefill kernel (prefill_f16_wg.cu),
+// standalone (no MLX), at E = 128 and at E = 64 (with cp.async copies: the
+// shipped kernel copies by TMA; the schedule is the same): each block records its SM and its start and
 // end (clock64 and %globaltimer, thread 0, written straight to global memory
 // so that no register stays live across the kernel). Printed per launch
 // shape: the span, how busy the SMs were, the gaps between blocks on one SM,
@@ -37,16 +38,20 @@ __device__ __forceinline__ int sm_id() {
   return s;
 }
 
-// The shipped E = 128 shape (wg_shapes.h) with ITEMS = 1 (a row tile a block)
-// or 2 (one block per SM, `slices` > 0).
-template <int ITEMS>
-__global__ void __launch_bounds__(384, 1) timed(const T* q, const T* k, const T* v, const void* mask,
+// The shipped shapes (wg_shapes.h: G consumer warpgroups, the producer, key
+// tiles of 128) with ITEMS = 1 (a row tile a block) or 2 (one block per SM,
+// `slices` > 0).
+template <int E, int G, int ITEMS>
+using Shape = fa::WhShape<G, 128, true, true, ITEMS>;
+
+template <int E, int G, int ITEMS>
+__global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k, const T* v, const void* mask,
                                                 const int64_t* mask_base, T* out, int H_q, int H_kv, int L, int S,
                                                 int mask_kind, int mask_rs, int mask_cs, float scale_log2,
                                                 int slices, FA_LAYOUT_PARAMS) {
   const int b = blockIdx.x + gridDim.x * blockIdx.y;
   if (threadIdx.x == 0) g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
-  fa::prefill_wg<T, 128, fa::WhShape<2, 128, true, true, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S,
+  fa::prefill_wg<T, E, Shape<E, G, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S,
                                                                  mask_kind, mask_rs, mask_cs, scale_log2, slices,
                                                                  FA_LAYOUT);
   __syncthreads();
@@ -56,10 +61,11 @@ __global__ void __launch_bounds__(384, 1) timed(const T* q, const T* k, const T*
   }
 }
 
-template <int ITEMS>
-void timeline(const char* name, int H_q, int H_kv, int L, int causal, int reps) {
-  constexpr int E = 128;
-  const int S = L, row_tiles = (L + 127) / 128;
+// L query rows against S keys (causal: the rows are the last L of S).
+template <int E, int G, int ITEMS>
+void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int reps) {
+  constexpr int Br = 64 * G, Bc = 128, threads = 128 * (G + 1);
+  const int row_tiles = (L + Br - 1) / Br;
   const size_t nq = size_t(H_q) * L * E, nk = size_t(H_kv) * S * E;
   const std::vector<T> q = probe::randn<T>(nq, 1), k = probe::randn<T>(nk, 2), v = probe::randn<T>(nk, 3);
   T *dq, *dk, *dv, *dout;
@@ -77,12 +83,12 @@ void timeline(const char* name, int H_q, int H_kv, int L, int causal, int reps) 
   const int blocks = grid.x * grid.y;
   CHECK(cudaMalloc(&drec, blocks * sizeof(Record)));
   CHECK(cudaMemcpyToSymbol(g_records, &drec, sizeof(drec)));
-  const int smem = sizeof(fa::WhSmem<T, E, fa::WhShape<2, 128, true, true, ITEMS>>);
-  CHECK(cudaFuncSetAttribute(timed<ITEMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int smem = sizeof(fa::WhSmem<T, E, Shape<E, G, ITEMS>>);
+  CHECK(cudaFuncSetAttribute(timed<E, G, ITEMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(E));
   const float med = probe::median_ms(
       [&] {
-        timed<ITEMS><<<grid, 384, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0, scale_log2,
+        timed<E, G, ITEMS><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0, scale_log2,
                                           ITEMS == 2 ? H_q : 0, H_q * L * E, L * E, E, H_kv * S * E, S * E, E,
                                           H_kv * S * E, S * E, E);
       },
@@ -113,7 +119,10 @@ void timeline(const char* name, int H_q, int H_kv, int L, int causal, int reps) 
               100 * busy / (span * n_sm), n_gaps ? gaps / n_gaps / 1e3 : 0.0, n_gaps, tail / n_sm / 1e3);
   // Key/value tiles of each block (the kernel's schedule, restated).
   std::vector<long long> tiles(blocks, 0);
-  auto tiles_of_row_tile = [&](int p) { return causal ? p + 1 : row_tiles; };
+  auto tiles_of_row_tile = [&](int p) {
+    const int kv_end = causal ? std::min(S, std::min((p + 1) * Br, L) + S - L) : S;
+    return (kv_end + Bc - 1) / Bc;
+  };
   if (ITEMS == 2) {
     const long long units = (long long)row_tiles * H_q, P = grid.x;
     for (int bx = 0; bx < blocks; ++bx)
@@ -142,9 +151,19 @@ void timeline(const char* name, int H_q, int H_kv, int L, int causal, int reps) 
 
 int main() {
   probe::print_gpu();
-  timeline<2>("hd128 causal 4K, one block per SM", 32, 8, 4096, 1, 20);
-  timeline<1>("hd128 causal 4K, a row tile a block", 32, 8, 4096, 1, 20);
-  timeline<2>("hd128 full 4K, one block per SM", 32, 8, 4096, 0, 20);
-  timeline<2>("hd128 causal 8K, one block per SM", 32, 8, 8192, 1, 10);
+  timeline<128, 2, 2>("hd128 causal 4K, one block per SM", 32, 8, 4096, 4096, 1, 20);
+  timeline<128, 2, 1>("hd128 causal 4K, a row tile a block", 32, 8, 4096, 4096, 1, 20);
+  timeline<128, 2, 2>("hd128 full 4K, one block per SM", 32, 8, 4096, 4096, 0, 20);
+  timeline<128, 2, 2>("hd128 causal 8K, one block per SM", 32, 8, 8192, 8192, 1, 10);
+  // mlx-lm's prefill chunks (2048 rows against every key so far): at E = 64
+  // a row tile a block, 11 x 14 = 154 blocks on an H200's 132 SMs.
+  timeline<64, 3, 1>("qwen05b causal 8K, a row tile a block", 14, 2, 8192, 8192, 1, 20);
+  timeline<64, 3, 1>("qwen05b chunk L=2048 S=4096", 14, 2, 2048, 4096, 1, 20);
+  timeline<64, 3, 1>("qwen05b chunk L=2048 S=8192", 14, 2, 2048, 8192, 1, 20);
+  // The same chunk in row tiles of 128 (two consumers): 224 blocks, or one
+  // block per SM taking a share of them.
+  timeline<64, 2, 1>("qwen05b chunk L=2048 S=8192, 2 consumers", 14, 2, 2048, 8192, 1, 20);
+  timeline<64, 2, 2>("qwen05b chunk L=2048 S=8192, 2 consumers, one block per SM", 14, 2, 2048, 8192, 1, 20);
+  timeline<128, 2, 2>("hd128 chunk L=2048 S=4096, one block per SM", 32, 8, 2048, 4096, 1, 20);
   return 0;
 }

@@ -32,6 +32,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <queue>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -358,6 +359,56 @@ const std::vector<int>& map_template(mx::Dtype t) {
   return it->second;
 }
 
+// FLASHATTN_CUDA_NARROW=1 or 0 (tests, probes): two consumers at E = 64 for
+// every 16-bit prefill the wgmma kernels take, or for none; unset (-1),
+// narrow_wins decides.
+int forced_narrow() {
+  static const int forced = [] {
+    const char* v = std::getenv("FLASHATTN_CUDA_NARROW");
+    return v == nullptr ? -1 : std::string(v) == "1" ? 1 : 0;
+  }();
+  return forced;
+}
+
+// Whether the 16-bit wgmma prefill at E = 64 should run two consumers a block
+// (row tiles of 128: fa_prefill_wg2_*) instead of three (192). Three do more
+// per SM, but a launch of a little more than one wave of their blocks leaves
+// SMs idle: mlx-lm's prefill chunk at qwen05b, 2048 rows against 8192 keys,
+// is 154 blocks on an H200's 132 SMs, busy 64% of the span
+// (scripts/prefill-timeline.cu, H200: 178.8 us; in row tiles of 128, 224
+// blocks, busy 86%: 155.0 us). A model of the launch decides: blocks taken
+// heaviest first by whichever SM is free, each costing its key tiles times
+// the cycles a key tile took in that run (2979 with three consumers, 2491 with
+// two) plus a fixed 3000; two consumers when that predicts at least 5% less.
+// Only for launches of one to four waves of three-consumer blocks: fewer
+// blocks than SMs keep three (the shape the rest of the planner's tests
+// cover), more waves leave little idle.
+bool narrow_wins(const Dims& d, int sms) {
+  namespace ws = fa::wg_shapes;
+  const int64_t slices = d.batch * d.H_q, wide_rows = ws::f16_rows(64), wide_blocks = slices * ((d.L + wide_rows - 1) / wide_rows);
+  if (d.E != 64 || d.widen || sms <= 0 || wide_blocks <= sms || wide_blocks > 4 * int64_t(sms)) return false;
+  auto makespan = [&](bool narrow) {
+    const int rows = ws::f16_rows(64, false, narrow), tiles = (d.L + rows - 1) / rows;
+    const double per_tile = narrow ? 2491 : 2979, fixed = 3000;
+    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
+    for (int i = 0; i < sms; ++i) free_at.push(0.0);
+    double end = 0;
+    for (int t = tiles - 1; t >= 0; --t) {  // heaviest first, as the blocks are launched
+      const int kv_end = d.kind == static_cast<int>(MaskKind::causal)
+          ? std::max(0, std::min(d.S, std::min((t + 1) * rows, d.L) + d.S - d.L)) : d.S;
+      const double cost = fixed + per_tile * ((kv_end + ws::f16_bc(64) - 1) / ws::f16_bc(64));
+      for (int64_t n = 0; n < slices; ++n) {
+        const double start = free_at.top();
+        free_at.pop();
+        free_at.push(start + cost);
+        end = std::max(end, start + cost);
+      }
+    }
+    return end;
+  };
+  return makespan(true) < 0.95 * makespan(false);
+}
+
 std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
   if (d.L < kMinPrefillL || !has_prefill_kernel(dtype, d.E) || d.batch > 65535 || d.H_q > 65535) {
     return std::nullopt;
@@ -371,13 +422,20 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
   const bool needs_maps = dtype != mx::float32 && ws::kF16Tma;
   const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
-  if ((!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index)) {
+  const bool wg = (!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index);
+  if (wg) {
     kernel = wg_kernel;
     if (dtype == mx::float32) {
       rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
     } else {
-      rows = ws::f16_rows(d.E, d.widen), threads = ws::f16_threads(d.E, d.widen),
-      smem = ws::f16_smem_bytes(d.E, d.widen);
+      const std::string wg2_kernel = "fa_prefill_wg2_" + d.dt + "_64";
+      const int forced = forced_narrow();
+      const bool narrow = d.E == 64 && !d.widen &&
+          (forced < 0 ? narrow_wins(d, multiprocessors(device_index)) : forced == 1) &&
+          find_image(wg2_kernel, device_index);
+      if (narrow) kernel = wg2_kernel;
+      rows = ws::f16_rows(d.E, d.widen, narrow), threads = ws::f16_threads(d.E, d.widen, narrow),
+      smem = ws::f16_smem_bytes(d.E, d.widen, narrow);
     }
   } else if (d.widen) {
     return std::nullopt;
@@ -385,7 +443,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   const int tiles = (d.L + rows - 1) / rows;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
   std::tuple<int, int, int> grid{tiles * threads, d.H_q, static_cast<int>(d.batch)};
-  if (kernel == wg_kernel && dtype != mx::float32) {
+  if (wg && dtype != mx::float32) {
     // Scheduled (prefill_f16_wg.cu): one block per SM takes a share of all
     // row tiles, when there are enough of them; otherwise the grid's tile.
     const int64_t slices = d.batch * d.H_q, units = slices * tiles;
@@ -395,7 +453,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
     if (scheduled) grid = {static_cast<int>(std::min<int64_t>(units, sms)) * threads, 1, 1};
   }
   Step attend{kernel, scalars, grid, {threads, 1, 1}, smem};
-  return Launches{attend, std::nullopt, 0, kernel == wg_kernel ? maps : std::vector<int>{}};
+  return Launches{attend, std::nullopt, 0, wg ? maps : std::vector<int>{}};
 }
 
 // What a call's planning depends on beyond Dims' derived values: the

@@ -600,20 +600,32 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #endif
 // -DFA_F32=1: fa_prefill_wg32_<dtype>_<E>, float32 attention over the 16-bit
 // inputs (kF32 above), a float32 output; the same arguments otherwise.
+// -DFA_NARROW=1: fa_prefill_wg2_<dtype>_64, two consumers at E = 64 (row
+// tiles of 128; wg_shapes.h's narrow).
+#if defined(FA_NARROW) && FA_NARROW
+#define FA_WG_NARROW true
+#else
+#define FA_WG_NARROW false
+#endif
 #if defined(FA_F32) && FA_F32
 #define FA_WG_F32 true
 #define FA_WG_OUT float
 #define FA_WG_FAMILY fa_prefill_wg32_
+#elif FA_WG_NARROW
+#define FA_WG_F32 false
+#define FA_WG_OUT FA_T
+#define FA_WG_FAMILY fa_prefill_wg2_
 #else
 #define FA_WG_F32 false
 #define FA_WG_OUT FA_T
 #define FA_WG_FAMILY fa_prefill_wg_
 #endif
-using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32), fa::wg_shapes::f16_bc(FA_E),
+using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E),
                                 fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32), fa::wg_shapes::kF16Producer,
                                 fa::wg_shapes::f16_items(FA_E), fa::wg_shapes::kF16Tma>;
 static_assert(fa::wg_shapes::kF16Tma, "the unit's arguments are those of the TMA copies");
-static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) == fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32),
+static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) ==
+                  fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW),
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(FA_WG_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,

@@ -35,7 +35,12 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // into a fresh accumulator as well (prefill_f16_wg.cu: accuracy), which
 // with the overlap spilled 4.6 KB at bfloat16 E = 64; without it 8 bytes
 // (E = 64) and 140 (E = 128) for bfloat16, none for float16.
-constexpr int f16_groups(int E, bool f32 = false) { return f32 || E > 64 ? 2 : 3; }  // consumer warpgroups
+// narrow: two consumers at E = 64 as well (fa_prefill_wg2_*, row tiles of
+// 128), which the planner takes where three leave SMs idle (dispatch.cpp's
+// narrow_wins).
+constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // consumer warpgroups
+  return f32 || narrow || E > 64 ? 2 : 3;
+}
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
 constexpr bool f16_overlap(int, bool f32 = false) { return !f32; }
@@ -57,8 +62,12 @@ constexpr bool kF16Producer = true;
 // before a block's first copy, once per SM and call).
 constexpr bool kF16Tma = true;
 constexpr int f16_bc(int) { return 128; }
-constexpr int f16_rows(int E, bool f32 = false) { return kRowsPerGroup * f16_groups(E, f32); }
-constexpr int f16_threads(int E, bool f32 = false) { return 128 * (f16_groups(E, f32) + (kF16Producer ? 1 : 0)); }
+constexpr int f16_rows(int E, bool f32 = false, bool narrow = false) {
+  return kRowsPerGroup * f16_groups(E, f32, narrow);
+}
+constexpr int f16_threads(int E, bool f32 = false, bool narrow = false) {
+  return 128 * (f16_groups(E, f32, narrow) + (kF16Producer ? 1 : 0));
+}
 constexpr int kF16Buffers = 3;
 // Row tiles per block (prefill_f16_wg.cu's ITEMS): 2 lets a block take
 // many, when the planner launches one block per SM and the kernel places
@@ -80,8 +89,8 @@ constexpr long long kF16ScheduleMinTiles = 512;
 // K, V: 128 bytes each) once per SM and call, in the SM's slot of scratch
 // memory (the maps, then an 8-byte tag); GPUs with more SMs share slots.
 constexpr int kMapSlots = 256, kMapSlotBytes = 512;
-constexpr int f16_smem_bytes(int E, bool f32 = false) {
-  return (f16_rows(E, f32) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + (2 * kF16Buffers + 2) * 8;
+constexpr int f16_smem_bytes(int E, bool f32 = false, bool narrow = false) {
+  return (f16_rows(E, f32, narrow) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + (2 * kF16Buffers + 2) * 8;
 }
 
 }  // namespace fa::wg_shapes
