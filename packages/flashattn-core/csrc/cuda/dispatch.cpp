@@ -385,7 +385,8 @@ int forced_narrow() {
 // cover), more waves leave little idle.
 bool narrow_wins(const Dims& d, int sms) {
   namespace ws = fa::wg_shapes;
-  const int64_t slices = d.batch * d.H_q, wide_rows = ws::f16_rows(64), wide_blocks = slices * ((d.L + wide_rows - 1) / wide_rows);
+  const int64_t slices = d.batch * d.H_q, wide_rows = ws::f16_rows(64);
+  const int64_t wide_blocks = slices * ((d.L + wide_rows - 1) / wide_rows);
   if (d.E != 64 || d.widen || sms <= 0 || wide_blocks <= sms || wide_blocks > 4 * int64_t(sms)) return false;
   auto makespan = [&](bool narrow) {
     const int rows = ws::f16_rows(64, false, narrow), tiles = (d.L + rows - 1) / rows;
@@ -566,9 +567,9 @@ mx::array flash_attention(
   }
   std::vector<mx::array> inputs = {q, k, v};
   if (mask_array) inputs.insert(inputs.end(), {m.data, m.base});
-  auto outputs = mx::array::make_arrays(planned->shapes, planned->dtypes,
-                                        std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &planned->plan)),
-                                        inputs);
+  // The node shares the cached plan (an aliasing pointer into `planned`).
+  auto node = std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &planned->plan));
+  auto outputs = mx::array::make_arrays(planned->shapes, planned->dtypes, std::move(node), inputs);
   return outputs[0];
 }
 
