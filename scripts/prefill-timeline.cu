@@ -48,12 +48,13 @@ template <int E, int G, int ITEMS>
 __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k, const T* v, const void* mask,
                                                 const int64_t* mask_base, T* out, int H_q, int H_kv, int L, int S,
                                                 int mask_kind, int mask_rs, int mask_cs, float scale_log2,
-                                                int slices, FA_LAYOUT_PARAMS) {
+                                                int slices, int split_from, int splits, FA_LAYOUT_PARAMS,
+                                                void* scratch, unsigned long long tag) {
   const int b = blockIdx.x + gridDim.x * blockIdx.y;
   if (threadIdx.x == 0) g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
-  fa::prefill_wg<T, E, Shape<E, G, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S,
-                                                                 mask_kind, mask_rs, mask_cs, scale_log2, slices,
-                                                                 FA_LAYOUT);
+  fa::prefill_wg<T, E, Shape<E, G, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs,
+                                           mask_cs, scale_log2, slices, split_from, splits, FA_LAYOUT, nullptr,
+                                           scratch, tag);
   __syncthreads();
   if (threadIdx.x == 0) {
     Record& r = g_records[blockIdx.x + gridDim.x * blockIdx.y];
@@ -62,8 +63,11 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k
 }
 
 // L query rows against S keys (causal: the rows are the last L of S).
+// splits > 1 (ITEMS = 1): row tiles past the first split_from in that many
+// key pieces, a block each (key_split.cuh).
 template <int E, int G, int ITEMS>
-void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int reps) {
+void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int reps, int split_from = 0,
+              int splits = 0) {
   constexpr int Br = 64 * G, Bc = 128, threads = 128 * (G + 1);
   const int row_tiles = (L + Br - 1) / Br;
   const size_t nq = size_t(H_q) * L * E, nk = size_t(H_kv) * S * E;
@@ -79,18 +83,29 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaMemcpy(dv, v.data(), nk * sizeof(T), cudaMemcpyHostToDevice));
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const dim3 grid = ITEMS == 2 ? dim3(std::min(row_tiles * H_q, sms), 1) : dim3(row_tiles, H_q);
+  const bool split = splits > 1;
+  const int units = row_tiles * H_q;
+  const dim3 grid = ITEMS == 2 ? dim3(std::min(units, sms), 1)
+                    : split    ? dim3(split_from + (units - split_from) * splits, 1)
+                               : dim3(row_tiles, H_q);
   const int blocks = grid.x * grid.y;
   CHECK(cudaMalloc(&drec, blocks * sizeof(Record)));
   CHECK(cudaMemcpyToSymbol(g_records, &drec, sizeof(drec)));
+  void* scratch = nullptr;  // the maps' slots (unused: cp.async copies), then the pieces' tickets and states
+  const size_t scratch_bytes = fa::wg_shapes::kMapSlots * fa::wg_shapes::kMapSlotBytes +
+      (split ? fa::wg_shapes::split_scratch_bytes(units - split_from, splits, E, G) : 0);
+  CHECK(cudaMalloc(&scratch, scratch_bytes));
+  CHECK(cudaMemset(scratch, 0, scratch_bytes));
+  unsigned long long tag = 1;  // a new one each launch: the tickets stay in scratch
   const int smem = sizeof(fa::WhSmem<T, E, Shape<E, G, ITEMS>>);
   CHECK(cudaFuncSetAttribute(timed<E, G, ITEMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(E));
   const float med = probe::median_ms(
       [&] {
         timed<E, G, ITEMS><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0,
-                                                    scale_log2, ITEMS == 2 ? H_q : 0, H_q * L * E, L * E, E,
-                                                    H_kv * S * E, S * E, E, H_kv * S * E, S * E, E);
+                                                    scale_log2, ITEMS == 2 || split ? H_q : 0, split_from, splits,
+                                                    H_q * L * E, L * E, E, H_kv * S * E, S * E, E, H_kv * S * E,
+                                                    S * E, E, scratch, tag++);
       },
       reps);
   std::vector<Record> rec(blocks);  // the last launch's
@@ -133,8 +148,9 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
       }
   } else {
     for (int i = 0; i < blocks; ++i) {  // PrefillBlock: heaviest first across the slices
-      const long long j = i;
-      tiles[i] = tiles_of_row_tile(row_tiles - 1 - int(j / H_q));
+      const long long at = split ? i - split_from : -1, j = at < 0 ? i : split_from + at / splits;
+      const int n = tiles_of_row_tile(row_tiles - 1 - int(j / H_q)), piece = int(at % splits);
+      tiles[i] = at < 0 ? n : std::max(1, n * (piece + 1) / splits - n * piece / splits);
     }
   }
   std::vector<float> per_tile;
@@ -147,6 +163,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaFree(dv));
   CHECK(cudaFree(dout));
   CHECK(cudaFree(drec));
+  CHECK(cudaFree(scratch));
 }
 
 int main() {
@@ -165,5 +182,13 @@ int main() {
   timeline<64, 2, 1>("qwen05b chunk L=2048 S=8192, 2 consumers", 14, 2, 2048, 8192, 1, 20);
   timeline<64, 2, 2>("qwen05b chunk L=2048 S=8192, 2 consumers, one block per SM", 14, 2, 2048, 8192, 1, 20);
   timeline<128, 2, 2>("hd128 chunk L=2048 S=4096, one block per SM", 32, 8, 2048, 4096, 1, 20);
+  // Key splits of the last row tiles (wg_launch.cpp's choices on an H200 and others).
+  for (int splits : {4, 6, 8}) {
+    char name[96];
+    std::snprintf(name, sizeof name, "qwen05b chunk L=2048 S=8192, last 22 row tiles in %d pieces", splits);
+    timeline<64, 3, 1>(name, 14, 2, 2048, 8192, 1, 20, 132, splits);
+  }
+  timeline<64, 3, 1>("qwen05b L=200 S=32768", 14, 2, 200, 32768, 1, 20);
+  timeline<64, 3, 1>("qwen05b L=200 S=32768, 9 pieces a row tile", 14, 2, 200, 32768, 1, 20, 0, 9);
   return 0;
 }

@@ -78,13 +78,46 @@ def test_every_prefill_kernel(E, dtype, mask):
 def test_prefill_chunk_in_row_tiles_of_128(mask, dtype):
     # mlx-lm's prefill chunk (2048 rows against more keys) at E = 64: on an
     # H100 / H200 (132 SMs) its 154 three-consumer blocks are a little more
-    # than one wave, and the planner's model takes the two-consumer kernel
-    # (fa_prefill_wg2_*, dispatch.cpp's narrow_wins); the cache's layout.
+    # than one wave, and the launch model (wg_launch.cpp) takes the
+    # two-consumer kernel (fa_prefill_wg2_*) or splits the last row tiles'
+    # keys (key_split.cuh); the cache's layout.
     case = Case(batch=(1,), heads=(14, 2), L=2048, S=6144, E=64, mask=mask, dtype=dtype, layout="kv_cache")
     q, k, v, m = make_inputs(case)
     out = flash_attention(q, k, v, mask=m)
     assert not mx.isnan(out).any().item()
     assert sampled_error(q, k, v, out, m, rows=40) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("widen", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("E,heads", [(64, (14, 2)), (128, (16, 2))])
+@pytest.mark.parametrize("mask", ["causal", "none", "bool_LS", "additive_LS"])
+def test_prefill_few_rows_against_a_long_cache(mask, E, heads, dtype, widen):
+    # A few hundred query rows against a long cache (a prompt after a long
+    # context, a short last chunk): fewer row tiles than SMs, and on an
+    # H100 / H200 the launch model (wg_launch.cpp) cuts each row tile's keys
+    # into pieces, a block each, the last piece to finish merging the
+    # others (key_split.cuh). Under FLASHATTN_CUDA_POISON (scripts/cuda-check)
+    # a row tile that no piece stored would stay NaN.
+    case = Case(batch=(1,), heads=heads, L=200, S=8192, E=E, mask=mask, dtype=dtype, layout="kv_cache")
+    q, k, v, m = make_inputs(case)
+    out = flash_attention(q, k, v, mask=m, dtype=mx.float32 if widen else None)
+    assert not mx.isnan(out).any().item()
+    assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["float32" if widen else dtype]
+
+
+def test_key_split_calls_in_one_evaluation():
+    # Split calls keep their pieces' tickets in scratch MLX allocates afresh
+    # (tagged with the call, as the fused decode's flags): calls evaluated
+    # together, whose kernels may run at once and whose scratch may reuse
+    # another call's memory, must each get their own answer.
+    cases = [Case(batch=(1,), heads=heads, L=L, S=S, E=E, mask="causal", dtype="bfloat16", layout="kv_cache")
+             for heads, E, L, S in [((14, 2), 64, 200, 8192), ((16, 2), 128, 100, 6000), ((14, 2), 64, 2048, 8192)]]
+    inputs = [make_inputs(c, seed=i) for i, c in enumerate(cases * 3)]
+    outs = [flash_attention(q, k, v, mask=m) for q, k, v, m in inputs]
+    mx.eval(outs)
+    for (q, k, v, m), out in zip(inputs, outs):
+        assert sampled_error(q, k, v, out, m, rows=40) <= TOLERANCE["bfloat16"]
 
 
 def assert_non_finite_semantics(q, k, v, m):
@@ -375,9 +408,10 @@ def test_float32_prefill_reads_the_16_bit_cache_in_place():
     before = mx.get_active_memory()
     out = flash_attention(q, k, v, mask="causal", dtype=mx.float32)
     mx.eval(out)
-    # the float32 output (7 MiB), the generic plan's unused partials (7 MiB)
-    # and the tensor maps' scratch
-    assert mx.get_peak_memory() - before < 20 * 2**20
+    # the float32 output (7 MiB), the generic plan's unused partials (7 MiB),
+    # the tensor maps' scratch and any key splits' states (wg_launch.cpp: at
+    # most 16 MiB); the casts would add 32 MiB
+    assert mx.get_peak_memory() - before < 32 * 2**20
     assert sampled_error(q, k, v, out, "causal", rows=24) <= TOLERANCE["float32"]
 
 

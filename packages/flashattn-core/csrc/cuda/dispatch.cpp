@@ -45,6 +45,7 @@
 #include "cuda/plan.h"
 #include "cuda/primitive.h"
 #include "cuda/recent.h"
+#include "cuda/wg_launch.h"
 #include "mask_layout.h"
 #include "mlx/backend/gpu/device_info.h"
 
@@ -360,54 +361,26 @@ const std::vector<int>& map_template(mx::Dtype t) {
 }
 
 // FLASHATTN_CUDA_NARROW=1 or 0 (tests, probes): two consumers at E = 64 for
-// every 16-bit prefill the wgmma kernels take, or for none; unset (-1),
-// narrow_wins decides.
-int forced_narrow() {
-  static const int forced = [] {
-    const char* v = std::getenv("FLASHATTN_CUDA_NARROW");
-    return v == nullptr ? -1 : std::string(v) == "1" ? 1 : 0;
-  }();
-  return forced;
+// every 16-bit prefill the wgmma kernels take a row tile a block, or for
+// none. FLASHATTN_CUDA_SPLITS=n > 1: the second half of those launches' row
+// tiles in n key pieces each (key_split.cuh); 0 or 1: no splits. Unset (-1),
+// the launch model decides (wg_launch.h).
+int forced(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return -1;
+  try {
+    return std::max(0, std::stoi(v));
+  } catch (const std::exception&) {
+    throw std::invalid_argument(std::string(name) + " must be a non-negative integer; got '" + v + "'");
+  }
 }
-
-// Whether the 16-bit wgmma prefill at E = 64 should run two consumers a block
-// (row tiles of 128: fa_prefill_wg2_*) instead of three (192). Three do more
-// per SM, but a launch of a little more than one wave of their blocks leaves
-// SMs idle: mlx-lm's prefill chunk at qwen05b, 2048 rows against 8192 keys,
-// is 154 blocks on an H200's 132 SMs, busy 64% of the span
-// (scripts/prefill-timeline.cu, H200: 178.8 us; in row tiles of 128, 224
-// blocks, busy 86%: 155.0 us). A model of the launch decides: blocks taken
-// heaviest first by whichever SM is free, each costing its key tiles times
-// the cycles a key tile took in that run (2979 with three consumers, 2491 with
-// two) plus a fixed 3000; two consumers when that predicts at least 5% less.
-// Only for launches of one to four waves of three-consumer blocks: fewer
-// blocks than SMs keep three (the shape the rest of the planner's tests
-// cover), more waves leave little idle.
-bool narrow_wins(const Dims& d, int sms) {
-  namespace ws = fa::wg_shapes;
-  const int64_t slices = d.batch * d.H_q, wide_rows = ws::f16_rows(64);
-  const int64_t wide_blocks = slices * ((d.L + wide_rows - 1) / wide_rows);
-  if (d.E != 64 || d.widen || sms <= 0 || wide_blocks <= sms || wide_blocks > 4 * int64_t(sms)) return false;
-  auto makespan = [&](bool narrow) {
-    const int rows = ws::f16_rows(64, false, narrow), tiles = (d.L + rows - 1) / rows;
-    const double per_tile = narrow ? 2491 : 2979, fixed = 3000;
-    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
-    for (int i = 0; i < sms; ++i) free_at.push(0.0);
-    double end = 0;
-    for (int t = tiles - 1; t >= 0; --t) {  // heaviest first, as the blocks are launched
-      const int kv_end = d.kind == static_cast<int>(MaskKind::causal)
-          ? std::max(0, std::min(d.S, std::min((t + 1) * rows, d.L) + d.S - d.L)) : d.S;
-      const double cost = fixed + per_tile * ((kv_end + ws::f16_bc(64) - 1) / ws::f16_bc(64));
-      for (int64_t n = 0; n < slices; ++n) {
-        const double start = free_at.top();
-        free_at.pop();
-        free_at.push(start + cost);
-        end = std::max(end, start + cost);
-      }
-    }
-    return end;
-  };
-  return makespan(true) < 0.95 * makespan(false);
+int forced_narrow() {
+  static const int value = forced("FLASHATTN_CUDA_NARROW");
+  return value;
+}
+int forced_splits() {
+  static const int value = forced("FLASHATTN_CUDA_SPLITS");
+  return value;
 }
 
 std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
@@ -424,37 +397,61 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   const bool needs_maps = dtype != mx::float32 && ws::kF16Tma;
   const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
   const bool wg = (!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index);
+  WgLaunch wg_launch;
+  std::optional<std::tuple<int, int, int>> grid;
+  int schedule_slices = 0;
+  int64_t split_bytes = 0;
   if (wg) {
     kernel = wg_kernel;
     if (dtype == mx::float32) {
       rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
     } else {
       const std::string wg2_kernel = "fa_prefill_wg2_" + d.dt + "_64";
-      const int forced = forced_narrow();
-      const bool narrow = d.E == 64 && !d.widen &&
-          (forced < 0 ? narrow_wins(d, multiprocessors(device_index)) : forced == 1) &&
-          find_image(wg2_kernel, device_index);
-      if (narrow) kernel = wg2_kernel;
-      rows = ws::f16_rows(d.E, d.widen, narrow), threads = ws::f16_threads(d.E, d.widen, narrow),
-      smem = ws::f16_smem_bytes(d.E, d.widen, narrow);
+      const int sms = multiprocessors(device_index);
+      const int64_t slices = d.batch * d.H_q;
+      const int wide_rows = ws::f16_rows(d.E, d.widen);
+      const int64_t wide_units = slices * ((d.L + wide_rows - 1) / wide_rows);
+      // Scheduled (prefill_f16_wg.cu, E = 128): one block per SM takes a
+      // share of all row tiles, when there are enough of them; otherwise a
+      // row tile a block, shaped by the launch model.
+      const bool scheduled = ws::f16_items(d.E) == 2 && sms > 0 && wide_units >= ws::kF16ScheduleMinTiles &&
+                             slices <= std::numeric_limits<int>::max();
+      if (!scheduled) {
+        const WgProblem problem{slices, d.L, d.S, d.E, d.kind == static_cast<int>(MaskKind::causal), d.widen};
+        wg_launch = plan_wg_launch(problem, sms, find_image(wg2_kernel, device_index) != nullptr, forced_narrow(),
+                                   forced_splits());
+      }
+      if (wg_launch.narrow) kernel = wg2_kernel;
+      rows = ws::f16_rows(d.E, d.widen, wg_launch.narrow), threads = ws::f16_threads(d.E, d.widen, wg_launch.narrow),
+      smem = ws::f16_smem_bytes(d.E, d.widen, wg_launch.narrow);
+      const int64_t units = slices * ((d.L + rows - 1) / rows);
+      if (scheduled) {
+        schedule_slices = static_cast<int>(slices);
+        grid = {static_cast<int>(std::min<int64_t>(units, sms)) * threads, 1, 1};
+      } else if (wg_launch.splits > 1) {
+        schedule_slices = static_cast<int>(slices);
+        grid = {static_cast<int>(wg_launch.blocks) * threads, 1, 1};
+        split_bytes = ws::split_scratch_bytes(units - wg_launch.split_from, wg_launch.splits, d.E,
+                                              ws::f16_groups(d.E, d.widen, wg_launch.narrow));
+      }
     }
   } else if (d.widen) {
     return std::nullopt;
   }
   const int tiles = (d.L + rows - 1) / rows;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
-  std::tuple<int, int, int> grid{tiles * threads, d.H_q, static_cast<int>(d.batch)};
+  if (!grid) grid = {tiles * threads, d.H_q, static_cast<int>(d.batch)};
   if (wg && dtype != mx::float32) {
-    // Scheduled (prefill_f16_wg.cu): one block per SM takes a share of all
-    // row tiles, when there are enough of them; otherwise the grid's tile.
-    const int64_t slices = d.batch * d.H_q, units = slices * tiles;
-    const int sms = ws::f16_items(d.E) == 2 ? multiprocessors(device_index) : 0;
-    const bool scheduled = sms > 0 && units >= ws::kF16ScheduleMinTiles && slices <= std::numeric_limits<int>::max();
-    scalars.push_back(scheduled ? static_cast<int>(slices) : 0);
-    if (scheduled) grid = {static_cast<int>(std::min<int64_t>(units, sms)) * threads, 1, 1};
+    // The 16-bit kernels' slices (the scheduled or split launch's; 0 for a
+    // grid of row tiles x heads x batch) and key splits (wg_launch.h).
+    const bool split = wg_launch.splits > 1;
+    scalars.insert(scalars.end(), {schedule_slices, split ? static_cast<int>(wg_launch.split_from) : 0,
+                                   split ? wg_launch.splits : 0});
   }
-  Step attend{kernel, scalars, grid, {threads, 1, 1}, smem};
-  return Launches{attend, std::nullopt, 0, wg ? maps : std::vector<int>{}};
+  Step attend{kernel, scalars, *grid, {threads, 1, 1}, smem};
+  Launches out{attend, std::nullopt, 0, wg ? maps : std::vector<int>{}};
+  out.split_bytes = split_bytes;
+  return out;
 }
 
 // What a call's planning depends on beyond Dims' derived values: the
@@ -502,7 +499,11 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
   dtypes = {d.widen ? mx::float32 : dtype};
   if (plan.aligned.tma()) {  // scratch for the tensor maps
     namespace ws = fa::wg_shapes;
-    shapes.push_back({ws::kMapSlots * ws::kMapSlotBytes / 4});
+    const int64_t words = (ws::kMapSlots * ws::kMapSlotBytes + plan.aligned.split_bytes) / 4;
+    if (words > std::numeric_limits<int>::max()) {
+      throw std::invalid_argument("flash_attention: too many query rows for one CUDA prefill call");
+    }
+    shapes.push_back({static_cast<int>(words)});
     dtypes.push_back(mx::uint32);
   }
   if (plan.aligned.merge || plan.aligned.fused || plan.any.merge) {

@@ -42,11 +42,14 @@ struct Step {
 // maps as a second output (the primitive's) and, as last arguments, the
 // call's tag and these 32 words (the maps' template); strides must not be
 // negative.
+// split_bytes: the wgmma prefill's key-split scratch past the tensor maps'
+// (wg_shapes.h's split_scratch_bytes), in the same output.
 struct Launches {
   Step attend;
   std::optional<Step> merge;
   int64_t fused = 0;
   std::vector<int> map_template;
+  int64_t split_bytes = 0;
   bool tma() const { return !map_template.empty(); }
 };
 

@@ -32,6 +32,7 @@
 
 #include "unit.cuh"
 #include "pingpong.cuh"
+#include "key_split.cuh"
 #include "tma.cuh"
 #include "wg_shapes.h"
 #include "wgmma.cuh"
@@ -142,7 +143,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
                                            const T* __restrict__ v, const void* mask_data,
                                            const int64_t* __restrict__ mask_base, TO* __restrict__ out,
                                            int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-                                           int mask_cs, float scale_log2, int slices, Layout lay,
+                                           int mask_cs, float scale_log2, int slices, int split_from,
+                                           int splits, Layout lay,
                                            const MapTemplate* map_template = nullptr,
                                            void* map_slots = nullptr, unsigned long long tag = 0) {
   constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
@@ -179,27 +181,45 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // 4P - 1 - b, ... (a snake), which evens out the blocks' work, and the
   // producer loads an item's Q and first tiles while the consumers finish the
   // one before.
+  // With splits > 1 (key_split.cuh) the launch is a row of blocks: the first
+  // split_from take the row tiles in the same order, a tile each, and the
+  // rest cut each of the remaining (lightest) row tiles' keys into `splits`
+  // pieces, a piece a block.
   const int row_tiles = (L + kWhBr - 1) / kWhBr;
-  const int64_t units = Shape::kItems == 2 ? int64_t(row_tiles) * slices : 0;
+  const bool split = splits > 1;
+  const int64_t units = Shape::kItems == 2 && !split ? int64_t(row_tiles) * slices : 0;
   const int P = gridDim.x, bx = blockIdx.x;
   auto position = [&](int i) { return int64_t(i) * P + (i % 2 == 0 ? bx : P - 1 - bx); };
   const int n_items = units == 0 ? 1 : int(units / P) + (position(int(units / P)) < units ? 1 : 0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  // This block's piece of its row tile (split launches), -1 for a whole tile.
+  const int64_t split_at = split ? int64_t(blockIdx.x) - split_from : -1;
+  const int piece = split_at < 0 ? -1 : int(split_at % splits);
   auto item_block = [&](int i) {
+    if (split) {
+      const int64_t u = split_at < 0 ? int64_t(blockIdx.x) : split_from + split_at / splits;
+      return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, row_tiles - 1 - int(u / slices), u % slices);
+    }
     if (units == 0) return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind);
     const int64_t u = position(i);
     return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, row_tiles - 1 - int(u / slices), u % slices);
   };
+  // An item's key tiles: [0, kv_end) in tiles, or a piece's share of them.
   auto tiles_of = [&](const PrefillBlock& ib) { return (ib.kv_end + kWhBc - 1) / kWhBc; };
-  // The current item's rows and keys.
+  auto first_tile = [&](const PrefillBlock& ib) { return piece < 0 ? 0 : tiles_of(ib) * piece / splits; };
+  auto end_tile = [&](const PrefillBlock& ib) { return piece < 0 ? tiles_of(ib) : tiles_of(ib) * (piece + 1) / splits; };
+  // The current item's rows and keys: its tiles kv0 .. kv0 + n_tiles - 1,
+  // counted from 0 (tile j is keys key0(j) ..).
   PrefillBlock blk = item_block(0);
   int64_t n;
-  int l0, kv_end, n_tiles, row0, ra;
+  int l0, kv_end, kv0, n_tiles, row0, ra;
   const T *k_head, *v_head;
+  auto key0 = [&](int j) { return (kv0 + j) * kWhBc; };
   auto begin_item = [&](int i) {
     blk = item_block(i);
     n = blk.n, l0 = blk.l0, kv_end = blk.kv_end;
-    n_tiles = tiles_of(blk);
+    kv0 = first_tile(blk);
+    n_tiles = end_tile(blk) - kv0;
     k_head = k + lay.k.at(blk.b, blk.g, 0);
     v_head = v + lay.v.at(blk.b, blk.g, 0);
     row0 = l0 + wg * kWhRows;  // this warpgroup's first row
@@ -224,7 +244,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // Tile j into its buffer once every consumer is done with the block's
   // tile three before it there.
   auto load_tile = [&](int j) {
-    const int gj = it0 + j, b = gj % kWhBuffers, c = j * kWhBc;
+    const int gj = it0 + j, b = gj % kWhBuffers, c = key0(j);
     if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
     copy_kv(sm.k[b], k_head, lay.k.sr, c, S - c);
     copy_kv(sm.v[b], v_head, lay.v.sr, c, S - c);
@@ -256,7 +276,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           mbar_arrive(&sm.q_full);
           if (n_tiles > 0) mbar_arrive(&sm.full[0]);
         }
-        const int batch = units == 0 ? int(gridDim.z) : slices / H_q;
+        const int batch = units == 0 && !split ? int(gridDim.z) : slices / H_q;
         auto fields = [&](const void* base, const Rows& r, uint32_t rows, uint32_t heads) {
           // A stride of 0 (an axis of size 1) as if the axis were packed.
           const uint64_t sr = r.sr != 0 ? uint64_t(r.sr) * sizeof(T) : E * sizeof(T);
@@ -294,8 +314,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
             mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
 #pragma unroll
             for (int cb = 0; cb < E / 64; ++cb) {
-              tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, j * kWhBc, blk.g, int(blk.b));
-              tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, j * kWhBc, blk.g, int(blk.b));
+              tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
+              tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
             }
           }
           it0 += n_tiles;
@@ -322,8 +342,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
       if (n_tiles > 0) {
         const TileCopy<T, E, kWhBc, kConsumers> copy_tile(tid);
-        copy_tile(sm.k[0], k_head, lay.k.sr, 0, S);
-        copy_tile(sm.v[0], v_head, lay.v.sr, 0, S);
+        copy_tile(sm.k[0], k_head, lay.k.sr, key0(0), S - key0(0));
+        copy_tile(sm.v[0], v_head, lay.v.sr, key0(0), S - key0(0));
       }
       cp_async_commit();
       cp_async_wait<0>();
@@ -407,11 +427,11 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       }
     }
   };
-  auto need_mask = [&](int j) { return mask.tile_hides(j * kWhBc, kWhBc, row0, S); };
+  auto need_mask = [&](int j) { return mask.tile_hides(key0(j), kWhBc, row0, S); };
   // Rare: a tile where some key is hidden from some row of the block and
   // some value is not finite (block-wide: every thread must ask).
   auto rare = [&](int j) {
-    if (!mask.tile_hides(j * kWhBc, kWhBc, l0, S)) return false;
+    if (!mask.tile_hides(key0(j), kWhBc, l0, S)) return false;
     // 16 bytes a load, the exponent bits tested as integers (a scalar load
     // and conversion per element took ~2K cycles on every causal diagonal tile).
     bool bad = false;
@@ -430,7 +450,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // hashes the whole module on every launch (unrolled, it was most of the
   // kernel's machine code).
   auto rare_pv = [&](int j) {
-    const int c0 = j * kWhBc;
+    const int c0 = key0(j);
     const T* sv = sm.v[buf(j)];
     const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
                            mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
@@ -477,7 +497,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 
   // Turns run over the block's tiles, every item's in a row.
   int total = 0;
-  for (int i = 0; i < n_items; ++i) total += tiles_of(item_block(i));
+  for (int i = 0; i < n_items; ++i) {
+    const PrefillBlock ib = item_block(i);
+    total += end_tile(ib) - first_tile(ib);
+  }
   const Turns turns(wg, G, total);
   int done = 0;  // tiles of the items before
   for (int i = 0; i < n_items; ++i) {
@@ -518,7 +541,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         fence_fragments(s);
         if constexpr (PREV == 2) rare_pv(j - 1);
         float alpha[2];
-        softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
+        softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
         if constexpr (PREV == 1) {
           // ptxas schedules this wait at the top of the softmax's basic
           // block, before the exponentials, unless a branch ends the block
@@ -562,7 +585,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         turns.pass(done + j, total);
         wgmma_wait_all();
         fence_fragments(s);
-        softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, j * kWhBc, scale_log2, need_mask(j), lane);
+        softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
         pack_p();
         pv_now(j);
         mbar_arrive(&sm.empty[buf(j)]);  // this thread's products have read the tile
@@ -576,7 +599,14 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #pragma unroll
         for (int c = 0; c < 4; ++c) o[eb][c] *= 1.0f / kPScale;
     }
-    store_rows<TO, NO>(o, l_i, out, n, L, E, ra, t);
+    // A piece: the last of its row tile's pieces to finish stores the rows.
+    bool store = true;
+    if (piece >= 0) {
+      const int64_t tail = int64_t(row_tiles) * slices - split_from;
+      const KeySplit<NO, kConsumers> ks(map_slots, tail, split_at / splits, piece, splits);
+      store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
+    }
+    if (store) store_rows<TO, NO>(o, l_i, out, n, L, E, ra, t);
     it0 += n_tiles;
     done += n_tiles;
   }
@@ -587,8 +617,11 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 
 // fa_prefill_wg_<dtype>_<E>: grid (row tiles x threads, H_q, batch) with
 // slices = 0, or (blocks x threads, 1, 1) with slices = batch x H_q (one
-// block per SM, at E = 128: prefill_wg); threads and dynamic shared memory as
-// wg_shapes.h says. With TMA copies (wg_shapes.h's kF16Tma) it also takes
+// block per SM, at E = 128: prefill_wg), or with splits > 1 (blocks x
+// threads, 1, 1), blocks = split_from + (row tiles x slices - split_from) x
+// splits (the last row tiles' keys split: key_split.cuh), which also
+// needs the split scratch past the maps' (wg_shapes.h's
+// split_scratch_bytes); threads and dynamic shared memory as wg_shapes.h says. With TMA copies (wg_shapes.h's kF16Tma) it also takes
 // scratch for the maps (kMapSlots x kMapSlotBytes) as a second output, and,
 // as the last arguments, the call's tag (two 24-bit halves) and the tensor-map
 // template (32 words, made by the planner); strides must not be negative.
@@ -630,9 +663,10 @@ static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) ==
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(FA_WG_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_WG_OUT* out, void* map_slots, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
-    float scale_log2, int slices, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi, FA_MAP_TEMPLATE_PARAMS) {
+    float scale_log2, int slices, int split_from, int splits, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi,
+    FA_MAP_TEMPLATE_PARAMS) {
   const fa::MapTemplate templ = FA_MAP_TEMPLATE;
   fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                                          scale_log2, slices, FA_LAYOUT, &templ, map_slots,
+                                          scale_log2, slices, split_from, splits, FA_LAYOUT, &templ, map_slots,
                                           fa::call_tag(tag_lo, tag_hi));
 }

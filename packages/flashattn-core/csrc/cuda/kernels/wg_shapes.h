@@ -89,6 +89,19 @@ constexpr long long kF16ScheduleMinTiles = 512;
 // K, V: 128 bytes each) once per SM and call, in the SM's slot of scratch
 // memory (the maps, then an 8-byte tag); GPUs with more SMs share slots.
 constexpr int kMapSlots = 256, kMapSlotBytes = 512;
+// Key splits of a launch's last row tiles (key_split.cuh), in the scratch
+// past the maps' slots: a ticket word per split row tile (rounded up to 256
+// bytes), then each piece's state: o, m and l of every consumer thread
+// (E / 8 x 4 + 4 floats each).
+// (The kernels also call it at run time.)
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr long long split_ticket_bytes(long long tail) { return (tail * 8 + 255) / 256 * 256; }
+constexpr long long split_state_floats(int E, int groups) { return (E / 8 * 4 + 4) * 128LL * groups; }
+constexpr long long split_scratch_bytes(long long tail, int splits, int E, int groups) {
+  return split_ticket_bytes(tail) + tail * splits * split_state_floats(E, groups) * 4;
+}
 constexpr int f16_smem_bytes(int E, bool f32 = false, bool narrow = false) {
   return (f16_rows(E, f32, narrow) + 2 * kF16Buffers * f16_bc(E)) * E * 2 + (2 * kF16Buffers + 2) * 8;
 }
