@@ -41,18 +41,21 @@ __device__ __forceinline__ int sm_id() {
 // The shipped shapes (wg_shapes.h: G consumer warpgroups, the producer, key
 // tiles of 128) with ITEMS = 1 (a row tile a block) or 2 (one block per SM,
 // `slices` > 0).
-template <int E, int G, int ITEMS>
-using Shape = fa::WhShape<G, 128, true, true, ITEMS>;
+// F32: the float32 attention over 16-bit inputs (fa_prefill_wg32_*: no
+// overlap, a float32 output).
+template <int E, int G, int ITEMS, bool F32 = false>
+using Shape = fa::WhShape<G, 128, !F32, true, ITEMS>;
 
-template <int E, int G, int ITEMS>
+template <int E, int G, int ITEMS, bool F32 = false>
 __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k, const T* v, const void* mask,
-                                                const int64_t* mask_base, T* out, int H_q, int H_kv, int L, int S,
+                                                const int64_t* mask_base, void* out, int H_q, int H_kv, int L, int S,
                                                 int mask_kind, int mask_rs, int mask_cs, float scale_log2,
                                                 int slices, int split_from, int splits, FA_LAYOUT_PARAMS,
                                                 void* scratch, unsigned long long tag) {
   const int b = blockIdx.x + gridDim.x * blockIdx.y;
   if (threadIdx.x == 0) g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
-  fa::prefill_wg<T, E, Shape<E, G, ITEMS>>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs,
+  using TO = std::conditional_t<F32, float, T>;
+  fa::prefill_wg<T, E, Shape<E, G, ITEMS, F32>, F32>(q, k, v, mask, mask_base, static_cast<TO*>(out), H_q, H_kv, L, S, mask_kind, mask_rs,
                                            mask_cs, scale_log2, slices, split_from, splits, FA_LAYOUT, nullptr,
                                            scratch, tag);
   __syncthreads();
@@ -65,7 +68,7 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k
 // L query rows against S keys (causal: the rows are the last L of S).
 // splits > 1 (ITEMS = 1): row tiles past the first split_from in that many
 // key pieces, a block each (key_split.cuh).
-template <int E, int G, int ITEMS>
+template <int E, int G, int ITEMS, bool F32 = false>
 void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int reps, int split_from = 0,
               int splits = 0) {
   constexpr int Br = 64 * G, Bc = 128, threads = 128 * (G + 1);
@@ -77,7 +80,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaMalloc(&dq, nq * sizeof(T)));
   CHECK(cudaMalloc(&dk, nk * sizeof(T)));
   CHECK(cudaMalloc(&dv, nk * sizeof(T)));
-  CHECK(cudaMalloc(&dout, nq * sizeof(T)));
+  CHECK(cudaMalloc(&dout, nq * (F32 ? 4 : sizeof(T))));
   CHECK(cudaMemcpy(dq, q.data(), nq * sizeof(T), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dk, k.data(), nk * sizeof(T), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dv, v.data(), nk * sizeof(T), cudaMemcpyHostToDevice));
@@ -97,12 +100,12 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaMalloc(&scratch, scratch_bytes));
   CHECK(cudaMemset(scratch, 0, scratch_bytes));
   unsigned long long tag = 1;  // a new one each launch: the tickets stay in scratch
-  const int smem = sizeof(fa::WhSmem<T, E, Shape<E, G, ITEMS>>);
-  CHECK(cudaFuncSetAttribute(timed<E, G, ITEMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int smem = sizeof(fa::WhSmem<T, E, Shape<E, G, ITEMS, F32>>);
+  CHECK(cudaFuncSetAttribute(timed<E, G, ITEMS, F32>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(E));
   const float med = probe::median_ms(
       [&] {
-        timed<E, G, ITEMS><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0,
+        timed<E, G, ITEMS, F32><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0,
                                                     scale_log2, ITEMS == 2 || split ? H_q : 0, split_from, splits,
                                                     H_q * L * E, L * E, E, H_kv * S * E, S * E, E, H_kv * S * E,
                                                     S * E, E, scratch, tag++);
@@ -189,6 +192,13 @@ int main() {
     timeline<64, 3, 1>(name, 14, 2, 2048, 8192, 1, 20, 132, splits);
   }
   timeline<64, 3, 1>("qwen05b L=200 S=32768", 14, 2, 200, 32768, 1, 20);
+  // The patch's float32 attention over the same 16-bit chunk (two consumers, row tiles of 128: 224 blocks).
+  timeline<64, 2, 1, true>("qwen05b chunk L=2048 S=8192, float32 over bfloat16", 14, 2, 2048, 8192, 1, 20);
+  for (int splits : {2, 4}) {
+    char name[96];
+    std::snprintf(name, sizeof name, "  the same, last 92 row tiles in %d pieces", splits);
+    timeline<64, 2, 1, true>(name, 14, 2, 2048, 8192, 1, 20, 132, splits);
+  }
   timeline<64, 3, 1>("qwen05b L=200 S=32768, 9 pieces a row tile", 14, 2, 200, 32768, 1, 20, 0, 9);
   return 0;
 }
