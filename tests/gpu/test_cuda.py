@@ -393,6 +393,20 @@ def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype):
     assert relative_error(out[finite], ref[finite]) <= TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("L", [1, 200])
+def test_float32_over_16_bit_inputs_where_no_kernel_reads_them(L):
+    # E = 96: neither the tensor-core decode nor the wgmma prefill reads
+    # 16-bit inputs for float32 attention, so the call runs the float32
+    # kernels on cast inputs; the planner keeps that it does (dispatch.cpp's
+    # recent plans), so the second call takes the cached answer.
+    case = Case(batch=(1,), heads=(8, 2), L=L, S=3000, E=96, mask="causal", dtype="bfloat16", layout="kv_cache")
+    for seed in (0, 1):
+        q, k, v, m = make_inputs(case, seed=seed)
+        out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
+        assert out.dtype == mx.float32
+        assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["float32"]
+
+
 def test_float32_prefill_reads_the_16_bit_cache_in_place():
     # A 2048-token chunk of prompt against a long bfloat16 cache: casting its
     # keys and values to float32 would take 2 x 16 MiB, and the float32

@@ -556,21 +556,20 @@ mx::array flash_attention(
         ", " + std::to_string(d.L) + ", " + std::to_string(d.S) + ", " + std::to_string(d.E) + ")");
   }
 
-  // A model repeats its calls (recent.h): each thread keeps its last few plans.
+  // A model repeats its calls (recent.h): each thread keeps its last few plans,
+  // and that a widened call is cast (nullopt: no plan).
   const PlanKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), d.kind, d.mask_rs, d.mask_cs,
                     d.scale_log2, widen, s.device.index};
-  thread_local Recent<PlanKey, Planned, 8> recent;
-  std::shared_ptr<const Planned> planned = recent.find(key);
-  if (!planned) {
-    std::optional<Planned> made = plan_call(d, q.dtype(), q.shape(), s.device.index);
-    if (!made) return cast();
-    planned = recent.put(key, std::move(*made));
-  }
+  thread_local Recent<PlanKey, std::optional<Planned>, 8> recent;
+  std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
+  if (!planned) planned = recent.put(key, plan_call(d, q.dtype(), q.shape(), s.device.index));
+  if (!planned->has_value()) return cast();
+  const Planned& plan = **planned;
   std::vector<mx::array> inputs = {q, k, v};
   if (mask_array) inputs.insert(inputs.end(), {m.data, m.base});
   // The node shares the cached plan (an aliasing pointer into `planned`).
-  auto node = std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &planned->plan));
-  auto outputs = mx::array::make_arrays(planned->shapes, planned->dtypes, std::move(node), inputs);
+  auto node = std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &plan.plan));
+  auto outputs = mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs);
   return outputs[0];
 }
 
