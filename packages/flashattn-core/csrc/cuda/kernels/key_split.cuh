@@ -1,7 +1,7 @@
 // Key splits of a launch's last row tiles (prefill_f16_wg.cu): a launch of a
 // little more than a whole number of waves leaves most SMs idle while its
 // last blocks run (mlx-lm's 2048-row prefill chunk at qwen05b: 154 blocks on
-// 132 SMs). The planner (dispatch.cpp's key_splits) then cuts each of the
+// 132 SMs). The planner (wg_launch.cpp's launch model) then cuts each of the
 // last row tiles' keys into `splits` pieces, one block each, launched after
 // the whole tiles. A piece leaves its online-softmax state (o, m, l) in
 // scratch; the piece that finds the others done merges them all and stores

@@ -207,7 +207,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // An item's key tiles: [0, kv_end) in tiles, or a piece's share of them.
   auto tiles_of = [&](const PrefillBlock& ib) { return (ib.kv_end + kWhBc - 1) / kWhBc; };
   auto first_tile = [&](const PrefillBlock& ib) { return piece < 0 ? 0 : tiles_of(ib) * piece / splits; };
-  auto end_tile = [&](const PrefillBlock& ib) { return piece < 0 ? tiles_of(ib) : tiles_of(ib) * (piece + 1) / splits; };
+  auto end_tile = [&](const PrefillBlock& ib) {
+    return piece < 0 ? tiles_of(ib) : tiles_of(ib) * (piece + 1) / splits;
+  };
   // The current item's rows and keys: its tiles kv0 .. kv0 + n_tiles - 1,
   // counted from 0 (tile j is keys key0(j) ..).
   PrefillBlock blk = item_block(0);
@@ -621,9 +623,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 // threads, 1, 1), blocks = split_from + (row tiles x slices - split_from) x
 // splits (the last row tiles' keys split: key_split.cuh), which also
 // needs the split scratch past the maps' (wg_shapes.h's
-// split_scratch_bytes); threads and dynamic shared memory as wg_shapes.h says. With TMA copies (wg_shapes.h's kF16Tma) it also takes
-// scratch for the maps (kMapSlots x kMapSlotBytes) as a second output, and,
-// as the last arguments, the call's tag (two 24-bit halves) and the tensor-map
+// split_scratch_bytes); threads and dynamic shared memory as wg_shapes.h
+// says. With TMA copies (wg_shapes.h's kF16Tma) it also takes scratch for
+// the maps (kMapSlots x kMapSlotBytes) as a second output, and, as the last
+// arguments, the call's tag (two 24-bit halves) and the tensor-map
 // template (32 words, made by the planner); strides must not be negative.
 #if !defined(FA_E)
 #error "define FA_E"
