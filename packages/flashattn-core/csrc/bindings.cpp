@@ -10,6 +10,7 @@
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
 #include "cuda/kernel_images.h"
+#include "cuda/module_cache.h"
 #include "flash_attention.h"
 #include "metal/emulated.h"
 #include "metal/kernels.h"
@@ -76,6 +77,22 @@ NB_MODULE(_ext, m) {
       "The embedded CUDA kernels and the sizes in bytes of their two modules "
       "(sm90: Hopper machine code, ptx: for other GPUs); empty when the build "
       "had no nvcc.");
+
+  m.def(
+      "_cuda_module_cache",
+      [] {
+        const auto state = flashattn::cuda::module_cache_state();
+        nb::dict out;
+        out["wanted"] = state.wanted;
+        out["refused"] = state.refused;
+        out["dir"] = state.dir;
+        out["on_disk"] = state.on_disk;
+        return out;
+      },
+      "How the CUDA launches hand MLX their modules (cuda/module_cache.h): "
+      "wanted (not FLASHATTN_CUDA_MODULE_CACHE=0), refused (MLX did not find "
+      "one on disk: every launch passes the bytes), dir (MLX's PTX cache, "
+      "where they went) and on_disk (the modules in place there).");
 
   m.def(
       "flash_attention",

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "cuda/kernel_images.h"
+#include "cuda/module_cache.h"
 #include "mlx/allocator.h"
 #include "mlx/fast.h"
 
@@ -110,9 +111,24 @@ void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vec
     shapes.push_back(o.shape());
     dtypes.push_back(o.dtype());
   }
-  auto node = mx::fast::precompiled_cuda_kernel(step.kernel, image_of(step.kernel, s), in, shapes, dtypes, scalars,
-                                                step.grid, step.block, step.smem, init_value(), copy, s);
-  node[0].primitive().eval_gpu(in, out);
+  auto run = [&](const ModuleSource& m) {
+    auto node = mx::fast::precompiled_cuda_kernel(*m.name, *m.module, in, shapes, dtypes, scalars, step.grid,
+                                                  step.block, step.smem, init_value(), copy, s);
+    node[0].primitive().eval_gpu(in, out);
+  };
+  const std::string& image = image_of(step.kernel, s);
+  const ModuleSource m = module_source(step.kernel, image);
+  if (!m.from_disk) return run(m);
+  // A refused stand-in fails before MLX adds the kernel to its graph. What
+  // it added before (the outputs' fills, the input copies) writes buffers
+  // that are then released, and MLX's graph orders every later use of a
+  // buffer after its earlier writers: the launch again, with the module.
+  try {
+    run(m);
+  } catch (const std::exception&) {
+    module_cache_refused();
+    run({&step.kernel, &image, false});
+  }
 }
 
 }  // namespace
