@@ -138,7 +138,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   // Key/value tiles of each block (the kernel's schedule, restated).
   std::vector<long long> tiles(blocks, 0);
   auto tiles_of_row_tile = [&](int p) {
-    const int kv_end = causal ? std::min(S, std::min((p + 1) * Br, L) + S - L) : S;
+    const int kv_end = causal ? fa::causal_kv_end(p * Br, Br, L, S) : S;
     return (kv_end + Bc - 1) / Bc;
   };
   if (ITEMS == 2) {
@@ -153,7 +153,9 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
     for (int i = 0; i < blocks; ++i) {  // PrefillBlock: heaviest first across the slices
       const long long at = split ? i - split_from : -1, j = at < 0 ? i : split_from + at / splits;
       const int n = tiles_of_row_tile(row_tiles - 1 - int(j / H_q)), piece = int(at % splits);
-      tiles[i] = at < 0 ? n : std::max(1, n * (piece + 1) / splits - n * piece / splits);
+      tiles[i] = at < 0 ? n
+                        : std::max(1, fa::wg_shapes::piece_first_tile(n, piece + 1, splits) -
+                                          fa::wg_shapes::piece_first_tile(n, piece, splits));
     }
   }
   std::vector<float> per_tile;

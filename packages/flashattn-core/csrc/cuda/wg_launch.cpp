@@ -21,6 +21,7 @@
 #include <queue>
 #include <vector>
 
+#include "cuda/kernels/causal.h"
 #include "cuda/kernels/wg_shapes.h"
 
 namespace flashattn::cuda {
@@ -65,7 +66,7 @@ Shape shape_of(const WgProblem& p, bool narrow) {
 // last row tile of every slice, then the one before, ...).
 int key_tiles(const WgProblem& p, const Shape& s, int64_t u) {
   const int t = s.tiles - 1 - static_cast<int>(u / p.slices);
-  const int kv_end = p.causal ? std::max(0, std::min(p.S, std::min((t + 1) * s.rows, p.L) + p.S - p.L)) : p.S;
+  const int kv_end = p.causal ? fa::causal_kv_end(t * s.rows, s.rows, p.L, p.S) : p.S;
   const int bc = ws::f16_bc(p.E);
   return (kv_end + bc - 1) / bc;
 }
@@ -91,7 +92,7 @@ double makespan(const WgProblem& p, int sms, bool narrow, int64_t split_from, in
     }
     double last = 0;  // the row tile's last piece, which merges the others
     for (int piece = 0; piece < splits; ++piece) {
-      const int share = n * (piece + 1) / splits - n * piece / splits;
+      const int share = ws::piece_first_tile(n, piece + 1, splits) - ws::piece_first_tile(n, piece, splits);
       last = std::max(last, run(fixed + kPieceCycles + per_tile * share));
     }
     end = std::max(end, last + kMergeCycles + kMergeCyclesPerPiece * (splits - 1));

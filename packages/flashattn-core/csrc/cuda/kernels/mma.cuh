@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "causal.h"
 #include "common.cuh"
 
 namespace fa {
@@ -183,7 +184,7 @@ struct PrefillBlock {
     n = b * H_q + h;
     l0 = tile * rows_per_tile;
     kv_end = S;
-    if (mask_kind == kCausal) kv_end = max(0, min(S, min(l0 + rows_per_tile, L) - 1 + (S - L) + 1));
+    if (mask_kind == kCausal) kv_end = causal_kv_end(l0, rows_per_tile, L, S);
   }
 };
 

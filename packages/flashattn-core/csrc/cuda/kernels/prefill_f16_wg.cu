@@ -206,9 +206,11 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   };
   // An item's key tiles: [0, kv_end) in tiles, or a piece's share of them.
   auto tiles_of = [&](const PrefillBlock& ib) { return (ib.kv_end + kWhBc - 1) / kWhBc; };
-  auto first_tile = [&](const PrefillBlock& ib) { return piece < 0 ? 0 : tiles_of(ib) * piece / splits; };
+  auto first_tile = [&](const PrefillBlock& ib) {
+    return piece < 0 ? 0 : wg_shapes::piece_first_tile(tiles_of(ib), piece, splits);
+  };
   auto end_tile = [&](const PrefillBlock& ib) {
-    return piece < 0 ? tiles_of(ib) : tiles_of(ib) * (piece + 1) / splits;
+    return piece < 0 ? tiles_of(ib) : wg_shapes::piece_first_tile(tiles_of(ib), piece + 1, splits);
   };
   // The current item's rows and keys: its tiles kv0 .. kv0 + n_tiles - 1,
   // counted from 0 (tile j is keys key0(j) ..).

@@ -98,6 +98,13 @@ constexpr int kMapSlots = 256, kMapSlotBytes = 512;
 __host__ __device__
 #endif
 constexpr long long split_ticket_bytes(long long tail) { return (tail * 8 + 255) / 256 * 256; }
+// A split row tile's `tiles` key tiles, cut in `splits` pieces: the first of
+// piece `piece` (it ends where the next begins; no piece is empty while
+// tiles >= splits, which the planner keeps).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr int piece_first_tile(int tiles, int piece, int splits) { return tiles * piece / splits; }
 constexpr long long split_state_floats(int E, int groups) { return (E / 8 * 4 + 4) * 128LL * groups; }
 constexpr long long split_scratch_bytes(long long tail, int splits, int E, int groups) {
   return split_ticket_bytes(tail) + tail * splits * split_state_floats(E, groups) * 4;
