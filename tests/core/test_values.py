@@ -71,6 +71,28 @@ def test_all_minus_inf_additive_row_gives_zeros():
     assert np.all(out[..., 4, :] == 0) and not np.isnan(out).any()
 
 
+def score_rounding_envelope(q, k, v, scale, draws=4):
+    """How far float32 scores can move a causal attention's output: the
+    largest relative change of the float64 result over `draws` random
+    perturbations of every score by up to |scale| 2 sqrt(E) eps sum_i |q_i k_i|
+    (a float32 dot product's rounding, with a margin; seeded). At large
+    scales near-tied keys make this large, whatever the implementation."""
+    q, k, v = (np.array(x, dtype=np.float64) for x in (q, k, v))
+    group = q.shape[-3] // k.shape[-3]
+    k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+    s = scale * (q @ np.swapaxes(k, -1, -2))
+    amp = abs(scale) * 2 * math.sqrt(q.shape[-1]) * np.finfo(np.float32).eps * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
+    visible = causal_mask(q.shape[-2], k.shape[-2])
+
+    def attend(scores):
+        scores = np.where(visible, scores, -np.inf)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ v
+
+    ref, rng = attend(s), np.random.default_rng(0)
+    return max(relative_error(attend(s + amp * rng.uniform(-1, 1, s.shape)), ref) for _ in range(draws))
+
+
 @pytest.mark.parametrize("scale", [0.0, 1e-30, 1e-6, 1e3, 1e6, -2.0])
 def test_extreme_scales(scale):
     case = Case(batch=(2,), heads=(4, 2), L=33, S=65, E=32, mask="causal")
@@ -78,8 +100,11 @@ def test_extreme_scales(scale):
     out = flash_attention(q, k, v, scale=scale, mask=mask)
     ref = attention_reference(q, k, v, scale=scale, mask=mask)
     assert not np.isnan(np.array(out)).any()
-    # With scale 1e6 the softmax is one-hot: exact up to rounding of V.
-    assert relative_error(out, ref) <= 2e-5
+    # float32's 2e-5, widened by what float32 scores alone can do: at scales
+    # of 1e3 and more near-tied keys swing the softmax, and on CPU and GPU
+    # alike some input draws went past 2e-5 (up to 1.2e-4 at 1e3 over 3,000
+    # seeds; every one of 4,000 within a fifth of this bound).
+    assert relative_error(out, ref) <= 2e-5 + score_rounding_envelope(q, k, v, scale)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
