@@ -73,8 +73,8 @@ fs::path cache_dir() {
     dir = dir / "mlx" / mx::version() / "ptx";
   }
   if (dir.empty()) return {};
-  if (!fs::is_directory(dir, ec) && !fs::create_directories(dir, ec)) return {};
-  return dir;
+  fs::create_directories(dir, ec);  // false also when another process made it first
+  return fs::is_directory(dir, ec) ? dir : fs::path();
 }
 
 bool read_file(const fs::path& path, std::string& out) {
