@@ -108,7 +108,7 @@ def test_prefill_few_rows_against_a_long_cache(mask, E, heads, dtype, widen):
 
 def test_key_split_calls_in_one_evaluation():
     # Split calls keep their pieces' tickets in scratch MLX allocates afresh
-    # (tagged with the call, as the fused decode's flags): calls evaluated
+    # (tagged with the call, as the fused decode's ticket): calls evaluated
     # together, whose kernels may run at once and whose scratch may reuse
     # another call's memory, must each get their own answer.
     cases = [Case(batch=(1,), heads=heads, L=L, S=S, E=E, mask="causal", dtype="bfloat16", layout="kv_cache")
@@ -231,7 +231,7 @@ def test_decode_splits(S, dtype, heads, E, mask):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fused_decode_calls_in_one_evaluation(dtype, widen):
     # The fused decode (one launch, the last split of a group merges) keeps
-    # its per-call flags in scratch MLX allocates afresh: calls evaluated
+    # its per-call ticket in scratch MLX allocates afresh: calls evaluated
     # together, whose kernels may run at once and whose scratch may reuse
     # another call's memory, must each get their own answer. L = 2 with an
     # 8:1 group fills all 16 rows of a block.
@@ -245,6 +245,20 @@ def test_fused_decode_calls_in_one_evaluation(dtype, widen):
     for (q, k, v, m), out in zip(inputs, outs):
         tol = TOLERANCE["float32" if widen else dtype]
         assert relative_error(out, attention_reference(q, k, v, mask=m)) <= tol
+
+
+@pytest.mark.parametrize("E,heads,S", [(64, (14, 2), 32768), (128, (32, 8), 9000)])
+def test_fused_decode_scratch_left_by_earlier_calls(E, heads, S):
+    # Calls evaluated one after another get back the scratch the last one
+    # freed, its ticket words still holding that call's tag and a full count
+    # (decode_combine.cuh): each call must arm them afresh, not merge early
+    # or never. Fresh inputs each call, so a stale output cannot pass.
+    case = Case(batch=(1,), heads=heads, L=1, S=S, E=E, mask="none", dtype="bfloat16", layout="kv_cache")
+    for i in range(12):
+        q, k, v, m = make_inputs(case, seed=100 + i)
+        out = flash_attention(q, k, v, mask=m)
+        mx.eval(out)
+        assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["bfloat16"]
 
 
 DECODE_CALL = Case(batch=(1,), heads=(14, 2), L=1, S=3000, E=64, dtype="bfloat16", layout="kv_cache")

@@ -337,9 +337,9 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   Step attend{family + variant + suffix, scalars,
               {splits * threads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {threads, 1, 1}, 0, masks};
   if (splits == 1) return Launches{attend, std::nullopt};
-  // the fused kernel's scratch past the m / l partials: a flag per block and
-  // a claim word per group, 8 bytes each (decode_combine.cuh)
-  return Launches{attend, std::nullopt, 2 * groups * row_blocks * (splits + 1)};
+  // the fused kernel's scratch past the m / l partials: a ticket word per
+  // group, 8 bytes (decode_combine.cuh)
+  return Launches{attend, std::nullopt, 2 * groups * row_blocks};
 }
 
 // The tensor-map template of the 16-bit wgmma kernels (tma.cuh) as 32
@@ -508,7 +508,7 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
   }
   if (plan.aligned.merge || plan.aligned.fused || plan.any.merge) {
     // The partials, always the last two outputs (primitive.cpp): o, then m /
-    // l per split and row and the fused kernel's flags (which the generic
+    // l per split and row and the fused kernel's tickets (which the generic
     // kernel of plan.any leaves alone).
     const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2 + plan.aligned.fused;
     if (ml_floats > std::numeric_limits<int>::max()) {

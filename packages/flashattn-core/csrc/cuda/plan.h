@@ -33,10 +33,9 @@ struct Step {
 // An attention kernel, and the merge when it split the keys (its partials
 // (o, and m / l per row) are the primitive's last two outputs).
 // fused: when not 0, the attention kernel splits the keys and merges them
-// itself: the partials are its scratch, followed by `fused` floats of flags
-// and claims (one 8-byte flag per split and group, one 8-byte claim per
-// group), and it takes the call's tag as two last arguments
-// (decode_combine.cuh).
+// itself: the partials are its scratch, followed by `fused` floats of
+// tickets (one 8-byte word per group), and it takes the call's tag as two
+// last arguments (decode_combine.cuh).
 // map_template: when not empty, the attention kernel copies with the Tensor
 // Memory Accelerator (prefill_f16_wg.cu): it takes scratch for its tensor
 // maps as a second output (the primitive's) and, as last arguments, the

@@ -89,7 +89,7 @@ std::optional<float> init_value() {
 }
 
 // A number no earlier call of this process had (48 bits, the fused decode's
-// flags: decode_combine.cuh), as the two 24-bit launch arguments it takes.
+// tickets: decode_combine.cuh), as the two 24-bit launch arguments it takes.
 // Seeded at random so that no value another process left in recycled GPU
 // memory is likely to match either.
 std::array<int, 2> next_tag() {

@@ -40,7 +40,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 // A call's tag (48 bits the host never repeats: primitive.cpp's next_tag)
-// from its two 24-bit launch arguments: the fused decode's flags and the
+// from its two 24-bit launch arguments: the fused decode's tickets and the
 // tensor maps' slots tell this call's writes from what lay there before.
 __device__ __forceinline__ unsigned long long call_tag(int lo, int hi) {
   return (unsigned long long)hi << 24 | (unsigned)lo;

@@ -26,6 +26,9 @@ namespace fa {
 constexpr int kDecWarps = 4, kMaxRows = 8;
 // Chunks ahead of the current one whose rows a warp has asked into L2.
 constexpr int kAhead = 2;
+// The fused merge's o loads a thread issues at once (decode_combine.cuh): few
+// enough that the merge does not raise the kernel's registers (80 at E = 64).
+constexpr int kDecMergeBatch = 8;
 
 template <typename T>
 struct Vec16;  // 16 bytes of T, as floats
@@ -138,6 +141,8 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
   };
 #pragma unroll
   for (int a = 0; a <= kAhead; ++a) prefetch_rows(c_begin + (a * kDecWarps + w) * 32 + lane);
+  // The group's ticket armed while those rows are on their way.
+  if (fused && tid == 0) arm_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
 
   for (int i = tid; i < R * E; i += kDecWarps * 32) {
     const int r = i / E, e = i % E;
@@ -241,8 +246,8 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
   }
   __syncthreads();
   FA_MARK(2);
-  finish_decode_block(sm.o, sm.m, sm.l, R, [&](int r) { return row_n(r) * L + pos(r); }, out, o_part, ml_part,
-                      (int64_t)gridDim.z * H_q * L, fused, tag);
+  finish_decode_block<E, kDecMergeBatch>(sm.o, sm.m, sm.l, R, [&](int r) { return row_n(r) * L + pos(r); }, out, o_part, ml_part,
+                      (int64_t)gridDim.z * H_q * L, fused);
 }
 
 }  // namespace fa

@@ -2,7 +2,7 @@
 // softmax states (m, l, o), left in shared memory per warp and row, combined
 // into the block's result for its R rows: the output itself when the keys
 // were not split, or (fused) this split's partials and then, in the block
-// that finds its group done and claims it, the merge. (Partials alone, for a
+// that takes its group's last ticket, the merge. (Partials alone, for a
 // separate fa_merge_* launch: scripts/decode-probe.cu's comparison.)
 
 #pragma once
@@ -51,76 +51,117 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
 
 // The fused decode: one launch instead of split + merge (a decode call is
 // bound by the fixed cost of each launch). Each block writes its split's
-// partials, then its flag, then reads its group's flags; of the blocks that
-// find them all set, the first to claim the group merges it.
+// partials and takes a ticket; the block that takes the group's last
+// merges. (Merging in two levels, subgroups of 8 splits first, was slower:
+// each level costs a ticket and a round trip of loads, ~1 us each on an
+// H200, more than the one merge's extra data; so were clusters of 8 blocks
+// merging through distributed shared memory first: only 120 of the 128
+// blocks fit at once, H200, scripts/decode-floor.cu.)
 //
-// The flags and claims follow the m / l partials in the same output, which
-// MLX allocates uninitialised for every call. So a flag is set to the call's
-// tag (48 bits that the host never repeats: primitive.cpp), and any other
-// value is whatever lay there before. One word per split, no counter: a
-// shared counter took one atomic round trip per split in series.
+// The ticket word follows the m / l partials in the same output, which MLX
+// allocates uninitialised for every call. So it holds (tag << 16) | tickets
+// taken, with the call's tag (48 bits that the host never repeats:
+// primitive.cpp), and any other tag is whatever lay there before. Each
+// block arms the word when it starts (arm_ticket: while its first loads are
+// in flight, off the critical path), so that at its end taking a ticket is
+// one atomic add. (Before: a flag a split, a sequentially consistent fence,
+// every flag read back and a claim exchanged.)
 constexpr int kFusedMaxSplits = 128;  // the merge's weights sit in shared memory
 constexpr int kFusedMaxRows = 16;     // rows of one decode block
 
-// This block's group's flags (gridDim.x of them) and, after every group's
-// flags, its claim word: groups are (batch, grid.y) pairs in both decode
-// kernels. The scratch holds 2 (gridDim.x + 1) floats a group past the m / l
-// partials (dispatch.cpp).
-__device__ __forceinline__ unsigned long long* split_flags(float* ml_part, int64_t rows_total) {
+// This block's group's ticket word: groups are (batch, grid.y) pairs in the
+// decode kernels, one word each past the m / l partials (dispatch.cpp sizes
+// the scratch).
+__device__ __forceinline__ unsigned long long* group_ticket(float* ml_part, int64_t rows_total) {
   const int64_t group = (int64_t)blockIdx.z * gridDim.y + blockIdx.y;
-  return reinterpret_cast<unsigned long long*>(ml_part + 2 * (int64_t)gridDim.x * rows_total) +
-         group * gridDim.x;
-}
-__device__ __forceinline__ unsigned long long* group_claim(float* ml_part, int64_t rows_total) {
-  const int64_t groups = (int64_t)gridDim.z * gridDim.y, group = (int64_t)blockIdx.z * gridDim.y + blockIdx.y;
-  return reinterpret_cast<unsigned long long*>(ml_part + 2 * (int64_t)gridDim.x * rows_total) +
-         groups * gridDim.x + group;
+  return reinterpret_cast<unsigned long long*>(ml_part + 2 * (int64_t)gridDim.x * rows_total) + group;
 }
 
-// Sets this split's flag; whether this block merges the group: every split
-// has set its flag (then every split's partials are visible to this block)
-// and this block claimed the merge first. Blocks that finish together often
-// all find the flags set (about half of a qwen05b decode's 128 blocks on an
-// H200), and each merging the group read the partials that many times over
-// (5-11 MB through L2, ~3 us); the claim is an exchange of the group's word
-// for the tag, won by the one block that gets another value back.
-__device__ __forceinline__ bool claims_merge(unsigned long long* flags, unsigned long long* claim,
-                                             unsigned long long tag) {
-  __shared__ int done;
-  __syncthreads();  // the block's partials are written (thread 0's release below covers them)
-  FA_MARK(6);
-  if (threadIdx.x < 32) {
-    if (threadIdx.x == 0) {
-      asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(flags + blockIdx.x), "l"(tag) : "memory");
-    }
-    __syncwarp();
-    // The flag before reading the others' (store, then load: only a
-    // sequentially consistent fence makes a block finishing alongside see it).
-    asm volatile("fence.sc.gpu;" ::: "memory");
-    bool mine = true;
-    for (int s = threadIdx.x; s < static_cast<int>(gridDim.x); s += 32) {
-      mine &= *reinterpret_cast<volatile unsigned long long*>(flags + s) == tag;
-    }
-    const bool all = __all_sync(0xffffffffu, mine);
-    FA_MARK(7);
-    if (threadIdx.x == 0) done = all && atomicExch(claim, tag) != tag;
+// At the start of a fused decode block (thread 0): the group's word set to
+// (tag << 16) | 0 unless it already carries the tag (a block armed it
+// first, and maybe took a ticket since). The exchange only ever replaces a
+// word of another tag, so no ticket taken is lost.
+__device__ __forceinline__ void arm_ticket(float* ml_part, int64_t rows_total, unsigned long long tag) {
+  unsigned long long* ticket = group_ticket(ml_part, rows_total);
+  unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(ticket);
+  while ((seen >> 16) != tag) {
+    const unsigned long long was = atomicCAS(ticket, seen, tag << 16);
+    if (was == seen) break;
+    seen = was;
   }
-  __syncthreads();
-  if (done) asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the others' partials after their flags
-  return done;
 }
 
-// The fused decode's merge, in the block that claimed it: the group's R
-// rows of output from the gridDim.x splits' partials (read through L2, where
-// the other blocks left them), as fa_merge_* would: out = sum_s 2^(m_s - m)
-// o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s.
-template <int E, typename T, typename RowOf>
+// Whether this block takes the group's last ticket: it takes one after its
+// partials are written (thread 0 after the barrier: the add's release is
+// cumulative, so it covers the block's writes) and the add acquires the
+// writes of every block that took one before. The other threads read those
+// after the barrier below, which orders them after thread 0's acquire (the
+// pattern of CUTLASS's semaphores; a fence in every thread took ~0.6 us).
+// The same thread armed the word first.
+__device__ __forceinline__ bool takes_last_ticket(float* ml_part, int64_t rows_total) {
+  __shared__ int last;
+  __syncthreads();  // the block's partials are written
+  FA_MARK(6);
+  if (threadIdx.x == 0) {
+    unsigned long long was;
+    asm volatile("atom.add.acq_rel.gpu.u64 %0, [%1], 1;"
+                 : "=l"(was)
+                 : "l"(group_ticket(ml_part, rows_total))
+                 : "memory");
+    last = (was & 0xffffu) == gridDim.x - 1u;
+  }
+  FA_MARK(7);
+  __syncthreads();
+  return last;
+}
+
+// The fused decode's merge, in the block that took the last ticket: the
+// group's R rows of output from the gridDim.x splits' partials (read through
+// L2, where the other blocks left them), as fa_merge_* would: out = sum_s
+// 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s.
+//
+// Each thread takes an item (4 dims of a row) and a share of its splits
+// (`part` of `parts`, every parts-th split), loaded kBatch at a time (issued
+// together: a loop with a bound known only at run time kept them one after
+// another). The first batch is asked for before the weights are worked out,
+// so that the o partials and the m / l partials come back together.
+template <int E, int kBatch, typename T, typename RowOf>
 __device__ __forceinline__ void merge_group(const float* o_part, const float* ml_part, int R, RowOf row_of,
                                             T* out, int64_t rows_total) {
   static_assert(E % 4 == 0, "float4 reads of the partials");
   __shared__ float weight[kFusedMaxRows][kFusedMaxSplits];
   __shared__ float inv_l[kFusedMaxRows];
+  constexpr int kShare = 256;
+  __shared__ float4 share[kShare];
   const int splits = gridDim.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  // Items in rounds of `span` (one round unless a block has fewer threads
+  // than items); each item's splits in `parts` interleaved shares, as many
+  // threads, the shares added through shared memory.
+  const int threads = blockDim.x, items = R * (E / 4), span = min(items, threads);
+  const int parts = items > threads ? 1 : min(threads / items, kShare / items + 1);
+  auto load_batch = [&](float4 (&o)[kBatch], int i, int s0) {
+    const int r = i / (E / 4), e = 4 * (i % (E / 4));
+    const float* o_row = o_part + row_of(r) * E + e;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int s = s0 + j * parts;
+      o[j] = s < splits ? __ldcg(reinterpret_cast<const float4*>(o_row + s * rows_total * E))
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  auto add_batch = [&](float4& acc, const float4 (&o)[kBatch], int i, int s0) {
+    const int r = i / (E / 4);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int s = s0 + j * parts;
+      const float wgt = s < splits ? weight[r][s] : 0.0f;
+      acc.x += wgt * o[j].x, acc.y += wgt * o[j].y, acc.z += wgt * o[j].z, acc.w += wgt * o[j].w;
+    }
+  };
+  const int first_i = static_cast<int>(threadIdx.x) % span, first_part = threadIdx.x / span;
+  float4 head[kBatch];
+  if (first_part < parts) load_batch(head, first_i, first_part);
+
   // Per row (a warp each): every split's (m, l) read at once, 4 per lane.
   for (int r = w; r < R; r += warps) {
     const int64_t row = row_of(r);
@@ -131,7 +172,7 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
     for (int j = 0; j < kPerLane; ++j) {
       const int s = lane + 32 * j;
       ml[j] = s < splits ? __ldcg(reinterpret_cast<const float2*>(ml_part + (s * rows_total + row) * 2))
-                         : make_float2(FA_NEG_INF, 0.0f);
+                        : make_float2(FA_NEG_INF, 0.0f);
       m = fmaxf(m, ml[j].x);
     }
 #pragma unroll
@@ -150,51 +191,19 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
   }
   __syncthreads();
   FA_MARK(9);
-  auto store_item = [&](int i, const float4& acc) {
-    const int r = i / (E / 4), e = 4 * (i % (E / 4));
-    const float inv = inv_l[r];
-    T* dst = out + row_of(r) * E + e;
-    dst[0] = from_f<T>(acc.x * inv), dst[1] = from_f<T>(acc.y * inv);
-    dst[2] = from_f<T>(acc.z * inv), dst[3] = from_f<T>(acc.w * inv);
-  };
-  // Item i (4 dims of a row): its splits from `part`, every
-  // `parts`-th, summed in batches of kBatch loads issued together (a loop
-  // with a bound known only at run time kept them one after another).
-  constexpr int kBatch = 16;
-  auto sum_item = [&](int i, int part, int parts) {
-    const int r = i / (E / 4), e = 4 * (i % (E / 4));
-    const float* o_row = o_part + row_of(r) * E + e;
+  for (int base = 0; base < items; base += span) {
+    const int i = base + first_i, part = first_part;
+    const bool active = i < items && part < parts;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s0 = part; s0 < splits; s0 += kBatch * parts) {
-      float4 o[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int s = s0 + j * parts;
-        o[j] = s < splits ? __ldcg(reinterpret_cast<const float4*>(o_row + s * rows_total * E))
-                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int s = s0 + j * parts;
-        const float wgt = s < splits ? weight[r][s] : 0.0f;
-        acc.x += wgt * o[j].x, acc.y += wgt * o[j].y, acc.z += wgt * o[j].z, acc.w += wgt * o[j].w;
+    if (active) {
+      int s0 = part;
+      if (base == 0) add_batch(acc, head, i, s0), s0 += kBatch * parts;
+      for (; s0 < splits; s0 += kBatch * parts) {
+        float4 o[kBatch];
+        load_batch(o, i, s0);
+        add_batch(acc, o, i, s0);
       }
     }
-    return acc;
-  };
-  // Items in rounds of `span` (one round unless a block has fewer threads
-  // than items); each item's splits in `parts` interleaved shares, as many
-  // threads (fewer loads in series a thread), the shares added through
-  // shared memory. One call of sum_item: its unrolled loads are most of the
-  // merge's machine code, and MLX hashes a kernel's module on every launch.
-  constexpr int kShare = 256;
-  __shared__ float4 share[kShare];
-  const int threads = blockDim.x, items = R * (E / 4), span = min(items, threads);
-  const int parts = items > threads ? 1 : min(threads / items, kShare / items + 1);
-  for (int base = 0; base < items; base += span) {
-    const int i = base + static_cast<int>(threadIdx.x) % span, part = threadIdx.x / span;
-    const bool active = i < items && part < parts;
-    float4 acc = active ? sum_item(i, part, parts) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (parts > 1) {
       if (active && part > 0) share[(part - 1) * items + i] = acc;
       __syncthreads();
@@ -205,24 +214,31 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
         }
       }
     }
-    if (active && part == 0) store_item(i, acc);
+    if (active && part == 0) {
+      const int r = i / (E / 4), e = 4 * (i % (E / 4));
+      const float inv = inv_l[r];
+      T* dst = out + row_of(r) * E + e;
+      dst[0] = from_f<T>(acc.x * inv), dst[1] = from_f<T>(acc.y * inv);
+      dst[2] = from_f<T>(acc.z * inv), dst[3] = from_f<T>(acc.w * inv);
+    }
   }
 }
 
 // The end of a decode block, after its warps have left (m, l, o) in shared
 // memory: combined into the output or this split's partials, and in the
-// fused decode (fused: o_part and ml_part are the call's scratch, tag its
-// tag) merged too, by a block that finds its group done.
-template <int E, int W, int ROWS, typename T, typename RowOf, typename ColOf = SameColumn>
+// fused decode (fused: o_part and ml_part are the call's scratch, the
+// block's thread 0 having armed its group's ticket) merged too, by the
+// block that takes the group's last ticket.
+template <int E, int kBatch = 16, int W, int ROWS, typename T, typename RowOf, typename ColOf = SameColumn>
 __device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E], const float (&m)[W][ROWS],
                                                     const float (&l)[W][ROWS], int R, RowOf row_of, T* out,
                                                     float* o_part, float* ml_part, int64_t rows_total,
-                                                    bool fused, unsigned long long tag, ColOf col_of = {}) {
+                                                    bool fused, ColOf col_of = {}) {
   combine_decode_warps(o, m, l, R, row_of, col_of, out, o_part, ml_part, blockIdx.x, rows_total);
   FA_MARK(3);
-  if (fused && claims_merge(split_flags(ml_part, rows_total), group_claim(ml_part, rows_total), tag)) {
+  if (fused && takes_last_ticket(ml_part, rows_total)) {
     FA_MARK(4);
-    merge_group<E>(o_part, ml_part, R, row_of, out, rows_total);
+    merge_group<E, kBatch>(o_part, ml_part, R, row_of, out, rows_total);
     FA_MARK(5);
   }
 }

@@ -92,7 +92,8 @@ struct MmaDecodeColumn {
 // kF32: float32 attention (above), the output float32.
 template <typename T, bool kF32, int E, int W = decode_shapes::mma_warps(E),
           int U = decode_shapes::mma_chunks_in_flight(E), bool kNextPass = decode_shapes::mma_prefetch_next_pass(E),
-          bool kFetch256 = decode_shapes::mma_fetch_256(E), typename TO = std::conditional_t<kF32, float, T>>
+          bool kFetch256 = decode_shapes::mma_fetch_256(E), int kMergeBatch = decode_shapes::mma_merge_batch(E),
+          typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, TO* __restrict__ out,
                                            float* __restrict__ o_part, float* __restrict__ ml_part,
@@ -152,6 +153,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
         }
       }
     }
+    // The group's ticket armed while the first pass's loads are in flight.
+    if (fused && tid == 0 && base == c_begin) arm_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -232,8 +235,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
   FA_MARK(2);
 
   auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
-  finish_decode_block(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, (int64_t)gridDim.z * H_q * L, fused, tag,
-                      MmaDecodeColumn{});
+  finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
+                                      (int64_t)gridDim.z * H_q * L, fused, MmaDecodeColumn{});
 }
 
 }  // namespace fa
@@ -270,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_M
 }
 #else
 // The fused kernel (at most kFusedMaxSplits splits): the splits' partials
-// and flags are scratch outputs (decode_combine.cuh). tag_lo, tag_hi: the
+// and ticket are scratch outputs (decode_combine.cuh). tag_lo, tag_hi: the
 // call's tag, 24 bits each.
 extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_MMA_FAMILY, fused_, FA_TNAME, _, FA_E)(
     const FA_T* q, const FA_T* k, const FA_T* v, FA_MMA_OUT* out, float* o_part, float* ml_part, int H_q, int H_kv,

@@ -35,11 +35,18 @@ constexpr bool mma_fetch_256(int E) { return E == 64; }
 // two at E = 128 (their merge then reads twice the partials, still faster).
 constexpr int mma_target_blocks(int E) { return E == 64 ? 128 : 256; }
 
+// The fused merge's o loads a thread issues at once (decode_combine.cuh).
+// qwen05b S = 32768 (64 splits, two threads a column: two batches of 16),
+// H200, scripts/decode-floor.cu, K / V from memory: 13.5 us a launch with
+// 16, 13.9 with 32 (one batch; 253 registers and a spill).
+constexpr int mma_merge_batch(int) { return 16; }
+
 // The float32 decode (decode_tf32.cu): chunks of 1024 / E keys (the same
 // bytes as the 16-bit kernel's chunks). 8 warps at E = 128 too: its o (8
 // rows, not 16) leaves room in shared memory; one chunk in flight at
 // E = 128 (two were not measured there).
 constexpr int tf32_warps(int) { return 8; }
 constexpr int tf32_chunks_in_flight(int E) { return E == 64 ? 2 : 1; }
+constexpr int tf32_merge_batch(int) { return 16; }
 
 }  // namespace fa::decode_shapes

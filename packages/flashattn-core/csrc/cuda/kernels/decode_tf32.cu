@@ -144,7 +144,8 @@ __device__ __forceinline__ void softmax_row(float (&s)[NT][2], float (&o)[NO][2]
 }
 
 // W warps; each warp loads U chunks at once (a pass), then computes them.
-template <int E, int W = decode_shapes::tf32_warps(E), int U = decode_shapes::tf32_chunks_in_flight(E)>
+template <int E, int W = decode_shapes::tf32_warps(E), int U = decode_shapes::tf32_chunks_in_flight(E),
+          int kMergeBatch = decode_shapes::tf32_merge_batch(E)>
 __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const float* __restrict__ k,
                                             const float* __restrict__ v, float* __restrict__ out,
                                             float* __restrict__ o_part, float* __restrict__ ml_part, bool fused,
@@ -207,6 +208,8 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
         }
       }
     }
+    // The group's ticket armed while the first pass's loads are in flight.
+    if (fused && tid == 0 && base == c_begin) arm_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -257,8 +260,8 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
   FA_MARK(2);
 
   auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
-  finish_decode_block<E>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, (int64_t)gridDim.z * H_q * L, fused,
-                         tag, Tf32DecodeColumn{});
+  finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, (int64_t)gridDim.z * H_q * L, fused,
+                         Tf32DecodeColumn{});
 }
 
 }  // namespace fa
