@@ -142,7 +142,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 #pragma unroll
   for (int a = 0; a <= kAhead; ++a) prefetch_rows(c_begin + (a * kDecWarps + w) * 32 + lane);
   // The group's ticket armed while those rows are on their way.
-  if (fused && tid == 0) arm_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
+  if (fused && tid == 0) arm_group_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
 
   for (int i = tid; i < R * E; i += kDecWarps * 32) {
     const int r = i / E, e = i % E;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "ticket.cuh"
 
 namespace fa {
 
@@ -58,14 +59,11 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
 // merging through distributed shared memory first: only 120 of the 128
 // blocks fit at once, H200, scripts/decode-floor.cu.)
 //
-// The ticket word follows the m / l partials in the same output, which MLX
-// allocates uninitialised for every call. So it holds (tag << 16) | tickets
-// taken, with the call's tag (48 bits that the host never repeats:
-// primitive.cpp), and any other tag is whatever lay there before. Each
-// block arms the word when it starts (arm_ticket: while its first loads are
-// in flight, off the critical path), so that at its end taking a ticket is
-// one atomic add. (Before: a flag a split, a sequentially consistent fence,
-// every flag read back and a claim exchanged.)
+// The ticket word (ticket.cuh: tagged with the call) follows the m / l
+// partials in the same output. Each block arms it when it starts, off the
+// critical path, so that at its end taking a ticket is one atomic add.
+// (Before: a flag a split, a sequentially consistent fence, every flag read
+// back and a claim exchanged.)
 constexpr int kFusedMaxSplits = 128;  // the merge's weights sit in shared memory
 constexpr int kFusedMaxRows = 16;     // rows of one decode block
 
@@ -77,18 +75,10 @@ __device__ __forceinline__ unsigned long long* group_ticket(float* ml_part, int6
   return reinterpret_cast<unsigned long long*>(ml_part + 2 * (int64_t)gridDim.x * rows_total) + group;
 }
 
-// At the start of a fused decode block (thread 0): the group's word set to
-// (tag << 16) | 0 unless it already carries the tag (a block armed it
-// first, and maybe took a ticket since). The exchange only ever replaces a
-// word of another tag, so no ticket taken is lost.
-__device__ __forceinline__ void arm_ticket(float* ml_part, int64_t rows_total, unsigned long long tag) {
-  unsigned long long* ticket = group_ticket(ml_part, rows_total);
-  unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(ticket);
-  while ((seen >> 16) != tag) {
-    const unsigned long long was = atomicCAS(ticket, seen, tag << 16);
-    if (was == seen) break;
-    seen = was;
-  }
+// At the start of a fused decode block (thread 0), while its first loads
+// are in flight: its group's ticket armed (ticket.cuh).
+__device__ __forceinline__ void arm_group_ticket(float* ml_part, int64_t rows_total, unsigned long long tag) {
+  arm_ticket(group_ticket(ml_part, rows_total), tag);
 }
 
 // Whether this block takes the group's last ticket: it takes one after its

@@ -154,7 +154,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       }
     }
     // The group's ticket armed while the first pass's loads are in flight.
-    if (fused && tid == 0 && base == c_begin) arm_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
+    if (fused && tid == 0 && base == c_begin) arm_group_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {

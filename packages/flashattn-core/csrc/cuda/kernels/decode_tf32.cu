@@ -209,7 +209,7 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
       }
     }
     // The group's ticket armed while the first pass's loads are in flight.
-    if (fused && tid == 0 && base == c_begin) arm_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
+    if (fused && tid == 0 && base == c_begin) arm_group_ticket(ml_part, (int64_t)gridDim.z * H_q * L, tag);
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {

@@ -20,6 +20,7 @@
 
 #include "mma.cuh"
 #include "pingpong.cuh"
+#include "ticket.cuh"
 #include "wg_shapes.h"
 
 namespace fa {
@@ -62,20 +63,7 @@ struct KeySplit {
     __threadfence();  // this thread's state is visible before the ticket is taken
     named_sync(bar, kThreads);
     bool last = false;
-    if (tid == 0) {
-      // The word holds (tag << 16) | pieces done; another tag is an earlier
-      // call's (or nothing's): this is the call's first piece.
-      unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(ticket);
-      for (;;) {
-        const unsigned long long want = (seen >> 16) == tag ? seen + 1 : (tag << 16) | 1ull;
-        const unsigned long long was = atomicCAS(ticket, seen, want);
-        if (was == seen) {
-          last = int(want & 0xffff) == splits;
-          break;
-        }
-        seen = was;
-      }
-    }
+    if (tid == 0) last = take_unarmed_ticket(ticket, tag) == splits;
     if (!named_or(bar, kThreads, last)) return false;
     __threadfence();  // the other pieces' states, as their tickets published them
     for (int p = 0; p < splits; ++p) {
