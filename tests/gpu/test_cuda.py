@@ -261,6 +261,22 @@ def test_fused_decode_scratch_left_by_earlier_calls(E, heads, S):
         assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["bfloat16"]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("heads,E", [((14, 2), 64), ((32, 8), 128), ((12, 4), 96)])
+def test_fused_decode_merge_in_shares(dtype, heads, E):
+    # One batch, long caches: a group's merge would take one block more than
+    # one batch of loads, so the blocks with the last tickets each merge a
+    # share of the output columns (decode_combine.cuh), every share written
+    # by exactly one of them. Calls evaluated together and one after another.
+    case = Case(batch=(1,), heads=heads, L=1, S=32768, E=E, mask="none", dtype=dtype, layout="kv_cache")
+    for round in range(2):
+        inputs = [make_inputs(case, seed=200 + 4 * round + i) for i in range(4)]
+        outs = [flash_attention(q, k, v, mask=m) for q, k, v, m in inputs]
+        mx.eval(outs)
+        for (q, k, v, m), out in zip(inputs, outs):
+            assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
+
+
 DECODE_CALL = Case(batch=(1,), heads=(14, 2), L=1, S=3000, E=64, dtype="bfloat16", layout="kv_cache")
 PREFILL_CALL = Case(batch=(1,), heads=(8, 2), L=40, S=300, E=64, mask="bool_LS", dtype="bfloat16")
 

@@ -1,8 +1,8 @@
 // The end of a decode block (decode.cu, decode_mma.cu): its warps' online-
 // softmax states (m, l, o), left in shared memory per warp and row, combined
 // into the block's result for its R rows: the output itself when the keys
-// were not split, or (fused) this split's partials and then, in the block
-// that takes its group's last ticket, the merge. (Partials alone, for a
+// were not split, or (fused) this split's partials and then, in the blocks
+// that take its group's last tickets, the merge. (Partials alone, for a
 // separate fa_merge_* launch: scripts/decode-probe.cu's comparison.)
 
 #pragma once
@@ -52,8 +52,8 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
 
 // The fused decode: one launch instead of split + merge (a decode call is
 // bound by the fixed cost of each launch). Each block writes its split's
-// partials and takes a ticket; the block that takes the group's last
-// merges. (Merging in two levels, subgroups of 8 splits first, was slower:
+// partials and takes a ticket; the blocks that take the group's last few
+// merge (below: in shares). (Merging in two levels, subgroups of 8 splits first, was slower:
 // each level costs a ticket and a round trip of loads, ~1 us each on an
 // H200, more than the one merge's extra data; so were clusters of 8 blocks
 // merging through distributed shared memory first: only 120 of the 128
@@ -66,6 +66,38 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
 // back and a claim exchanged.)
 constexpr int kFusedMaxSplits = 128;  // the merge's weights sit in shared memory
 constexpr int kFusedMaxRows = 16;     // rows of one decode block
+
+// The merge in shares, each merged by one of the blocks that take the
+// group's last tickets. In one block the merge is a chain of batches of
+// loads, each ~1.8 us from issue to use (H200, qwen05b S = 32768: 115 KB of
+// partials in two batches, ~3.6 us; asking L1 for the second batch with the
+// first was slower, 13.5 -> 13.9 us a launch); in shares of one batch each,
+// the chain is one batch long (13.8 -> 13.1 us; hd128 S = 32768 41.6 ->
+// 40.9, S = 8192 18.5 -> 17.6; scripts/decode-floor.cu, K / V from memory). The
+// block with the last ticket merges share 0; the block with the ticket
+// `behind` places before it, for behind < shares, waits for the last ticket
+// and merges share `behind`. A helper waits at most kHelperWaitCycles; then
+// it marks its share given up (a bit in the ticket word, set only while
+// tickets are still to be taken), and the last block, which finds the marks
+// in the word its own ticket returns, merges those shares too: no block
+// ever waits on a block that may not run, and no share is lost. At most
+// kMergeShares shares (2, 4 and 8 took the same 13.1 us at qwen05b; more
+// helpers, more blocks polling).
+#ifndef FA_MERGE_SHARES
+#define FA_MERGE_SHARES 4
+#endif
+constexpr int kMergeShares = FA_MERGE_SHARES;
+static_assert(kMergeShares >= 1 && kMergeShares <= 8, "a given-up bit a share: bits 8-15 of the ticket word");
+static_assert(kFusedMaxSplits < 256, "tickets counted in bits 0-7 of the ticket word");
+constexpr unsigned long long kTicketCount = 0xff;
+// How long a helper waits for the group's last tickets (cycles, ~10 us):
+// longer only when not every block of the launch fits the GPU at once.
+// (-DFA_HELPER_WAIT_CYCLES=0: every helper gives up, the last block merges
+// all; a probe's check of that path.)
+#ifndef FA_HELPER_WAIT_CYCLES
+#define FA_HELPER_WAIT_CYCLES 20000
+#endif
+constexpr long long kHelperWaitCycles = FA_HELPER_WAIT_CYCLES;
 
 // This block's group's ticket word: groups are (batch, grid.y) pairs in the
 // decode kernels, one word each past the m / l partials (dispatch.cpp sizes
@@ -81,15 +113,16 @@ __device__ __forceinline__ void arm_group_ticket(float* ml_part, int64_t rows_to
   arm_ticket(group_ticket(ml_part, rows_total), tag);
 }
 
-// Whether this block takes the group's last ticket: it takes one after its
-// partials are written (thread 0 after the barrier: the add's release is
-// cumulative, so it covers the block's writes) and the add acquires the
-// writes of every block that took one before. The other threads read those
-// after the barrier below, which orders them after thread 0's acquire (the
-// pattern of CUTLASS's semaphores; a fence in every thread took ~0.6 us).
-// The same thread armed the word first.
-__device__ __forceinline__ bool takes_last_ticket(float* ml_part, int64_t rows_total) {
-  __shared__ int last;
+// The group's ticket word as this block's ticket found it (the tickets
+// given out before, the shares given up): it takes one after its partials
+// are written (thread 0 after the barrier: the add's release is cumulative,
+// so it covers the block's writes) and the add acquires the writes of every
+// block that took one before. The other threads read those after the
+// barrier below, which orders them after thread 0's acquire (the pattern of
+// CUTLASS's semaphores; a fence in every thread took ~0.6 us). The same
+// thread armed the word first.
+__device__ __forceinline__ unsigned long long take_group_ticket(float* ml_part, int64_t rows_total) {
+  __shared__ unsigned long long before;
   __syncthreads();  // the block's partials are written
   FA_MARK(6);
   if (threadIdx.x == 0) {
@@ -98,39 +131,91 @@ __device__ __forceinline__ bool takes_last_ticket(float* ml_part, int64_t rows_t
                  : "=l"(was)
                  : "l"(group_ticket(ml_part, rows_total))
                  : "memory");
-    last = (was & 0xffffu) == gridDim.x - 1u;
+    before = was;
   }
   FA_MARK(7);
   __syncthreads();
-  return last;
+  return before;
 }
 
-// The fused decode's merge, in the block that took the last ticket: the
+// A helper's wait (thread 0) for its group's last ticket: true once every
+// split has taken one (the load that sees it acquires their partials, as
+// the last block's add did); false when it gave share `share` up to the last
+// block instead. The mark goes in by an exchange that expects tickets still
+// to be taken, so it is in place before the last ticket is taken or not at
+// all.
+__device__ __forceinline__ bool waits_for_last_ticket(unsigned long long* ticket, unsigned splits, int share) {
+  const long long start = clock64();
+  unsigned long long seen;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(seen) : "l"(ticket) : "memory");
+    if ((seen & kTicketCount) == splits) return true;
+    if (clock64() - start > kHelperWaitCycles) break;
+  }
+  for (;;) {
+    const unsigned long long was = atomicCAS(ticket, seen, seen | (1ull << (8 + share)));
+    if (was == seen) return false;
+    seen = was;
+    if ((seen & kTicketCount) == splits) {
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the exchange read the last add's word
+      return true;
+    }
+  }
+}
+
+// The merge's partial sums of an item (its splits in parts, below) meet in
+// shared memory: this many float4.
+constexpr int kPartSums = 256;
+
+// How merge_group spreads `items` over the block's threads: as many parts of
+// each item's splits as the threads allow.
+__device__ __forceinline__ int merge_parts(int items) {
+  const int threads = blockDim.x;
+  return items > threads ? 1 : min(threads / items, kPartSums / items + 1);
+}
+
+// The batches of kBatch loads one block would need to merge the whole
+// group: the round trips to L2 that sharing the merge can save.
+template <int E, int kBatch>
+__device__ __forceinline__ int merge_batches(int R) {
+  const int items = R * (E / 4), splits = gridDim.x, parts = merge_parts(items);
+  const int rounds = (items + blockDim.x - 1) / blockDim.x;
+  return rounds * ((splits + parts * kBatch - 1) / (parts * kBatch));
+}
+
+// The fused decode's merge, in a block that took one of the last tickets: the
 // group's R rows of output from the gridDim.x splits' partials (read through
 // L2, where the other blocks left them), as fa_merge_* would: out = sum_s
 // 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s.
 //
-// Each thread takes an item (4 dims of a row) and a share of its splits
+// Each thread takes an item (4 dims of a row) and a part of its splits
 // (`part` of `parts`, every parts-th split), loaded kBatch at a time (issued
 // together: a loop with a bound known only at run time kept them one after
 // another). The first batch is asked for before the weights are worked out,
 // so that the o partials and the m / l partials come back together.
+//
+// Share `share` of `shares`: the group's items [share, share + 1) x items /
+// shares (every row's weights are worked out all the same: 3.6 KB of m / l
+// at qwen05b).
 template <int E, int kBatch, typename T, typename RowOf>
 __device__ __forceinline__ void merge_group(const float* o_part, const float* ml_part, int R, RowOf row_of,
-                                            T* out, int64_t rows_total) {
+                                            T* out, int64_t rows_total, int share, int shares) {
   static_assert(E % 4 == 0, "float4 reads of the partials");
   __shared__ float weight[kFusedMaxRows][kFusedMaxSplits];
   __shared__ float inv_l[kFusedMaxRows];
-  constexpr int kShare = 256;
-  __shared__ float4 share[kShare];
+  __shared__ float4 part_sum[kPartSums];
   const int splits = gridDim.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, warps = blockDim.x >> 5;
   // Items in rounds of `span` (one round unless a block has fewer threads
-  // than items); each item's splits in `parts` interleaved shares, as many
-  // threads, the shares added through shared memory.
-  const int threads = blockDim.x, items = R * (E / 4), span = min(items, threads);
-  const int parts = items > threads ? 1 : min(threads / items, kShare / items + 1);
+  // than items); each item's splits in `parts` interleaved parts, as many
+  // threads, the parts added through shared memory.
+  __syncthreads();  // a share merged before in this block is done with the shared arrays
+  const int all_items = R * (E / 4), item0 = share * all_items / shares;
+  const int threads = blockDim.x, items = (share + 1) * all_items / shares - item0, span = min(items, threads);
+  if (items == 0) return;
+  const int parts = merge_parts(items);
+  // i: an item of the share; item0 + i of the group.
   auto load_batch = [&](float4 (&o)[kBatch], int i, int s0) {
-    const int r = i / (E / 4), e = 4 * (i % (E / 4));
+    const int r = (item0 + i) / (E / 4), e = 4 * ((item0 + i) % (E / 4));
     const float* o_row = o_part + row_of(r) * E + e;
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
@@ -140,7 +225,7 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
     }
   };
   auto add_batch = [&](float4& acc, const float4 (&o)[kBatch], int i, int s0) {
-    const int r = i / (E / 4);
+    const int r = (item0 + i) / (E / 4);
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int s = s0 + j * parts;
@@ -195,17 +280,17 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
       }
     }
     if (parts > 1) {
-      if (active && part > 0) share[(part - 1) * items + i] = acc;
+      if (active && part > 0) part_sum[(part - 1) * items + i] = acc;
       __syncthreads();
       if (active && part == 0) {
         for (int p = 1; p < parts; ++p) {
-          const float4 x = share[(p - 1) * items + i];
+          const float4 x = part_sum[(p - 1) * items + i];
           acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
         }
       }
     }
     if (active && part == 0) {
-      const int r = i / (E / 4), e = 4 * (i % (E / 4));
+      const int r = (item0 + i) / (E / 4), e = 4 * ((item0 + i) % (E / 4));
       const float inv = inv_l[r];
       T* dst = out + row_of(r) * E + e;
       dst[0] = from_f<T>(acc.x * inv), dst[1] = from_f<T>(acc.y * inv);
@@ -217,8 +302,8 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
 // The end of a decode block, after its warps have left (m, l, o) in shared
 // memory: combined into the output or this split's partials, and in the
 // fused decode (fused: o_part and ml_part are the call's scratch, the
-// block's thread 0 having armed its group's ticket) merged too, by the
-// block that takes the group's last ticket.
+// block's thread 0 having armed its group's ticket) merged too, in shares,
+// by the blocks that take the group's last tickets (kMergeShares).
 template <int E, int kBatch = 16, int W, int ROWS, typename T, typename RowOf, typename ColOf = SameColumn>
 __device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E], const float (&m)[W][ROWS],
                                                     const float (&l)[W][ROWS], int R, RowOf row_of, T* out,
@@ -226,9 +311,28 @@ __device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E]
                                                     bool fused, ColOf col_of = {}) {
   combine_decode_warps(o, m, l, R, row_of, col_of, out, o_part, ml_part, blockIdx.x, rows_total);
   FA_MARK(3);
-  if (fused && takes_last_ticket(ml_part, rows_total)) {
+  if (!fused) return;
+  // Shares only where one block would need more than one batch of loads:
+  // a helper starts ~1 us after the last ticket (its wait's round trip), so
+  // at one batch a share costs more than it saves (H200, qwen05b S = 8192,
+  // 32 splits: 9.1 -> 9.5 us a launch with 2-4 shares).
+  const int splits = gridDim.x, shares = min(kMergeShares, merge_batches<E, kBatch>(R));
+  const unsigned long long word = take_group_ticket(ml_part, rows_total);
+  const int behind = splits - 1 - static_cast<int>(word & kTicketCount);  // 0: the last ticket
+  if (behind >= shares) return;
+  // The last block: share 0 and the shares given up; a helper: its own.
+  unsigned todo = 1u | (static_cast<unsigned>(word >> 8) & ((1u << shares) - 2u));
+  if (behind > 0) {
+    __shared__ bool merges;
+    if (threadIdx.x == 0) merges = waits_for_last_ticket(group_ticket(ml_part, rows_total), splits, behind);
+    __syncthreads();
+    todo = merges ? 1u << behind : 0u;
+  }
+  while (todo != 0u) {
+    const int share = __ffs(todo) - 1;
+    todo &= todo - 1u;
     FA_MARK(4);
-    merge_group<E, kBatch>(o_part, ml_part, R, row_of, out, rows_total);
+    merge_group<E, kBatch>(o_part, ml_part, R, row_of, out, rows_total, share, shares);
     FA_MARK(5);
   }
 }

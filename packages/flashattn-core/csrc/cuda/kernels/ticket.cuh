@@ -2,7 +2,9 @@
 // merge, decode_combine.cuh; the prefill's key splits, key_split.cuh): a
 // ticket word holds (tag << 16) | tickets taken, with the call's tag (48
 // bits the host never repeats: common.cuh's call_tag), and a word with
-// another tag is whatever lay there before: no ticket of this call yet.
+// another tag is whatever lay there before: no ticket of this call yet. (The
+// fused decode counts in bits 0-7 and marks shares of its merge given up in
+// bits 8-15.)
 
 #pragma once
 
