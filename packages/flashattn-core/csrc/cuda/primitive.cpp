@@ -10,9 +10,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "cuda/kernel_images.h"
 #include "cuda/module_cache.h"
@@ -119,6 +121,15 @@ void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vec
   const std::string& image = image_of(step.kernel, s);
   const ModuleSource m = module_source(step.kernel, image);
   if (!m.from_disk) return run(m);
+  // MLX keeps a module it loaded: once a kernel's stand-in has launched, a
+  // later failure of it is not a refusal (memory, say), and goes to the
+  // caller as it is.
+  static std::mutex mutex;
+  static std::unordered_set<std::string> launched;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (launched.count(step.kernel)) return run(m);
+  }
   // A refused stand-in fails before MLX adds the kernel to its graph. What
   // it added before (the outputs' fills, the input copies) writes buffers
   // that are then released, and MLX's graph orders every later use of a
@@ -127,8 +138,10 @@ void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vec
     run(m);
   } catch (const std::exception&) {
     module_cache_refused();
-    run({&step.kernel, &image, false});
+    return run({&step.kernel, &image, false});
   }
+  std::lock_guard<std::mutex> lock(mutex);
+  launched.insert(step.kernel);
 }
 
 }  // namespace
