@@ -13,8 +13,9 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <stdexcept>
-#include <unordered_set>
+#include <utility>
 
 #include "cuda/kernel_images.h"
 #include "cuda/module_cache.h"
@@ -121,14 +122,16 @@ void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vec
   const std::string& image = image_of(step.kernel, s);
   const ModuleSource m = module_source(step.kernel, image);
   if (!m.from_disk) return run(m);
-  // MLX keeps a module it loaded: once a kernel's stand-in has launched, a
-  // later failure of it is not a refusal (memory, say), and goes to the
-  // caller as it is.
+  // MLX keeps a module it loaded (one a GPU): once a kernel's stand-in has
+  // launched on this GPU, a later failure of it is not a refusal (memory,
+  // say), and goes to the caller as it is. Keyed by the embedded image,
+  // which outlives the process: no string made on this path.
   static std::mutex mutex;
-  static std::unordered_set<std::string> launched;
+  static std::set<std::pair<int, const std::string*>> launched;
+  const std::pair<int, const std::string*> key{s.device.index, &image};
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (launched.count(step.kernel)) return run(m);
+    if (launched.count(key)) return run(m);
   }
   // A refused stand-in fails before MLX adds the kernel to its graph. What
   // it added before (the outputs' fills, the input copies) writes buffers
@@ -141,7 +144,7 @@ void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vec
     return run({&step.kernel, &image, false});
   }
   std::lock_guard<std::mutex> lock(mutex);
-  launched.insert(step.kernel);
+  launched.insert(key);
 }
 
 }  // namespace
