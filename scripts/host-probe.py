@@ -6,11 +6,19 @@ MLX's CUDA graph built and launched) and waiting for the GPU
 call's queries the last one's output (as a model's layers follow one
 another), chained with each call on the next of several copies of K and V
 (read from memory, as each layer reads its own cache), and MLX's custom-kernel path with modules of growing size (it
-copies and hashes the module on every launch).
+copies and hashes the module on every launch). `floor32k`: the qwen05b
+S = 32768 bfloat16 decode chained on K / V copies, ours and MLX's SDPA,
+against two kernels launched through the same custom-kernel path: one that
+does nothing (the path's own cost a call) and one that only reads K and V
+once (the least any decode kernel reached that way can take).
 
-    python3 scripts/host-probe.py [floors|decode|decode32k|prefill]"""
+    python3 scripts/host-probe.py [floors|decode|decode32k|floor32k|prefill]"""
 
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 
 import mlx.core as mx
 from flashattn_core import flash_attention
@@ -108,6 +116,111 @@ def attention(cases):
         del kv
 
 
+# The floor kernels (floor32k), compiled by nvcc to PTX at run time, one
+# module each (MLX copies and hashes a module's bytes every launch, ~0.2 us a
+# KB, so neither carries the other's code).
+FLOOR_CU = r"""
+#include <cstdint>
+// Block 0 copies the queries to the output: the chained call's next input.
+__device__ __forceinline__ void pass_queries(const uint32_t* q, uint32_t* out, int q_words) {
+  if (blockIdx.x != 0) return;
+  for (int i = threadIdx.x; i < q_words; i += blockDim.x) out[i] = q[i];
+}
+#ifdef EMPTY
+extern "C" __global__ void floor_empty(const uint32_t* q, const uint4* k, const uint4* v, uint32_t* out,
+                                       int n16, int q_words) {
+  pass_queries(q, out, q_words);
+}
+#else
+// Reads every 16 bytes of K and V once, eight loads in flight a thread.
+extern "C" __global__ void floor_read(const uint32_t* q, const uint4* k, const uint4* v, uint32_t* out,
+                                      int n16, int q_words) {
+  const int stride = gridDim.x * blockDim.x;
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  uint32_t acc = 0;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 a[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      a[j] = k[i + j * stride];
+      a[4 + j] = v[i + j * stride];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc ^= a[j].x ^ a[j].y ^ a[j].z ^ a[j].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 a = k[i], b = v[i];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+  }
+  if (acc == 0x9e3779b9u) out[0] = acc;  // never on random data, but the loads must stay
+  pass_queries(q, out, q_words);
+}
+#endif
+"""
+
+
+def floor_modules():
+    """{kernel name: PTX bytes} of the floor kernels, for this GPU's arch."""
+    arch = mx.device_info()["architecture"]  # sm_90 on an H100 / H200
+    modules = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "floor.cu")
+        with open(src, "w") as f:
+            f.write(FLOOR_CU)
+        for name, defines in (("floor_empty", ["-DEMPTY"]), ("floor_read", [])):
+            ptx = os.path.join(tmp, name + ".ptx")
+            subprocess.check_call(["nvcc", "-ptx", f"-arch={arch}", "-O3", *defines, "-o", ptx, src])
+            modules[name] = open(ptx, "rb").read()
+    return modules
+
+
+def floors_32k():
+    """The qwen05b S = 32768 bfloat16 decode, chained on K / V copies: ours,
+    MLX's SDPA and the two floor kernels, best and median of 20 evaluations,
+    in one run."""
+    H, H_kv, E = QWEN05B
+    S, dtype = 32768, mx.bfloat16
+    q = mx.random.normal((1, H, 1, E)).astype(dtype)
+    k, v = (mx.random.normal((1, H_kv, S, E)).astype(dtype) for _ in range(2))
+    mx.eval(q, k, v)
+    n = min(BATCH, -(-KV_ROTATION_BYTES // (2 * k.nbytes)))
+    kv = [(k, v)] + [(k + 0, v + 0) for _ in range(n - 1)]
+    mx.eval(kv)
+    modules = floor_modules()
+    blocks = {"floor_empty": 1, "floor_read": 4 * 132}  # 4 a SM of an H100 / H200; any count reads it all
+
+    def floor(name):
+        def call(i, p):
+            kk, vv = kv[i % n]
+            return mx.fast.precompiled_cuda_kernel(
+                name=name, compiled_source=modules[name], inputs=[q if p is None else p, kk, vv],
+                output_shapes=[q.shape], output_dtypes=[dtype], scalars=[k.nbytes // 16, q.nbytes // 4],
+                grid=(blocks[name] * 256, 1, 1), threadgroup=(256, 1, 1))[0]
+        return call
+
+    impls = {
+        "MLX SDPA": lambda i, p: mx.fast.scaled_dot_product_attention(q if p is None else p, *kv[i % n],
+                                                                      scale=E**-0.5),
+        "flash_attention": lambda i, p: flash_attention(q if p is None else p, *kv[i % n]),
+        "floor: empty kernel": floor("floor_empty"),
+        "floor: reads K, V once": floor("floor_read"),
+    }
+    print(f"qwen05b decode S = {S} bfloat16, chained on {n} K/V copies, {BATCH} calls an evaluation; "
+          f"module bytes: empty {len(modules['floor_empty'])}, read {len(modules['floor_read'])}; "
+          f"read grid {blocks['floor_read']} blocks")
+    rows = {}
+    for rnd in range(3):  # interleaved rounds: the same drift for all
+        for name, fn in impls.items():
+            rows.setdefault(name, []).append((phases(fn), phases(fn, stat=statistics.median)))
+    mlx_best = [r[0][3] for r in rows["MLX SDPA"]]
+    mlx_med = [r[1][3] for r in rows["MLX SDPA"]]
+    for name, runs in rows.items():
+        for rnd, (best, med) in enumerate(runs):
+            show(f"round {rnd} {name} best", best)
+            print(f"{'':44s} median total {med[3]:6.1f} us; of MLX's: best {best[3] / mlx_best[rnd]:.2f}x, "
+                  f"median {med[3] / mlx_med[rnd]:.2f}x")
+
+
 DECODE = [("qwen05b", QWEN05B, 1, 8192, mx.bfloat16), ("qwen05b", QWEN05B, 1, 32768, mx.bfloat16),
           ("qwen05b", QWEN05B, 1, 32768, mx.float32), ("hd128", HD128, 1, 32768, mx.bfloat16)]
 PREFILL = [("qwen05b", QWEN05B, 8192, 8192, mx.bfloat16), ("hd128", HD128, 4096, 4096, mx.bfloat16)]
@@ -115,6 +228,8 @@ PREFILL = [("qwen05b", QWEN05B, 8192, 8192, mx.bfloat16), ("hd128", HD128, 4096,
 DECODE_32K = [c for c in DECODE if c[3] == 32768 and c[0] == "qwen05b"]
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "all"
+if mode == "floor32k":
+    floors_32k()
 if mode == "decode32k":
     attention(DECODE_32K)
 if mode in ("all", "floors"):
