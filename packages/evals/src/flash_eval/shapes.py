@@ -18,6 +18,11 @@ SHAPES = {
     "qwen05b": HeadShape("qwen05b", H_q=14, H_kv=2, E=64),
     # Llama / Qwen 7B-class attention.
     "hd128": HeadShape("hd128", H_q=32, H_kv=8, E=128),
+    # The other head dims the kernels have fast paths for: Phi-2's (80),
+    # Phi-3-mini's (96), both without GQA, and Gemma-2-2B's (256).
+    "hd80": HeadShape("hd80", H_q=32, H_kv=32, E=80),
+    "hd96": HeadShape("hd96", H_q=32, H_kv=32, E=96),
+    "hd256": HeadShape("hd256", H_q=8, H_kv=4, E=256),
 }
 
 
