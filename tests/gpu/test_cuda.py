@@ -88,6 +88,43 @@ def test_prefill_chunk_in_row_tiles_of_128(mask, dtype):
     assert sampled_error(q, k, v, out, m, rows=40) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("S", [100, 513, 4096, 32768])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("heads,E", [((8, 4), 256), ((8, 8), 80), ((6, 2), 40)])
+@pytest.mark.parametrize("mask", ["none", "causal", "bool_full", "additive_full"])
+def test_generic_decode_splits(S, dtype, heads, E, mask):
+    # Head dims no decode kernel takes (Gemma's 256, Phi-2's 80, and 40) go
+    # to the generic kernel: keys walked in groups (generic.cu), split over
+    # blocks of at least 64 keys and merged; groups cut short at a split's
+    # end, keys hidden inside a group by the array masks.
+    case = Case(batch=(2,), heads=heads, L=1, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
+    q, k, v, m = make_inputs(case)
+    out = flash_attention(q, k, v, mask=m)
+    assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("E", [80, 256])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("mask", ["bool", None])
+def test_non_finite_inputs_in_generic_decode(E, where, value, mask):
+    # tests/core/test_values.py's semantics on the generic kernel's grouped
+    # walk (L = 1, a 2:1 group, keys split and merged): a poisoned key that
+    # every row sees (3), and two that the boolean mask hides inside a group
+    # (4 and 2998: every key c with c % 3 == 1), whose values must never
+    # reach an output; a poisoned query element in one row.
+    case = Case(batch=(1,), heads=(8, 4), L=1, S=3000, E=E)
+    q, k, v, _ = (np.array(x) for x in make_inputs(case))
+    if where == "q":
+        q[0, 3, 0, 5] = value
+    else:
+        target = k if where == "k" else v
+        for head, key in ((1, 3), (1, 4), (0, 2998)):
+            target[0, head, key, 5] = value
+    m = mx.array(np.arange(3000) % 3 != 1) if mask == "bool" else None
+    assert_non_finite_semantics(q, k, v, m)
+
+
 @pytest.mark.parametrize("widen", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("E,heads", [(64, (14, 2)), (128, (16, 2))])
