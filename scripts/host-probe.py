@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import mlx.core as mx
 from flashattn_core import flash_attention
@@ -74,6 +75,15 @@ def custom_kernel_costs():
         show(f"empty 18 KB: {n_in} in, {outs} out, {n_sc} scalars", phases(run))
 
 
+def kv_copies(k, v):
+    """As many copies of (k, v) as flash-eval kernel takes in turn (up to
+    BATCH), evaluated: call i reads copy i % n from memory."""
+    n = min(BATCH, -(-KV_ROTATION_BYTES // (2 * k.nbytes)))
+    kv = [(k, v)] + [(k + 0, v + 0) for _ in range(n - 1)]
+    mx.eval(kv)
+    return kv
+
+
 def attention(cases):
     """Each case (name, heads, L, S, dtype): both implementations as flash-eval
     calls them (independent calls), then chained."""
@@ -91,11 +101,9 @@ def attention(cases):
         }
         for impl, fn in chained.items():
             show(f"  chained {impl}", phases(fn))
-        # Chained again, call i on copy i % n of K and V (as many as
-        # flash-eval kernel takes, up to BATCH): from memory.
-        n = min(BATCH, -(-KV_ROTATION_BYTES // (2 * k.nbytes)))
-        kv = [(k, v)] + [(k + 0, v + 0) for _ in range(n - 1)]
-        mx.eval(kv)
+        # Chained again, call i on copy i % n of K and V: from memory.
+        kv = kv_copies(k, v)
+        n = len(kv)
         rotated = {
             "flash": lambda i, p: flash_attention(q if p is None else p, *kv[i % n], mask=mask),
             "mlx": lambda i, p: mx.fast.scaled_dot_product_attention(q if p is None else p, *kv[i % n],
@@ -168,9 +176,9 @@ def floor_modules():
         with open(src, "w") as f:
             f.write(FLOOR_CU)
         for name, defines in (("floor_empty", ["-DEMPTY"]), ("floor_read", [])):
-            ptx = os.path.join(tmp, name + ".ptx")
-            subprocess.check_call(["nvcc", "-ptx", f"-arch={arch}", "-O3", *defines, "-o", ptx, src])
-            modules[name] = open(ptx, "rb").read()
+            ptx = Path(tmp) / (name + ".ptx")
+            subprocess.check_call(["nvcc", "-ptx", f"-arch={arch}", "-O3", *defines, "-o", str(ptx), src])
+            modules[name] = ptx.read_bytes()
     return modules
 
 
@@ -183,9 +191,8 @@ def floors_32k():
     q = mx.random.normal((1, H, 1, E)).astype(dtype)
     k, v = (mx.random.normal((1, H_kv, S, E)).astype(dtype) for _ in range(2))
     mx.eval(q, k, v)
-    n = min(BATCH, -(-KV_ROTATION_BYTES // (2 * k.nbytes)))
-    kv = [(k, v)] + [(k + 0, v + 0) for _ in range(n - 1)]
-    mx.eval(kv)
+    kv = kv_copies(k, v)
+    n = len(kv)
     modules = floor_modules()
     blocks = {"floor_empty": 1, "floor_read": 4 * 132}  # 4 a SM of an H100 / H200; any count reads it all
 
@@ -211,7 +218,9 @@ def floors_32k():
     rows = {}
     for rnd in range(3):  # interleaved rounds: the same drift for all
         for name, fn in impls.items():
-            rows.setdefault(name, []).append((phases(fn), phases(fn, stat=statistics.median)))
+            # best and median of the same evaluations
+            both = phases(fn, stat=lambda x: (min(x), statistics.median(x)))
+            rows.setdefault(name, []).append(([b for b, _ in both], [m for _, m in both]))
     mlx_best = [r[0][3] for r in rows["MLX SDPA"]]
     mlx_med = [r[1][3] for r in rows["MLX SDPA"]]
     for name, runs in rows.items():

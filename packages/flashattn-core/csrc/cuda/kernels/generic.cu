@@ -46,7 +46,8 @@ __device__ __forceinline__ void generic_attend(
   int c_begin = split * keys_per_split;
   int c_end = min(S, c_begin + keys_per_split);
   if (mask_kind == kCausal) c_end = min(c_end, l + S - L + 1);
-  const int64_t rb = (mask_kind == kBool || mask_kind == kAdditive) ? mask.row_base(n, l) : 0;
+  const bool masked = mask.is_array();
+  const int64_t rb = masked ? mask.row_base(n, l) : 0;
 
   // Keys go in groups of G: the group's K and V loads (and mask terms) are
   // issued together and its G scores reduced side by side, so a warp waits
@@ -58,7 +59,6 @@ __device__ __forceinline__ void generic_attend(
   // registers cost it warps (hd256 float32 prefill at 8K, 4 keys a group:
   // 38.2 -> 46.6 ms).
   constexpr int G = (EPT <= 2 ? 16 : EPT <= 4 ? 8 : 4) / (kPartial ? 1 : 2);
-  const bool masked = mask_kind == kBool || mask_kind == kAdditive;
   float m = FA_NEG_INF, l_sum = 0.0f;
   for (int c0 = c_begin; c0 < c_end; c0 += G) {
     // Every key of the range is read (it lies in K and V whether hidden or
