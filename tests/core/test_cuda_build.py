@@ -16,7 +16,7 @@ EXPECTED = (
        for s in ("", "_fused")}
     | {f"fa_decode_tf32{s}_float32_{e}" for e in (64, 128) for s in ("", "_fused")}
     | {f"fa_prefill_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 80, 96, 128, 256)}
-    | {f"fa_prefill_float32_{e}" for e in (64, 80, 96, 128)}
+    | {f"fa_prefill_float32_{e}" for e in (64, 80, 96, 128, 256)}
 )
 # Hopper's arch-specific instructions (wgmma): sm_90a machine code, no PTX.
 HOPPER_ONLY = (

@@ -167,13 +167,15 @@ def assert_non_finite_semantics(q, k, v, m):
     assert relative_error(out[finite], ref[finite]) <= TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("E", [64, 80, 128, 256])
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("mask", ["causal", "bool", None])
 def test_non_finite_inputs_in_float32_prefill(E, where, value, mask):
     # tests/core/test_values.py's semantics on the tensor-core float32 prefill
-    # kernels (its E = 16 takes the generic kernel): one poisoned row early,
+    # kernels (its E = 16 takes the generic kernel; on Hopper E = 64 is the
+    # wgmma kernel's, the others the mma.sync one's, whose key tiles are 32
+    # at E = 256): one poisoned row early,
     # seen by most queries, one late, hidden from most; L != S, three key
     # tiles, so the masked tiles' rare path for NaN / Inf values runs.
     case = Case(batch=(1,), heads=(4, 2), L=70, S=150, E=E)
@@ -188,7 +190,7 @@ def test_non_finite_inputs_in_float32_prefill(E, where, value, mask):
     assert_non_finite_semantics(q, k, v, m)
 
 
-@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("E", [64, 80, 128, 256])
 @pytest.mark.parametrize("where", ["q", "k"])
 @pytest.mark.parametrize("value", [float("inf"), -float("inf")])
 def test_infinity_meets_values_exact_in_tf32(E, where, value):

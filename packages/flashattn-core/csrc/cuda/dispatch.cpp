@@ -10,8 +10,10 @@
 //       (decode_tf32.cu)
 //   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill;
 //       for E = 64 or 128 on Hopper, on wgmma (prefill_f16_wg.cu)
-//   float32, E in {64, 80, 96, 128}, L > 8: 3xTF32 tensor-core prefill; for
-//       E = 64 on Hopper, on wgmma (prefill_tf32_wg.cu)
+//   float32, E in {64, 80, 96, 128, 256}, L > 8: 3xTF32 tensor-core prefill;
+//       for E = 64 on Hopper, on wgmma (prefill_tf32_wg.cu)
+//       (a prefill kernel whose block needs more shared memory than the GPU
+//       has, 16-bit E = 256 on sm_86 / sm_89: the generic kernel)
 //   everything else: the generic kernel (keys split and merged when the
 //       query rows are few)
 //   widened (dtype=float32 over float16 / bfloat16 inputs): the float32
@@ -41,6 +43,7 @@
 #include "cuda/kernel_images.h"
 #include "cuda/kernels/decode_shapes.h"
 #include "cuda/kernels/merge_shapes.h"
+#include "cuda/kernels/tf32_shapes.h"
 #include "cuda/kernels/wg_shapes.h"
 #include "cuda/plan.h"
 #include "cuda/primitive.h"
@@ -56,7 +59,6 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kThreads = 128;
 constexpr int kMergeThreads = fa::merge_shapes::kThreads;
-constexpr int kPrefillRows32 = 64;  // Br of the float32 prefill kernel
 
 // Warps (16 query rows each) of the float16 / bfloat16 prefill kernel.
 int prefill_warps(int E) {
@@ -100,17 +102,15 @@ MaskArgs mask_args(const mx::array& q, MaskKind kind, const std::optional<mx::ar
 }
 
 int prefill_rows(mx::Dtype t, int E) {
-  return t == mx::float32 ? kPrefillRows32 : 16 * prefill_warps(E);
+  return t == mx::float32 ? fa::tf32_shapes::rows(E) : 16 * prefill_warps(E);
 }
 
 int prefill_threads(mx::Dtype t, int E) {
-  return t == mx::float32 ? kThreads : 32 * prefill_warps(E);
+  return t == mx::float32 ? fa::tf32_shapes::threads(E) : 32 * prefill_warps(E);
 }
 
 int prefill_smem_bytes(mx::Dtype t, int E) {
-  if (t == mx::float32) {  // Q, K (rows padded by 4 floats), V (by 8)
-    return (2 * kPrefillRows32 * (E + 4) + kPrefillRows32 * (E + 8)) * 4;
-  }
+  if (t == mx::float32) return fa::tf32_shapes::smem_bytes(E);
   constexpr int kBc = 64;  // Q, then two buffers of K and V
   return (prefill_rows(t, E) + 4 * kBc) * (E + 8) * 2;
 }
@@ -191,8 +191,19 @@ bool has_decode_kernel(int E) {
 }
 
 bool has_prefill_kernel(mx::Dtype t, int E) {
-  if (t == mx::float32) return E == 64 || E == 80 || E == 96 || E == 128;
+  (void)t;
   return E == 64 || E == 80 || E == 96 || E == 128 || E == 256;
+}
+
+// Shared memory a block may have on the device: what it says, or, when the
+// driver cannot say, the least of any GPU the kernels are built for (sm_86
+// and sm_89's 99 KB). The 16-bit mma.sync prefill at E = 256 takes more
+// (165 KB): where it does not fit, the generic kernel runs instead of a
+// launch that fails.
+int shared_memory_limit(int device_index) {
+  constexpr int kLeastOptIn = 99 * 1024;
+  const int limit = max_shared_memory_per_block(device_index);
+  return limit > 0 ? limit : kLeastOptIn;
 }
 
 }  // namespace
@@ -392,6 +403,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   }
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
   int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
+  if (smem > shared_memory_limit(device_index)) return std::nullopt;  // it would not launch: the generic kernel
   // Hopper: the wgmma kernels (only sm_90a images exist: find_image finds none elsewhere).
   // Widened, the 16-bit one's float32 variant (fa_prefill_wg32_) or none.
   namespace ws = fa::wg_shapes;

@@ -2,7 +2,8 @@
 
 #include <atomic>
 #include <mutex>
-#include <unordered_map>
+#include <map>
+#include <utility>
 
 #if defined(__linux__)
 #include <dlfcn.h>
@@ -25,26 +26,37 @@ void* driver_symbol(const char* name) {
 #endif
 }
 
-}  // namespace
-
-int multiprocessors(int device_index) {
+// A device attribute (cuDeviceGetAttribute), or 0 if unknown; cached.
+int device_attribute(int device_index, int attribute) {
   static std::mutex mutex;
-  static std::unordered_map<int, int> known;
+  static std::map<std::pair<int, int>, int> known;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = known.find(device_index);
+  const std::pair<int, int> key{device_index, attribute};
+  auto it = known.find(key);
   if (it != known.end()) return it->second;
   using DeviceGet = int (*)(int*, int);            // cuDeviceGet(CUdevice*, ordinal)
   using DeviceAttribute = int (*)(int*, int, int);  // cuDeviceGetAttribute(value, attribute, CUdevice)
-  constexpr int kMultiprocessorCount = 16;           // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
   auto get = reinterpret_cast<DeviceGet>(driver_symbol("cuDeviceGet"));
-  auto attribute = reinterpret_cast<DeviceAttribute>(driver_symbol("cuDeviceGetAttribute"));
-  int count = 0, device = 0, value = 0;
-  if (get != nullptr && attribute != nullptr && get(&device, device_index) == 0 &&
-      attribute(&value, kMultiprocessorCount, device) == 0 && value > 0) {
-    count = value;
+  auto read = reinterpret_cast<DeviceAttribute>(driver_symbol("cuDeviceGetAttribute"));
+  int result = 0, device = 0, value = 0;
+  if (get != nullptr && read != nullptr && get(&device, device_index) == 0 &&
+      read(&value, attribute, device) == 0 && value > 0) {
+    result = value;
   }
-  known[device_index] = count;
-  return count;
+  known[key] = result;
+  return result;
+}
+
+}  // namespace
+
+int multiprocessors(int device_index) {
+  constexpr int kMultiprocessorCount = 16;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+  return device_attribute(device_index, kMultiprocessorCount);
+}
+
+int max_shared_memory_per_block(int device_index) {
+  constexpr int kMaxSharedMemoryPerBlockOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+  return device_attribute(device_index, kMaxSharedMemoryPerBlockOptIn);
 }
 
 std::optional<TensorMap> tensor_map_template(bool float16) {

@@ -13,6 +13,9 @@ namespace flashattn::cuda {
 // The GPU's SM count, or 0 if unknown (MLX's device_info does not give it).
 int multiprocessors(int device_index);
 
+// The shared memory a block may opt in to (bytes), or 0 if unknown.
+int max_shared_memory_per_block(int device_index);
+
 // A tensor map template (cuTensorMapEncodeTiled): a rank-4 tensor (head dim,
 // rows, heads, batch) of 16-bit elements (bfloat16 unless float16), copied
 // in boxes of 64 head-dim columns with the 128-byte swizzle, rows past the

@@ -5,33 +5,77 @@
 // above float32 FMA speed. One unit per E.
 //
 // Same blocking as prefill_f16.cu: 4 warps x 16 query rows, key/value tiles
-// of 64 through shared memory. Float32 rows are padded (Q, K by 4 floats,
+// of 64 through shared memory (at E = 256 tiles of 32, V copied over K once
+// Q K^T is done: tf32_shapes.h). Float32 rows are padded (Q, K by 4 floats,
 // V by 8) so the scalar fragment loads below hit 32 different banks. P moves
 // from the accumulator layout to the A-operand layout by quad shuffles.
 
 #include "mma.cuh"
+#include "tf32_shapes.h"
 #include "unit.cuh"
 
 namespace fa {
 
-constexpr int kBr32 = 64, kBc32 = 64, kWarps32 = 4;
-
 template <int E>
 struct Tf32Smem {
-  static constexpr int LDQ = E + 4, LDV = E + 8;
-  float q[kBr32 * LDQ];
-  float k[kBc32 * LDQ];
-  float v[kBc32 * LDV];
+  static constexpr int LDQ = tf32_shapes::ld_qk(E), LDV = tf32_shapes::ld_v(E), BC = tf32_shapes::keys(E);
+  static constexpr int BR = tf32_shapes::rows(E), THREADS = tf32_shapes::threads(E);
+  static constexpr bool SHARED_KV = tf32_shapes::shared_kv(E);
+  float q[BR * LDQ];
+  float kv[tf32_shapes::kv_floats(E)];  // K's tile, then V's (or V's over K's: SHARED_KV)
+  __device__ __forceinline__ float* k() { return kv; }
+  __device__ __forceinline__ float* v() { return SHARED_KV ? kv : kv + BC * LDQ; }
 };
+static_assert(sizeof(Tf32Smem<128>) == tf32_shapes::smem_bytes(128) &&
+                  sizeof(Tf32Smem<256>) == tf32_shapes::smem_bytes(256),
+              "the planner's shared memory");
 
-template <int E, int LDT>
+// ROWS rows of E floats (row stride LDT) from src's rows first.., zeros past count.
+template <int E, int LDT, int ROWS>
 __device__ __forceinline__ void load_tile32(float* dst, const float* src, int64_t stride, int first, int count,
                                             int tid) {
   constexpr int CHUNKS = E / 4;
-  for (int idx = tid; idx < kBr32 * CHUNKS; idx += kWarps32 * 32) {
+  for (int idx = tid; idx < ROWS * CHUNKS; idx += Tf32Smem<E>::THREADS) {
     const int r = idx / CHUNKS, c4 = idx % CHUNKS;
     const bool valid = r < count;
     cp_async16(dst + r * LDT + c4 * 4, valid ? src + (first + r) * stride + c4 * 4 : src, valid);
+  }
+}
+
+// The rare path's O += P V (a tile whose values hold +-inf, or NaN that
+// some row cannot see): in float32 FMA, a key at a time, over the keys each
+// row can see only, so a hidden value never reaches a row and a visible
+// infinite one meets P as it is (no split term 0 x inf = NaN). Key c's P
+// for rows g, g + 8 sits in lane 4 g + (c % 8) / 2 (accumulator layout);
+// this thread adds it into its own o columns. Not unrolled over keys: this
+// path would otherwise be most of the module, which MLX copies and hashes
+// on every launch.
+template <int E, int NB, int NO, int LDV>
+__device__ __forceinline__ void add_pv_fma(float (&o)[NO][4], const float (&s)[NB][4], const float* v_tile,
+                                           const Mask& mask, int64_t n, int ra, int L, int S, int c0, int count,
+                                           int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
+                         mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
+#pragma unroll 1
+  for (int c = 0; c < count; ++c) {
+    const int kb = c >> 3, odd = c & 1;
+    float pa = 0.0f, pb = 0.0f;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      if (b == kb) pa = odd ? s[b][1] : s[b][0], pb = odd ? s[b][3] : s[b][2];
+    }
+    const int src = 4 * g + ((c & 7) >> 1);
+    const float p[2] = {__shfl_sync(0xffffffffu, pa, src), __shfl_sync(0xffffffffu, pb, src)};
+    bool sees[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) sees[rr] = !mask.hides(rb[rr], ra + 8 * rr, c0 + c, L, S);
+    const float* v_row = v_tile + c * LDV + 2 * t;
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (sees[i >> 1]) o[eb][i] = fmaf(p[i >> 1], v_row[eb * 8 + (i & 1)], o[eb][i]);
   }
 }
 
@@ -43,7 +87,8 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
                                              int mask_kind, int mask_rs, int mask_cs, float scale_log2,
                                              Layout lay) {
   using Smem = Tf32Smem<E>;
-  constexpr int LDQ = Smem::LDQ, LDV = Smem::LDV, NB = kBc32 / 8, NO = E / 8;
+  constexpr int LDQ = Smem::LDQ, LDV = Smem::LDV, kBr32 = Smem::BR, kBc32 = Smem::BC, NB = kBc32 / 8, NO = E / 8;
+  constexpr int kThreads32 = Smem::THREADS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -55,7 +100,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
   const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
 
-  load_tile32<E, LDQ>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kBr32, L - l0), tid);
+  load_tile32<E, LDQ, kBr32>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kBr32, L - l0), tid);
   cp_async_commit();
 
   const int ra = l0 + w * 16 + g;
@@ -85,8 +130,10 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 
   for (int c0 = 0; c0 < kv_end; c0 += kBc32) {
     const int count = min(kBc32, S - c0);
-    load_tile32<E, LDQ>(sm.k, k_head, lay.k.sr, c0, count, tid);
-    load_tile32<E, LDV>(sm.v, v_head, lay.v.sr, c0, count, tid);
+    float* const k_tile = sm.k();
+    float* const v_tile = sm.v();
+    load_tile32<E, LDQ, kBc32>(k_tile, k_head, lay.k.sr, c0, count, tid);
+    if constexpr (!Smem::SHARED_KV) load_tile32<E, LDV, kBc32>(v_tile, v_head, lay.v.sr, c0, count, tid);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -96,8 +143,8 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
         uint32_t bh0, bl0, bh1, bl1;
-        split_tf32(sm.k[(nb * 8 + g) * LDQ + kk * 8 + t], bh0, bl0);
-        split_tf32(sm.k[(nb * 8 + g) * LDQ + kk * 8 + t + 4], bh1, bl1);
+        split_tf32(k_tile[(nb * 8 + g) * LDQ + kk * 8 + t], bh0, bl0);
+        split_tf32(k_tile[(nb * 8 + g) * LDQ + kk * 8 + t + 4], bh1, bl1);
         mma1688_tf32(s[nb], al, bh0, bh1);
         mma1688_tf32(s[nb], ah, bl0, bl1);
         mma1688_tf32(s[nb], ah, bh0, bh1);
@@ -114,82 +161,59 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
         qk_step(kk, ah, al);
       }
     }
+    if constexpr (Smem::SHARED_KV) {  // V over K once every warp is done with K, copied during the softmax
+      __syncthreads();
+      load_tile32<E, LDV, kBc32>(v_tile, v_head, lay.v.sr, c0, count, tid);
+      cp_async_commit();
+    }
     const bool partial_causal = mask_kind == kCausal && c0 + kBc32 - 1 > l0 + (S - L);
     const bool need_mask = c0 + kBc32 > S || partial_causal || array_mask;
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
+    if constexpr (Smem::SHARED_KV) {
+      cp_async_wait_all();
+      __syncthreads();
+    }
 
     // Rare path: values that are +-inf (a product's low-part term would make
     // 0 x inf = NaN of them wherever P's low part is 0, as at a row's
     // maximum), or NaN where some row cannot see them.
     bool bad = false;
-    for (int idx = tid; idx < count * E; idx += kWarps32 * 32) {
-      const float x = sm.v[(idx / E) * LDV + idx % E];
+    for (int idx = tid; idx < count * E; idx += kThreads32) {
+      const float x = v_tile[(idx / E) * LDV + idx % E];
       bad |= fabsf(x) == INFINITY || (need_mask && isnan(x));
     }
     const bool guard = __syncthreads_or(bad);
 
-    // On the rare path each warp sums P V over visible keys into a 16 x E
-    // buffer where K was (no warp reads K any more after the barrier).
-    float* delta = sm.k + w * 16 * E;
     if (guard) {
-      __syncthreads();
-      for (int i = lane; i < 16 * E; i += 32) delta[i] = 0.0f;
-      __syncwarp();
-    }
+      add_pv_fma<E, NB, NO, LDV>(o, s, v_tile, mask, n, ra, L, S, c0, count, lane);
+    } else {
 #pragma unroll
-    for (int kb = 0; kb < NB; ++kb) {
-      // P (keys 8kb..8kb+7) from the accumulator layout to the A layout.
-      float x[8];
+      for (int kb = 0; kb < NB; ++kb) {
+        // P (keys 8kb..8kb+7) from the accumulator layout to the A layout.
+        float x[8];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[i] = __shfl_sync(0xffffffffu, s[kb][i], src1);
-        x[4 + i] = __shfl_sync(0xffffffffu, s[kb][i], src2);
-      }
-      const int odd = t & 1;
-      const float p0 = odd ? x[1] : x[0], p1 = odd ? x[3] : x[2];  // rows g, g + 8; key t
-      const float p2 = odd ? x[5] : x[4], p3 = odd ? x[7] : x[6];  // key t + 4
-      if (guard) {
-        const float ps[2][2] = {{p0, p1}, {p2, p3}};
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int r = ra + rr * 8;
-          if (r >= L) continue;  // padding rows: never stored
-        const int64_t rbase = array_mask ? mask.row_base(n, r) : 0;
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int c = kb * 8 + t + 4 * j, key = c0 + c;
-            bool visible = key < S && !(mask_kind == kCausal && key > r + mask.offset);
-            if (visible && array_mask) visible = mask.term(rbase, key) != FA_NEG_INF;
-            if (!visible) continue;
-            // Not unrolled: this rare path would otherwise be most of the
-            // module, which MLX copies and hashes on every launch.
-#pragma unroll 1
-            for (int e = 0; e < E; ++e) atomicAdd(&delta[(g + 8 * rr) * E + e], ps[j][rr] * sm.v[c * LDV + e]);
-          }
+        for (int i = 0; i < 4; ++i) {
+          x[i] = __shfl_sync(0xffffffffu, s[kb][i], src1);
+          x[4 + i] = __shfl_sync(0xffffffffu, s[kb][i], src2);
         }
-        continue;
+        const int odd = t & 1;
+        const float p0 = odd ? x[1] : x[0], p1 = odd ? x[3] : x[2];  // rows g, g + 8; key t
+        const float p2 = odd ? x[5] : x[4], p3 = odd ? x[7] : x[6];  // key t + 4
+        uint32_t ah[4], al[4];
+        split_tf32(p0, ah[0], al[0]);
+        split_tf32(p1, ah[1], al[1]);
+        split_tf32(p2, ah[2], al[2]);
+        split_tf32(p3, ah[3], al[3]);
+#pragma unroll
+        for (int eb = 0; eb < NO; ++eb) {
+          uint32_t bh0, bl0, bh1, bl1;
+          split_tf32(v_tile[(kb * 8 + t) * LDV + eb * 8 + g], bh0, bl0);
+          split_tf32(v_tile[(kb * 8 + t + 4) * LDV + eb * 8 + g], bh1, bl1);
+          mma1688_tf32(o[eb], al, bh0, bh1);
+          mma1688_tf32(o[eb], ah, bl0, bl1);
+          mma1688_tf32(o[eb], ah, bh0, bh1);
+        }
       }
-      uint32_t ah[4], al[4];
-      split_tf32(p0, ah[0], al[0]);
-      split_tf32(p1, ah[1], al[1]);
-      split_tf32(p2, ah[2], al[2]);
-      split_tf32(p3, ah[3], al[3]);
-#pragma unroll
-      for (int eb = 0; eb < NO; ++eb) {
-        uint32_t bh0, bl0, bh1, bl1;
-        split_tf32(sm.v[(kb * 8 + t) * LDV + eb * 8 + g], bh0, bl0);
-        split_tf32(sm.v[(kb * 8 + t + 4) * LDV + eb * 8 + g], bh1, bl1);
-        mma1688_tf32(o[eb], al, bh0, bh1);
-        mma1688_tf32(o[eb], ah, bl0, bl1);
-        mma1688_tf32(o[eb], ah, bh0, bh1);
-      }
-    }
-    if (guard) {
-      __syncwarp();
-#pragma unroll
-      for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[eb][i] += delta[(g + (i >> 1) * 8) * E + eb * 8 + 2 * t + (i & 1)];
     }
     __syncthreads();
   }
@@ -205,7 +229,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 #if FA_DTYPE != 0
 #error "prefill_tf32.cu takes float32"
 #endif
-extern "C" __global__ void __launch_bounds__(128) FA_CAT3(fa_prefill_float32_, FA_E, )(
+extern "C" __global__ void __launch_bounds__(fa::Tf32Smem<FA_E>::THREADS) FA_CAT3(fa_prefill_float32_, FA_E, )(
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
     float* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {

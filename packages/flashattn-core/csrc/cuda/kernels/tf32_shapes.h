@@ -1,0 +1,55 @@
+// Block shape of the float32 mma.sync prefill (prefill_tf32.cu), in plain
+// C++: the kernel builds its tiles from it and the planner (dispatch.cpp)
+// its launches and shared memory, so the two cannot disagree.
+//
+// E = 256 (Gemma's head dim) has a shape of its own: Q's 64 rows alone take
+// 65 KB there, so tiles of 64 keys (196 KB a block) would fit only GPUs with
+// 227 KB a block and one block an SM. Tiles of 32 keys, V copied over K in
+// one buffer once Q K^T is done (98 KB), fit every GPU from sm_80 on and two
+// blocks an SM. H200, flash-eval kernel --shape hd256 --dtype float32 (ms;
+// causal prefill 2K / 8K, a 2048-row chunk against 8K keys; MLX 0.53-0.58 /
+// 5.2-5.4 / 1.46-1.56 in the same runs):
+//   keys warps one buffer   2K     8K     chunk
+//    64    4     no        0.52   7.47   3.42
+//    32    4     no        0.62   9.03   4.12
+//    32    8     no        0.85   6.49   3.27
+//    16    8     no        1.09   8.17   4.18
+//    32    4     yes       0.68   6.73   3.13
+// (the generic kernel before: 2.75 ms at 2K, 36.8 at 8K). Two blocks an SM
+// trade the 2K call's speed, where 256 blocks are less than a wave and the
+// SM that runs the longest row tile shares it, for the longer calls'.
+
+#pragma once
+
+namespace fa::tf32_shapes {
+
+// The E = 256 shape, as defines for probes of the others.
+#ifndef FA_TF32_WIDE_KEYS
+#define FA_TF32_WIDE_KEYS 32
+#endif
+#ifndef FA_TF32_WIDE_WARPS
+#define FA_TF32_WIDE_WARPS 4
+#endif
+#ifndef FA_TF32_WIDE_SHARED
+#define FA_TF32_WIDE_SHARED 1
+#endif
+
+// Warps of 16 query rows each (Br = 16 warps).
+constexpr int warps(int E) { return E > 128 ? FA_TF32_WIDE_WARPS : 4; }
+constexpr int rows(int E) { return 16 * warps(E); }
+constexpr int threads(int E) { return 32 * warps(E); }
+// Keys a tile (Bc).
+constexpr int keys(int E) { return E > 128 ? FA_TF32_WIDE_KEYS : 64; }
+
+// Rows padded so that the scalar fragment loads hit 32 different banks: Q
+// and K by 4 floats, V by 8.
+constexpr int ld_qk(int E) { return E + 4; }
+constexpr int ld_v(int E) { return E + 8; }
+
+// Whether K and V take turns in one buffer (V copied over K once Q K^T is
+// done, while the softmax runs).
+constexpr bool shared_kv(int E) { return E > 128 && FA_TF32_WIDE_SHARED; }
+constexpr int kv_floats(int E) { return keys(E) * (shared_kv(E) ? ld_v(E) : ld_qk(E) + ld_v(E)); }
+constexpr int smem_bytes(int E) { return (rows(E) * ld_qk(E) + kv_floats(E)) * 4; }
+
+}  // namespace fa::tf32_shapes
