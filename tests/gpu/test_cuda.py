@@ -90,13 +90,14 @@ def test_prefill_chunk_in_row_tiles_of_128(mask, dtype):
 
 @pytest.mark.parametrize("S", [100, 513, 4096, 32768])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("heads,E", [((8, 4), 256), ((8, 8), 80), ((6, 2), 40)])
+@pytest.mark.parametrize("heads,E", [((8, 4), 256), ((8, 8), 80), ((6, 2), 40), ((4, 4), 96)])
 @pytest.mark.parametrize("mask", ["none", "causal", "bool_full", "additive_full"])
 def test_generic_decode_splits(S, dtype, heads, E, mask):
-    # Head dims no decode kernel takes (Gemma's 256, Phi-2's 80, and 40) go
-    # to the generic kernel: keys walked in groups (generic.cu), split over
-    # blocks of at least 64 keys and merged; groups cut short at a split's
-    # end, keys hidden inside a group by the array masks.
+    # Head dims no decode kernel takes (Gemma's 256, Phi-2's 80, and 40), and
+    # E = 96 with one row a KV head (Phi-3-mini's decode: dispatch.cpp's
+    # decode_takes), go to the generic kernel: keys walked in groups
+    # (generic.cu), split over blocks of at least 64 keys and merged; groups
+    # cut short at a split's end, keys hidden inside a group by the array masks.
     case = Case(batch=(2,), heads=heads, L=1, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
     q, k, v, m = make_inputs(case)
     out = flash_attention(q, k, v, mask=m)

@@ -1,6 +1,7 @@
 // Which CUDA kernel runs, and its launch: the one place that decides.
 //
-//   L <= 8, ratio x L <= 16 query rows per KV head, E in {64, 96, 128}:
+//   L <= 8, ratio x L <= 16 query rows per KV head, E in {64, 96, 128}
+//       (at E = 96 at least two rows per KV head):
 //       decode (FlashDecoding: keys split across blocks and merged in the
 //       same launch by a block that finds its group done; up to 1024 keys one block
 //       per group, no merge); on tensor cores
@@ -314,6 +315,18 @@ std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   return d.widen ? "fa_decode_mma32_" : "fa_decode_mma_";
 }
 
+// Whether a decode kernel takes the call (the tensor-core ones or
+// decode.cu, by head dim). decode.cu's lanes take a key each and a block shares each K / V row among its rows;
+// with one row a group (multi-head attention) there is nothing to share,
+// and at E = 96 (Phi-3-mini: 32 / 32 heads) the generic kernel's grouped
+// walk (a warp a row) was faster. H200, flash-eval kernel --shape hd96,
+// decode.cu -> generic, ms: S = 2048 0.048 -> 0.047 (bfloat16) and 0.054 ->
+// 0.053 (float32); S = 8192 0.099 -> 0.076 and 0.131 -> 0.087; S = 32768
+// 0.281 -> 0.178 and 0.423 -> 0.215 (MLX 0.134 and 0.213 there).
+bool decode_takes(const Dims& d, int rows_per_group) {
+  return has_decode_kernel(d.E) && !(d.E == 96 && rows_per_group == 1);
+}
+
 // The decode launches, when decode takes the call; splits: the key splits chosen.
 std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const int rows_per_group = (d.H_q / d.H_kv) * d.L;
@@ -321,8 +334,8 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const bool mma = !tensor_core.empty();
   if (d.widen && !mma) return std::nullopt;  // widened: the tensor-core decode only
   const int row_blocks = mma ? 1 : (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
-  if (d.L >= kMinPrefillL || rows_per_group > kDecodeMaxRows || !has_decode_kernel(d.E) || d.batch > 65535 ||
-      d.H_kv * row_blocks > 65535) {
+  if (d.L >= kMinPrefillL || rows_per_group > kDecodeMaxRows || !decode_takes(d, rows_per_group) ||
+      d.batch > 65535 || d.H_kv * row_blocks > 65535) {
     return std::nullopt;
   }
   const int64_t groups = d.batch * d.H_kv;
