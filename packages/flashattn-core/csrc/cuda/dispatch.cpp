@@ -14,7 +14,8 @@
 //   float32, E in {64, 80, 96, 128, 256}, L > 8: 3xTF32 tensor-core prefill;
 //       for E = 64 on Hopper, on wgmma (prefill_tf32_wg.cu)
 //       (a prefill kernel whose block needs more shared memory than the GPU
-//       has, 16-bit E = 256 on sm_86 / sm_89: the generic kernel)
+//       has, 16-bit E = 256 or float32 E = 128 on sm_86 / sm_89: the
+//       generic kernel)
 //   everything else: the generic kernel (keys split and merged when the
 //       query rows are few)
 //   widened (dtype=float32 over float16 / bfloat16 inputs): the float32
@@ -191,16 +192,15 @@ bool has_decode_kernel(int E) {
   return E == 64 || E == 96 || E == 128;
 }
 
-bool has_prefill_kernel(mx::Dtype t, int E) {
-  (void)t;
+bool has_prefill_kernel(int E) {
   return E == 64 || E == 80 || E == 96 || E == 128 || E == 256;
 }
 
 // Shared memory a block may have on the device: what it says, or, when the
 // driver cannot say, the least of any GPU the kernels are built for (sm_86
-// and sm_89's 99 KB). The 16-bit mma.sync prefill at E = 256 takes more
-// (165 KB): where it does not fit, the generic kernel runs instead of a
-// launch that fails.
+// and sm_89's 99 KB). The mma.sync prefills at 16 bits and E = 256 (165 KB)
+// and at float32 and E = 128 (100 KB) take more: where they do not fit, the
+// generic kernel runs instead of a launch that fails.
 int shared_memory_limit(int device_index) {
   constexpr int kLeastOptIn = 99 * 1024;
   const int limit = max_shared_memory_per_block(device_index);
@@ -316,9 +316,9 @@ std::string tensor_core_decode(const Dims& d, int rows_per_group) {
 }
 
 // Whether a decode kernel takes the call (the tensor-core ones or
-// decode.cu, by head dim). decode.cu's lanes take a key each and a block shares each K / V row among its rows;
-// with one row a group (multi-head attention) there is nothing to share,
-// and at E = 96 (Phi-3-mini: 32 / 32 heads) the generic kernel's grouped
+// decode.cu, by head dim). decode.cu's lanes take a key each and a block
+// shares each K / V row among its rows; with one row a group (multi-head
+// attention) there is nothing to share, and at E = 96 (Phi-3-mini: 32 / 32 heads) the generic kernel's grouped
 // walk (a warp a row) was faster. H200, flash-eval kernel --shape hd96,
 // decode.cu -> generic, ms: S = 2048 0.048 -> 0.047 (bfloat16) and 0.054 ->
 // 0.053 (float32); S = 8192 0.099 -> 0.076 and 0.131 -> 0.087; S = 32768
@@ -411,7 +411,7 @@ int forced_splits() {
 }
 
 std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
-  if (d.L < kMinPrefillL || !has_prefill_kernel(dtype, d.E) || d.batch > 65535 || d.H_q > 65535) {
+  if (d.L < kMinPrefillL || !has_prefill_kernel(d.E) || d.batch > 65535 || d.H_q > 65535) {
     return std::nullopt;
   }
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
