@@ -12,7 +12,7 @@ against two kernels launched through the same custom-kernel path: one that
 does nothing (the path's own cost a call) and one that only reads K and V
 once (the least any decode kernel reached that way can take).
 
-    python3 scripts/host-probe.py [floors|decode|decode32k|floor32k|prefill]"""
+    python3 scripts/host-probe.py [floors|decode|decode32k|floor32k|prefill|prefill-dims]"""
 
 import os
 import statistics
@@ -233,6 +233,9 @@ def floors_32k():
 DECODE = [("qwen05b", QWEN05B, 1, 8192, mx.bfloat16), ("qwen05b", QWEN05B, 1, 32768, mx.bfloat16),
           ("qwen05b", QWEN05B, 1, 32768, mx.float32), ("hd128", HD128, 1, 32768, mx.bfloat16)]
 PREFILL = [("qwen05b", QWEN05B, 8192, 8192, mx.bfloat16), ("hd128", HD128, 4096, 4096, mx.bfloat16)]
+# Phi-2's and Phi-3-mini's heads (flash-eval's hd80, hd96).
+PREFILL_DIMS = [("hd80", (32, 32, 80), 2048, 2048, mx.bfloat16), ("hd96", (32, 32, 96), 2048, 2048, mx.bfloat16),
+                ("hd96", (32, 32, 96), 8192, 8192, mx.bfloat16)]
 
 DECODE_32K = [c for c in DECODE if c[3] == 32768 and c[0] == "qwen05b"]
 
@@ -247,3 +250,5 @@ if mode in ("all", "decode"):
     attention(DECODE)
 if mode in ("all", "prefill"):
     attention(PREFILL)
+if mode == "prefill-dims":
+    attention(PREFILL_DIMS)

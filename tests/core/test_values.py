@@ -131,7 +131,7 @@ def test_empty_dimensions(shape_q, shape_kv):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("E", [64, 96, 128])
 def test_masked_nan_values_in_a_middle_key_tile(dtype, E):
     # Long enough for the GPU's tiled kernels (full row tiles, several key
     # tiles): value rows that a boolean mask hides from every query hold NaN

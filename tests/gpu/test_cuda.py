@@ -41,6 +41,7 @@ def test_long_sequence_16k(dtype):
     assert sampled_error(q, k, v, out, mask) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("E", [80, 96, 128])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize(
     "batch,heads,L,S,mask",
@@ -51,12 +52,12 @@ def test_long_sequence_16k(dtype):
         ((3,), (8, 2), 2800, 2800, "bool_LS"),
     ],
 )
-def test_scheduled_row_tiles(batch, heads, L, S, mask, dtype):
-    """E = 128 calls of at least 512 row tiles (all slices): on Hopper one
-    block per SM takes a share of them, ordered heaviest first and dealt out
-    in a snake (prefill_f16_wg.cu); a row tile left out would stay NaN under
-    FLASHATTN_CUDA_POISON (scripts/cuda-check)."""
-    case = Case(batch=batch, heads=heads, L=L, S=S, E=128, mask=mask, dtype=dtype)
+def test_scheduled_row_tiles(batch, heads, L, S, mask, dtype, E):
+    """Calls of at least 512 row tiles (all slices) at E = 128, and at 80 / 96
+    in its tiles: on Hopper one block per SM takes a share of them, ordered
+    heaviest first and dealt out in a snake (prefill_f16_wg.cu); a row tile
+    left out would stay NaN under FLASHATTN_CUDA_POISON (scripts/cuda-check)."""
+    case = Case(batch=batch, heads=heads, L=L, S=S, E=E, mask=mask, dtype=dtype)
     q, k, v, m = make_inputs(case)
     out = flash_attention(q, k, v, mask=m)
     assert not mx.isnan(out).any().item()
@@ -128,7 +129,7 @@ def test_non_finite_inputs_in_generic_decode(E, where, value, mask):
 
 @pytest.mark.parametrize("widen", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("E,heads", [(64, (14, 2)), (128, (16, 2))])
+@pytest.mark.parametrize("E,heads", [(64, (14, 2)), (128, (16, 2)), (96, (12, 4)), (80, (8, 8))])
 @pytest.mark.parametrize("mask", ["causal", "none", "bool_LS", "additive_LS"])
 def test_prefill_few_rows_against_a_long_cache(mask, E, heads, dtype, widen):
     # A few hundred query rows against a long cache (a prompt after a long
@@ -398,25 +399,28 @@ def test_float32_decode_reads_the_16_bit_cache_in_place():
     assert relative_error(out, attention_reference(q, k, v)) <= TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("E", [64, 128])
+HEADS_OF = {64: (14, 2), 80: (8, 8), 96: (12, 4), 128: (32, 8)}
+
+
+@pytest.mark.parametrize("E", [64, 80, 96, 128])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("mask", ["causal", "none", "bool_LS", "additive_full"])
 def test_float32_prefill_over_16_bit_inputs(E, dtype, mask):
     # Hopper: fa_prefill_wg32_* (prefill_f16_wg.cu's float32 variant) reads
     # the 16-bit inputs as they are; P goes into P V as 16-bit terms that sum
     # to it at float32 accuracy; the output is float32.
-    heads = (14, 2) if E == 64 else (32, 8)
+    heads = HEADS_OF[E]
     case = Case(batch=(2,), heads=heads, L=300, S=333, E=E, mask=mask, dtype=dtype, layout="kv_cache")
     assert_float32_over_16_bit(*make_inputs(case))
 
 
-@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("E", [64, 96, 128])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("mask", ["causal", "none"])
 def test_float32_prefill_over_16_bit_inputs_long(E, dtype, mask):
-    # 4096 rows: at E = 128 (32 heads) the scheduled launch, a block per SM
-    # taking a share of every row tile.
-    heads = (14, 2) if E == 64 else (32, 8)
+    # 4096 rows: at E = 128 (32 heads) and 96 (Phi-3-mini's 32) the scheduled
+    # launch, a block per SM taking a share of every row tile.
+    heads = {64: (14, 2), 96: (32, 32), 128: (32, 8)}[E]
     case = Case(batch=(1,), heads=heads, L=4096, S=4096, E=E, mask=mask, dtype=dtype)
     q, k, v, m = make_inputs(case)
     out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
@@ -465,11 +469,11 @@ def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype):
 
 @pytest.mark.parametrize("L", [1, 200])
 def test_float32_over_16_bit_inputs_where_no_kernel_reads_them(L):
-    # E = 96: neither the tensor-core decode nor the wgmma prefill reads
+    # E = 256: neither the tensor-core decode nor the wgmma prefill reads
     # 16-bit inputs for float32 attention, so the call runs the float32
     # kernels on cast inputs; the planner keeps that it does (dispatch.cpp's
     # recent plans), so the second call takes the cached answer.
-    case = Case(batch=(1,), heads=(8, 2), L=L, S=3000, E=96, mask="causal", dtype="bfloat16", layout="kv_cache")
+    case = Case(batch=(1,), heads=(8, 2), L=L, S=3000, E=256, mask="causal", dtype="bfloat16", layout="kv_cache")
     for seed in (0, 1):
         q, k, v, m = make_inputs(case, seed=seed)
         out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
@@ -536,7 +540,7 @@ def test_batch_axes_that_do_not_collapse():
     assert relative_error(out, attention_reference(q, k, v, mask="causal")) <= TOLERANCE["bfloat16"]
 
 
-@pytest.mark.parametrize("E", [64, 128])
+@pytest.mark.parametrize("E", [64, 80, 96, 128])
 @pytest.mark.parametrize("layout", ["transposed", "reversed"])
 def test_strided_views_in_the_tensor_core_prefill(E, layout):
     """Views that reach the Hopper kernels' tensor maps (prefill_f16_wg.cu)

@@ -10,7 +10,8 @@
 //       float32 with at most 8 rows per KV head, with the 3xTF32 split
 //       (decode_tf32.cu)
 //   float16 / bfloat16, E in {64, 80, 96, 128, 256}, L > 8: tensor-core prefill;
-//       for E = 64 or 128 on Hopper, on wgmma (prefill_f16_wg.cu)
+//       for E in {64, 80, 96, 128} on Hopper, on wgmma (prefill_f16_wg.cu;
+//       80 and 96 in the 128 kernel's tiles)
 //   float32, E in {64, 80, 96, 128, 256}, L > 8: 3xTF32 tensor-core prefill;
 //       for E = 64 on Hopper, on wgmma (prefill_tf32_wg.cu)
 //       (a prefill kernel whose block needs more shared memory than the GPU

@@ -314,7 +314,9 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
 
 // O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l
 // summed over the quad that shares a row. Rows that saw no visible key
-// (l = 0) are zeros; rows past L (the last tile's padding) are not written.
+// (l = 0) are zeros; rows past L (the last tile's padding) are not written,
+// nor columns past E (a row of E columns in NO x 8: prefill_f16_wg.cu's
+// E = 80 / 96).
 //
 // 16-bit outputs, NO a multiple of 4: a quad holds columns 8 eb + 2 t, +1 of
 // a row for every eb (t: the thread's place in the quad). Per group of four
@@ -356,7 +358,7 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
           v[a] = t1 ? got : v[a];
           v[a + 2] = t1 ? v[a + 2] : got;
         }
-        if (r < L) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+        if (r < L && (eb0 + t) * 8 < E) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
       }
     } else {
       if (r >= L) continue;
@@ -364,6 +366,7 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
       // half the stores of one per element, which queued in the epilogue).
 #pragma unroll
       for (int eb = 0; eb < NO; ++eb) {
+        if (eb * 8 >= E) break;
         const float a = o[eb][2 * rr] * inv, b = o[eb][2 * rr + 1] * inv;
         if constexpr (sizeof(T) == 2) {
           *reinterpret_cast<uint32_t*>(dst + eb * 8 + 2 * t) = pack2<T>(a, b);

@@ -2,7 +2,9 @@
 // products of prefill_f16.cu on warpgroup tensor-core instructions (wgmma,
 // wgmma.cuh), which read their shared-memory operands themselves instead of
 // every warp loading fragments with ldmatrix. One unit per (dtype, E), E in
-// {64, 128}; other head dims and other GPUs take prefill_f16.cu.
+// {64, 80, 96, 128}; E = 80 and 96 in the E = 128 kernel's tiles, the
+// columns past E zero (wg_shapes.h's f16_stored_e); other head dims and
+// other GPUs take prefill_f16.cu.
 //
 // Block (wg_shapes.h): consumer warpgroups of 64 query rows each (three
 // for E = 64, two for E = 128) and a producer warpgroup that copies Q and
@@ -96,6 +98,7 @@ __device__ __forceinline__ int sw_at(int r, int c) {
 }
 
 // Copies of ROWS x E tiles into the swizzled layout by THREADS threads,
+// the source rows ED <= E long (columns ED.. zero-filled),
 // asynchronously (cp.async). Neighbouring threads take neighbouring 16-byte
 // chunks of a row: each 8 read 128 contiguous bytes (whole sectors; with rows across them instead,
 // every sector came half used and twice) and, thanks to the swizzle, write
@@ -104,7 +107,7 @@ __device__ __forceinline__ int sw_at(int r, int c) {
 // its first (a multiple of 8 rows keeps the swizzle's XOR): per chunk, an
 // add and the copy. Rows past the count are zero-filled (no bytes read: the
 // address is never dereferenced).
-template <typename T, int E, int ROWS, int THREADS>
+template <typename T, int E, int ROWS, int THREADS, int ED = E>
 struct TileCopy {
   static constexpr int CH = E / 8, kRowStep = THREADS / CH;
   static constexpr int kChunks = (ROWS + kRowStep - 1) / kRowStep;
@@ -122,7 +125,7 @@ struct TileCopy {
     for (int i = 0; i < kChunks; ++i) {
       const int r = r0 + i * kRowStep;
       if (ROWS % kRowStep == 0 || i + 1 < kChunks || r < ROWS)  // the last round: warp-uniform
-        cp_async16(dst + dst0 + i * kRowStep * 64, g + i * step, r < count);
+        cp_async16(dst + dst0 + i * kRowStep * 64, g + i * step, r < count && (ED == E || c0 < ED));
     }
   }
 };
@@ -154,9 +157,12 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // Threads that copy K and V: arrivals on a full barrier (with TMA, the
   // producer thread's expect_tx; the bytes complete it).
   constexpr int kCopiers = kTma ? 1 : kProducer ? 128 : kWhThreads;
-  constexpr int NB = kWhBc / 8, NO = E / 8;
-  static_assert(E == 64 || E == 128, "wgmma's N is the head dim in P V");
-  using Smem = WhSmem<T, E, Shape>;
+  // EP: the head dim as stored and as P V's N (wg_shapes.h's f16_stored_e);
+  // the columns E.. of Q, K and V are zero there, and of O not stored.
+  constexpr int EP = E <= 64 ? 64 : 128;
+  constexpr int NB = kWhBc / 8, NO = EP / 8;
+  static_assert(E == 64 || E == 80 || E == 96 || E == 128, "the units CMakeLists.txt builds");
+  using Smem = WhSmem<T, EP, Shape>;
   // Descriptors (wgmma.cuh; offsets in 16-byte units). K-major (Q, K): 8-row
   // groups 1024 bytes apart (SBO); a step of 16 along the head dim moves 32
   // bytes within a column block, or to the next block (rows x 128 bytes on).
@@ -164,7 +170,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // kWhBc x 128 bytes apart (LBO); a step of 16 keys moves 2048 bytes.
   auto step_e = [](int rows, int kk) { return uint32_t((kk >> 2) * rows * 8 + (kk & 3) * 2); };
   constexpr uint32_t kStepKeys = 2048 >> 4;
-  constexpr uint32_t kStepBuf = (kWhBc * E * sizeof(T)) >> 4;
+  constexpr uint32_t kStepBuf = (kWhBc * EP * sizeof(T)) >> 4;
   extern __shared__ __align__(1024) unsigned char smem_wg[];  // its own name: other units declare 16-byte alignment
   auto& sm = *reinterpret_cast<Smem*>(smem_wg);
   if (smem_u32(smem_wg) & 1023) __trap();  // the swizzle needs 1024-byte alignment (never seen otherwise)
@@ -244,7 +250,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     mbar_init(&sm.q_empty, kConsumers);
   }
   if constexpr (kTma) fence_mbar_init();
-  const TileCopy<T, E, kWhBc, kTma ? 128 : kCopiers> copy_kv(tid % (kTma ? 128 : kCopiers));
+  const TileCopy<T, EP, kWhBc, kTma ? 128 : kCopiers, E> copy_kv(tid % (kTma ? 128 : kCopiers));
   // Tile j into its buffer once every consumer is done with the block's
   // tile three before it there.
   auto load_tile = [&](int j) {
@@ -255,7 +261,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     cp_async_arrive(&sm.full[b]);
   };
   if constexpr (!kProducer) {
-    const TileCopy<T, E, kWhBr, kWhThreads> copy_q(tid);
+    const TileCopy<T, EP, kWhBr, kWhThreads, E> copy_q(tid);
     copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
     cp_async_commit();
     __syncthreads();  // the barriers are initialised
@@ -269,7 +275,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       setmaxnreg_dec<Shape::kProducerRegs>();
       if constexpr (kTma) {
         // Tensor maps of Q, K and V (4-d: head dim, rows, heads, batch); a
-        // box is 64 columns (128 bytes: the swizzle's row) of a tile's rows.
+        // box is 64 columns (128 bytes: the swizzle's row) of a tile's rows
+        // (at E = 80 / 96 the second box's columns past E come zero-filled,
+        // and count in its bytes).
         // Made by the producer's first warp once per SM and call
         // (tma_call_maps), staged in a value buffer not yet loaded. Item 0's
         // Q and first key/value tile are copied by the consumers meanwhile
@@ -300,7 +308,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         tma_prefetch_map(map_q);
         tma_prefetch_map(map_k);
         tma_prefetch_map(map_v);
-        constexpr uint32_t kQBytes = kWhBr * E * sizeof(T), kKvBytes = 2 * kWhBc * E * sizeof(T);
+        constexpr uint32_t kQBytes = kWhBr * EP * sizeof(T), kKvBytes = 2 * kWhBc * EP * sizeof(T);
         for (int i = 0; i < n_items; ++i) {
           if (i > 0) {
             begin_item(i);
@@ -309,7 +317,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           if (i > 0) {
             mbar_arrive_expect_tx(&sm.q_full, kQBytes);
 #pragma unroll
-            for (int cb = 0; cb < E / 64; ++cb)
+            for (int cb = 0; cb < EP / 64; ++cb)
               tma_load_4d(sm.q + cb * kWhBr * 64, map_q, &sm.q_full, cb * 64, l0, blk.h, int(blk.b));
           }
           for (int j = i == 0 ? 1 : 0; j < n_tiles; ++j) {
@@ -317,7 +325,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
             if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
             mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
 #pragma unroll
-            for (int cb = 0; cb < E / 64; ++cb) {
+            for (int cb = 0; cb < EP / 64; ++cb) {
               tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
               tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
             }
@@ -326,7 +334,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         }
         return;
       }
-      const TileCopy<T, E, kWhBr, 128> copy_q(tid % 128);
+      const TileCopy<T, EP, kWhBr, 128, E> copy_q(tid % 128);
       for (int i = 0; i < n_items; ++i) {
         if (i > 0) {
           begin_item(i);
@@ -342,10 +350,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     }
     setmaxnreg_inc<Shape::kConsumerRegs>();
     if constexpr (kTma) {  // item 0's Q and first tile, while the producer makes the maps (above)
-      const TileCopy<T, E, kWhBr, kConsumers> copy_q(tid);
+      const TileCopy<T, EP, kWhBr, kConsumers, E> copy_q(tid);
       copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
       if (n_tiles > 0) {
-        const TileCopy<T, E, kWhBc, kConsumers> copy_tile(tid);
+        const TileCopy<T, EP, kWhBc, kConsumers, E> copy_tile(tid);
         copy_tile(sm.k[0], k_head, lay.k.sr, key0(0), S - key0(0));
         copy_tile(sm.v[0], v_head, lay.v.sr, key0(0), S - key0(0));
       }
@@ -394,7 +402,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // kernel before: hd128 causal 4K 0.290 -> 0.288 ms (three runs; 0.295 ->
   // 0.290 in another), qwen05b causal 8K unchanged (0.289).
   auto buf_offset = [&](int j) { return uint32_t(__shfl_sync(0xffffffffu, buf(j) * kStepBuf, 0)); };
-  auto issue_qk = [&](int j) {  // s = Q K_j^T
+  auto issue_qk = [&](int j) {  // s = Q K_j^T (over the E columns: the rest are zero)
     const uint32_t b_off = buf_offset(j);
     wgmma_fence();
 #pragma unroll
@@ -413,7 +421,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #pragma unroll
     for (int term = 0; term < kTerms; ++term)
 #pragma unroll
-      for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys));
+      for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, EP>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys));
   };
   // P's pairs (keys 2t, 2t + 1 of rows g, g + 8 in each 8-key block) as P V's
   // A operand; kF32: each term the rounding of what the ones before left.
@@ -440,7 +448,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     // and conversion per element took ~2K cycles on every causal diagonal tile).
     bool bad = false;
     const uint4* sv = reinterpret_cast<const uint4*>(sm.v[buf(j)]);
-    for (int idx = tid; idx < kWhBc * E / 8; idx += kConsumers) {
+    for (int idx = tid; idx < kWhBc * EP / 8; idx += kConsumers) {
       const uint4 x = sv[idx];
       bad |= pair_nonfinite<T>(x.x) | pair_nonfinite<T>(x.y) | pair_nonfinite<T>(x.z) | pair_nonfinite<T>(x.w);
     }
@@ -662,7 +670,7 @@ using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG
                                 fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32), fa::wg_shapes::kF16Producer,
                                 fa::wg_shapes::f16_items(FA_E), fa::wg_shapes::kF16Tma>;
 static_assert(fa::wg_shapes::kF16Tma, "the unit's arguments are those of the TMA copies");
-static_assert(sizeof(fa::WhSmem<FA_T, FA_E, WhUnitShape>) ==
+static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E), WhUnitShape>) ==
                   fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW),
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(FA_WG_FAMILY, FA_TNAME, _, FA_E, )(
