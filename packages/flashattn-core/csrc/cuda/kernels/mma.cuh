@@ -314,11 +314,10 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
 
 // O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l
 // summed over the quad that shares a row. Rows that saw no visible key
-// (l = 0) are zeros; rows past L (the last tile's padding) are not written,
-// nor columns past E (a row of E columns in NO x 8: prefill_f16_wg.cu's
-// E = 80 / 96).
+// (l = 0) are zeros; rows past L (the last tile's padding) are not written.
 //
-// 16-bit outputs, NO a multiple of 4: a quad holds columns 8 eb + 2 t, +1 of
+// 16-bit outputs, in groups of four column blocks (E = 80: blocks 8 and 9
+// as 32-bit stores, below): a quad holds columns 8 eb + 2 t, +1 of
 // a row for every eb (t: the thread's place in the quad). Per group of four
 // eb the quad transposes its 4 x 4 pairs (two butterfly stages over lanes
 // t ^ 1 and t ^ 2, two shuffles each) so that thread t holds the 8 columns
@@ -336,43 +335,41 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
     const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
     const int r = ra + rr * 8;
     T* dst = out + (n * (int64_t)L + r) * E;
-    if constexpr (sizeof(T) == 2 && NO % 4 == 0) {
+    constexpr int kGrouped = sizeof(T) == 2 ? NO / 4 * 4 : 0;  // blocks stored 16 bytes a thread
 #pragma unroll
-      for (int eb0 = 0; eb0 < NO; eb0 += 4) {
-        uint32_t v[4];  // v[i]: this thread's pair of block eb0 + i, then (below) thread i's of block eb0 + t
+    for (int eb0 = 0; eb0 < kGrouped; eb0 += 4) {
+      uint32_t v[4];  // v[i]: this thread's pair of block eb0 + i, then (below) thread i's of block eb0 + t
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = pack2<T>(o[eb0 + i][2 * rr] * inv, o[eb0 + i][2 * rr + 1] * inv);
-        // Stage b (lane bit b): the slots whose bit b differs from t's go to
-        // lane t ^ (1 << b), which sends back its slots of the same pattern.
-        // After both, slot i holds thread i's pair of block eb0 + t.
-        const bool t0 = t & 1, t1 = t & 2;
+      for (int i = 0; i < 4; ++i) v[i] = pack2<T>(o[eb0 + i][2 * rr] * inv, o[eb0 + i][2 * rr + 1] * inv);
+      // Stage b (lane bit b): the slots whose bit b differs from t's go to
+      // lane t ^ (1 << b), which sends back its slots of the same pattern.
+      // After both, slot i holds thread i's pair of block eb0 + t.
+      const bool t0 = t & 1, t1 = t & 2;
 #pragma unroll
-        for (int a = 0; a < 2; ++a) {  // slots 2a, 2a + 1: t0 gives 2a + 1 - t0
-          const uint32_t got = __shfl_xor_sync(0xffffffffu, t0 ? v[2 * a] : v[2 * a + 1], 1);
-          v[2 * a] = t0 ? got : v[2 * a];
-          v[2 * a + 1] = t0 ? v[2 * a + 1] : got;
-        }
-#pragma unroll
-        for (int a = 0; a < 2; ++a) {  // slots a, a + 2: t1 gives a + 2 (1 - t1)
-          const uint32_t got = __shfl_xor_sync(0xffffffffu, t1 ? v[a] : v[a + 2], 2);
-          v[a] = t1 ? got : v[a];
-          v[a + 2] = t1 ? v[a + 2] : got;
-        }
-        if (r < L && (eb0 + t) * 8 < E) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+      for (int a = 0; a < 2; ++a) {  // slots 2a, 2a + 1: t0 gives 2a + 1 - t0
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, t0 ? v[2 * a] : v[2 * a + 1], 1);
+        v[2 * a] = t0 ? got : v[2 * a];
+        v[2 * a + 1] = t0 ? v[2 * a + 1] : got;
       }
-    } else {
-      if (r >= L) continue;
-      // Columns 2t, 2t + 1 in one store (E is even and rows start aligned:
-      // half the stores of one per element, which queued in the epilogue).
 #pragma unroll
-      for (int eb = 0; eb < NO; ++eb) {
-        if (eb * 8 >= E) break;
-        const float a = o[eb][2 * rr] * inv, b = o[eb][2 * rr + 1] * inv;
-        if constexpr (sizeof(T) == 2) {
-          *reinterpret_cast<uint32_t*>(dst + eb * 8 + 2 * t) = pack2<T>(a, b);
-        } else {
-          *reinterpret_cast<float2*>(dst + eb * 8 + 2 * t) = make_float2(a, b);
-        }
+      for (int a = 0; a < 2; ++a) {  // slots a, a + 2: t1 gives a + 2 (1 - t1)
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, t1 ? v[a] : v[a + 2], 2);
+        v[a] = t1 ? got : v[a];
+        v[a + 2] = t1 ? v[a + 2] : got;
+      }
+      if (r < L) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+    if (r >= L) continue;
+    // The other blocks: columns 2t, 2t + 1 in one store (E is even and rows
+    // start aligned: half the stores of one per element, which queued in the
+    // epilogue).
+#pragma unroll
+    for (int eb = kGrouped; eb < NO; ++eb) {
+      const float a = o[eb][2 * rr] * inv, b = o[eb][2 * rr + 1] * inv;
+      if constexpr (sizeof(T) == 2) {
+        *reinterpret_cast<uint32_t*>(dst + eb * 8 + 2 * t) = pack2<T>(a, b);
+      } else {
+        *reinterpret_cast<float2*>(dst + eb * 8 + 2 * t) = make_float2(a, b);
       }
     }
   }

@@ -3,8 +3,8 @@
 // wgmma.cuh), which read their shared-memory operands themselves instead of
 // every warp loading fragments with ldmatrix. One unit per (dtype, E), E in
 // {64, 80, 96, 128}; E = 80 and 96 in the E = 128 kernel's tiles, the
-// columns past E zero (wg_shapes.h's f16_stored_e); other head dims and
-// other GPUs take prefill_f16.cu.
+// columns past E zero (wg_shapes.h's f16_stored_e), P V E columns wide;
+// other head dims and other GPUs take prefill_f16.cu.
 //
 // Block (wg_shapes.h): consumer warpgroups of 64 query rows each (three
 // for E = 64, two for E = 128) and a producer warpgroup that copies Q and
@@ -157,10 +157,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // Threads that copy K and V: arrivals on a full barrier (with TMA, the
   // producer thread's expect_tx; the bytes complete it).
   constexpr int kCopiers = kTma ? 1 : kProducer ? 128 : kWhThreads;
-  // EP: the head dim as stored and as P V's N (wg_shapes.h's f16_stored_e);
-  // the columns E.. of Q, K and V are zero there, and of O not stored.
+  // EP: the head dim as stored (wg_shapes.h's f16_stored_e); the columns E..
+  // of Q, K and V are zero there. Q K^T takes E / 16 steps, P V has N = E.
   constexpr int EP = E <= 64 ? 64 : 128;
-  constexpr int NB = kWhBc / 8, NO = EP / 8;
+  constexpr int NB = kWhBc / 8, NO = E / 8;
   static_assert(E == 64 || E == 80 || E == 96 || E == 128, "the units CMakeLists.txt builds");
   using Smem = WhSmem<T, EP, Shape>;
   // Descriptors (wgmma.cuh; offsets in 16-byte units). K-major (Q, K): 8-row
@@ -421,7 +421,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #pragma unroll
     for (int term = 0; term < kTerms; ++term)
 #pragma unroll
-      for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, EP>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys));
+      for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys));
   };
   // P's pairs (keys 2t, 2t + 1 of rows g, g + 8 in each 8-key block) as P V's
   // A operand; kF32: each term the rounding of what the ones before left.

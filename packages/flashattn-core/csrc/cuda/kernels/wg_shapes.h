@@ -38,11 +38,12 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // narrow: two consumers at E = 64 as well (fa_prefill_wg2_*, row tiles of
 // 128), which the planner takes where three leave SMs idle (dispatch.cpp's
 // narrow_wins).
-// E = 80 and 96 run the E = 128 kernel's tiles (f16_stored_e): the copies
-// leave the columns past E zero (TMA's fill past the tensor's end), Q K^T
-// takes E / 16 steps and P V all 128 columns, of which E are stored. wgmma
-// reads a 128-byte swizzled row as a whole, and its MN-major V takes
-// column blocks of 64, so a narrower stored row would need other layouts.
+// E = 80 and 96 run in the E = 128 kernel's tiles (f16_stored_e): the
+// copies leave the columns past E zero (TMA's fill past the tensor's end),
+// Q K^T takes E / 16 steps and P V is E columns wide (wgmma's N), reading
+// part of V's second 64-column block. The 128-byte swizzle that one layout
+// of Q, K and V rests on takes rows of 64 columns, so a narrower stored
+// row would need other layouts.
 constexpr int f16_stored_e(int E) { return E <= 64 ? 64 : 128; }
 constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // consumer warpgroups
   return f32 || narrow || E > 64 ? 2 : 3;
@@ -111,7 +112,7 @@ constexpr long long split_ticket_bytes(long long tail) { return (tail * 8 + 255)
 __host__ __device__
 #endif
 constexpr int piece_first_tile(int tiles, int piece, int splits) { return tiles * piece / splits; }
-constexpr long long split_state_floats(int E, int groups) { return (f16_stored_e(E) / 8 * 4 + 4) * 128LL * groups; }
+constexpr long long split_state_floats(int E, int groups) { return (E / 8 * 4 + 4) * 128LL * groups; }
 constexpr long long split_scratch_bytes(long long tail, int splits, int E, int groups) {
   return split_ticket_bytes(tail) + tail * splits * split_state_floats(E, groups) * 4;
 }

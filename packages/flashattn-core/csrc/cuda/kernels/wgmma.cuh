@@ -110,7 +110,9 @@ __device__ __forceinline__ void wgmma_64x64x8_rs(float (&d)[8][4], const uint32_
 #undef FA_R32
 
 // 16-bit operands (float16 / bfloat16: K = 16 per instruction), N = 64 or
-// 128 columns. Shared-memory operands K-major unless transposed (tnspB = 1:
+// 128 columns (P V also 80 and 96: the head dim of prefill_f16_wg.cu's
+// E = 80 / 96, whose V rows are stored 128 wide; its second 64-column block
+// is read in part). Shared-memory operands K-major unless transposed (tnspB = 1:
 // B stored MN-major, N contiguous, as V's rows are); the register A operand
 // matches mma.sync m16n8k16's: a0 = (g, 2t..2t + 1), a1 = (g + 8, 2t..),
 // a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..), two elements per register.
@@ -119,6 +121,10 @@ __device__ __forceinline__ void wgmma_64x64x8_rs(float (&d)[8][4], const uint32_
 #define FA_D128 FA_D64, FA_D8(8), FA_D8(9), FA_D8(10), FA_D8(11), FA_D8(12), FA_D8(13), FA_D8(14), FA_D8(15)
 #define FA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define FA_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FA_D80 FA_D64, FA_D8(8), FA_D8(9)
+#define FA_D96 FA_D80, FA_D8(10), FA_D8(11)
+#define FA_R40 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
+#define FA_R48 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
 #define FA_WG16(n, ty, tail) "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." #ty "." #ty " " tail
 
 // d (64 x N) = a (64 x 16, shared, K-major) * b (16 x N, shared, K-major) + (accumulate ? d : 0).
@@ -156,6 +162,20 @@ __device__ __forceinline__ void wgmma16_rs_t(float (&d)[N / 8][4], const uint32_
                  FA_WG16(128, ty, FA_R64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n")               \
                  : FA_D128                                                                               \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));                         \
+  }                                                                                                      \
+  template <>                                                                                            \
+  __device__ __forceinline__ void wgmma16_rs_t<T, 80>(float (&d)[10][4], const uint32_t (&a)[4], uint64_t b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"                                          \
+                 FA_WG16(80, ty, FA_R40 ", {%40, %41, %42, %43}, %44, p, 1, 1, 1;\n}\n")               \
+                 : FA_D80                                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));                         \
+  }                                                                                                      \
+  template <>                                                                                            \
+  __device__ __forceinline__ void wgmma16_rs_t<T, 96>(float (&d)[12][4], const uint32_t (&a)[4], uint64_t b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                                          \
+                 FA_WG16(96, ty, FA_R48 ", {%48, %49, %50, %51}, %52, p, 1, 1, 1;\n}\n")               \
+                 : FA_D96                                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));                         \
   }
 
 FA_WG16_DEFS(__half, f16)
@@ -166,7 +186,11 @@ FA_WG16_DEFS(__nv_bfloat16, bf16)
 #undef FA_D8
 #undef FA_D64
 #undef FA_D128
+#undef FA_D80
+#undef FA_D96
 #undef FA_R32
+#undef FA_R40
+#undef FA_R48
 #undef FA_R64
 
 }  // namespace fa
