@@ -11,6 +11,7 @@ DTYPES = ["float32", "float16", "bfloat16"]
 EXPECTED = (
     {f"fa_generic{s}_{d}_{e}" for d in DTYPES for e in range(1, 9) for s in ("", "_split")}
     | {f"fa_merge_{d}" for d in DTYPES}
+    | {f"fa_generic_vsplit_{d}_{lanes}" for d in DTYPES for lanes in (8, 16, 32)}
     | {f"fa_decode{s}_{d}_{e}" for d in DTYPES for e in (64, 96, 128) for s in ("", "_fused")}
     | {f"fa_decode_{f}{s}_{d}_{e}" for f in ("mma", "mma32") for d in ("float16", "bfloat16") for e in (64, 128)
        for s in ("", "_fused")}

@@ -97,21 +97,25 @@ def test_generic_decode_splits(S, dtype, heads, E, mask):
     # Head dims no decode kernel takes (Gemma's 256, Phi-2's 80, and 40), and
     # E = 96 with one row a KV head (Phi-3-mini's decode: dispatch.cpp's
     # decode_takes), go to the generic kernel: keys walked in groups
-    # (generic.cu), split over blocks of at least 64 keys and merged; groups
-    # cut short at a split's end, keys hidden inside a group by the array masks.
+    # (generic.cu; with 16-byte loads, in 1-4 segments of a warp, where rows
+    # start on 16-byte boundaries, as here: generic_vec.cu), split over blocks
+    # of at least 64 keys and merged; groups cut short at a split's end, keys
+    # hidden inside a group by the array masks.
     case = Case(batch=(2,), heads=heads, L=1, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
     q, k, v, m = make_inputs(case)
     out = flash_attention(q, k, v, mask=m)
     assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("E", [80, 256])
+@pytest.mark.parametrize("E", [40, 80, 256])
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("mask", ["bool", None])
 def test_non_finite_inputs_in_generic_decode(E, where, value, mask):
     # tests/core/test_values.py's semantics on the generic kernel's grouped
-    # walk (L = 1, a 2:1 group, keys split and merged): a poisoned key that
+    # walk (L = 1, a 2:1 group, keys split and merged; at E = 40 and 80 its
+    # 16-byte-load form, generic_vec.cu, whose E = 40 warp walks two
+    # segments of keys and merges them): a poisoned key that
     # every row sees (3), and two that the boolean mask hides inside a group
     # (4 and 2998: every key c with c % 3 == 1), whose values must never
     # reach an output; a poisoned query element in one row.

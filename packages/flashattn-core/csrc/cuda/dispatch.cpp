@@ -18,7 +18,8 @@
 //       has, 16-bit E = 256 or float32 E = 128 on sm_86 / sm_89: the
 //       generic kernel)
 //   everything else: the generic kernel (keys split and merged when the
-//       query rows are few)
+//       query rows are few; split, with 16-byte loads where the rows allow:
+//       generic_vec.cu)
 //   widened (dtype=float32 over float16 / bfloat16 inputs): the float32
 //       variants of the 16-bit tensor-core decode and (Hopper) wgmma
 //       prefill; other calls run the float32 path on cast inputs
@@ -281,11 +282,23 @@ int generic_splits(const Dims& d) {
   return std::min(splits, kMaxSplits);
 }
 
+// The lanes a key of the split kernel with 16-byte loads (generic_vec.cu:
+// a power of two, at least 8, at least E / (16 / itemsize)); 0 where it
+// does not take E (a multiple of 16 bytes, at most 32 lanes' worth).
+int vec_lanes(const Dims& d) {
+  const int per_lane = d.dt == "float32" ? 4 : 8;  // elements in 16 bytes
+  if (d.E % per_lane != 0 || d.E > 32 * per_lane) return 0;
+  int lanes = 8;
+  while (lanes * per_lane < d.E) lanes *= 2;
+  return lanes;
+}
+
 // The generic kernel: one warp per query row, any head dim, any strides.
 // Widened (16-bit inputs, float32 output) always in its split form, even
 // with one split: its partials are float32, and fa_merge_float32 writes a
-// float32 output.
-Launches generic_launches(const Dims& d, int splits) {
+// float32 output. aligned: every row starts on a 16-byte boundary, so the
+// split form may take 16-byte loads (generic_vec.cu; the same partials).
+Launches generic_launches(const Dims& d, int splits, bool aligned = false) {
   const int64_t rows = d.batch * d.H_q * d.L;
   const int keys_per_split = (d.S + splits - 1) / splits;
   const int64_t threads = ((rows * 32 + kThreads - 1) / kThreads) * kThreads;
@@ -296,8 +309,11 @@ Launches generic_launches(const Dims& d, int splits) {
                                  d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
   const std::string suffix = d.dt + "_" + std::to_string((d.E + 31) / 32);
   const bool split = splits > 1 || d.widen;
-  Step attend{split ? "fa_generic_split_" + suffix : "fa_generic_" + suffix, scalars,
-              {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0};
+  const int lanes = aligned && split ? vec_lanes(d) : 0;
+  const std::string kernel = lanes > 0 ? "fa_generic_vsplit_" + d.dt + "_" + std::to_string(lanes)
+                             : split   ? "fa_generic_split_" + suffix
+                                       : "fa_generic_" + suffix;
+  Step attend{kernel, scalars, {static_cast<int>(threads), splits, 1}, {kThreads, 1, 1}, 0};
   if (!split) return {attend, std::nullopt};
   return {attend, merge_step(d, static_cast<int>(rows), splits)};
 }
@@ -517,7 +533,7 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
     splits = 1;
   } else {
     splits = generic_splits(d);
-    plan.aligned = generic_launches(d, splits);
+    plan.aligned = generic_launches(d, splits, true);
   }
   // The same splits: the partials (outputs of the primitive) have one shape.
   plan.any = generic_launches(d, splits);

@@ -1,0 +1,155 @@
+// The generic kernel's split form (generic.cu) with 16-byte loads, for rows
+// that start on 16-byte boundaries (the planner's aligned plan) and a head
+// dim that is a multiple of VE = 16 / sizeof(T) elements, at most 32 VE.
+//
+// generic.cu's lane i holds elements i, i + 32, ...: a K or V row of a key
+// is EPT loads of 2 or 4 bytes a lane. Here LK lanes (a power of two, at
+// least E / VE) take a key, lane i of them elements [VE i, VE i + VE) in
+// one 16-byte load, and a warp's 32 / LK segments walk their own keys (key
+// c0 + W j + segment of each group), each with its own online-softmax state,
+// merged across the segments at the end. At Phi-2's E = 80 in bfloat16 a
+// warp's load instruction then reads two keys' 320 bytes instead of 64.
+//
+//   grid.x: query rows (B x H_q x L) / warps per block; grid.y: key splits
+
+#include "unit.cuh"
+
+namespace fa {
+
+template <typename T, int LK>
+__device__ __forceinline__ void generic_attend_vec(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const void* mask_data, const int64_t* __restrict__ mask_base,
+    float* __restrict__ o_part, float* __restrict__ ml_part,
+    int B, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs, int mask_cs,
+    int keys_per_split, float scale_log2, Layout lay) {
+  constexpr int VE = 16 / sizeof(T), W = 32 / LK;
+  // Keys a segment takes a group: their K and V loads in flight together
+  // (8 x 2 x 16 bytes a lane, as generic.cu's split kernel keeps 64
+  // registers of them).
+  constexpr int G = 8;
+  static_assert(LK >= 1 && LK <= 32 && (LK & (LK - 1)) == 0, "a power of two of lanes a key");
+  const int64_t rows = (int64_t)B * H_q * L;
+  const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int split = blockIdx.y;
+  const int l = (int)(row % L);
+  const int64_t n = row / L;  // b * H_q + h
+  const int h = (int)(n % H_q);
+  const int64_t b = n / H_q;
+  const int g = h / (H_q / H_kv);
+  const T* q_row = q + lay.q.at(b, h, l);
+  const T* k_head = k + lay.k.at(b, g, 0);
+  const T* v_head = v + lay.v.at(b, g, 0);
+  const int seg = lane / LK, e0 = VE * (lane % LK);
+  const bool has = e0 < E;  // lanes past the head dim hold zeros
+
+  auto load = [&](const T* p, bool valid) {
+    return valid ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
+  };
+  auto elem = [](const uint4& u, int i) { return to_f(reinterpret_cast<const T*>(&u)[i]); };
+  float qv[VE], o[VE];
+  {
+    const uint4 qu = load(q_row + e0, has);
+#pragma unroll
+    for (int i = 0; i < VE; ++i) qv[i] = elem(qu, i) * scale_log2, o[i] = 0.0f;
+  }
+  Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  const int c_begin = split * keys_per_split;
+  int c_end = min(S, c_begin + keys_per_split);
+  if (mask_kind == kCausal) c_end = min(c_end, l + S - L + 1);
+  const bool masked = mask.is_array();
+  const int64_t rb = masked ? mask.row_base(n, l) : 0;
+
+  float m = FA_NEG_INF, l_sum = 0.0f;
+  for (int c0 = c_begin; c0 < c_end; c0 += G * W) {
+    // As generic.cu: every key of the range is read, a hidden one's score
+    // and values never reach the output.
+    uint4 kr[G], vr[G];
+    float add[G];
+    bool seen[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int c = c0 + j * W + seg;
+      seen[j] = c < c_end;
+      add[j] = masked && seen[j] ? mask.term(rb, c) : 0.0f;
+      kr[j] = load(k_head + (int64_t)c * lay.k.sr + e0, seen[j] && has);
+      vr[j] = load(v_head + (int64_t)c * lay.v.sr + e0, seen[j] && has);
+    }
+    float s[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < VE; ++i) dot += qv[i] * elem(kr[j], i);
+      s[j] = dot;
+    }
+#pragma unroll
+    for (int o_ = LK / 2; o_ > 0; o_ >>= 1)  // within the segment
+#pragma unroll
+      for (int j = 0; j < G; ++j) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o_);
+    // fmaxf drops a NaN score; exp2 of it below still carries the NaN.
+    float m_new = m;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      seen[j] = seen[j] && add[j] != FA_NEG_INF;
+      s[j] += add[j];
+      if (seen[j]) m_new = fmaxf(m_new, s[j]);
+    }
+    const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
+    const float alpha = exp2f(m - m_use);
+    l_sum *= alpha;
+#pragma unroll
+    for (int i = 0; i < VE; ++i) o[i] *= alpha;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (!seen[j]) continue;
+      const float p = exp2f(s[j] - m_use);
+      l_sum += p;
+#pragma unroll
+      for (int i = 0; i < VE; ++i) o[i] += p * elem(vr[j], i);
+    }
+    m = m_new;
+  }
+
+  // The segments' states merged (as the split merge does: weights 2^(m_s - m)).
+#pragma unroll
+  for (int off = LK; off < 32; off <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), l2 = __shfl_xor_sync(0xffffffffu, l_sum, off);
+    const float m_new = fmaxf(m, m2);
+    const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
+    const float a = exp2f(m - m_use), c = exp2f(m2 - m_use);
+    l_sum = l_sum * a + l2 * c;
+#pragma unroll
+    for (int i = 0; i < VE; ++i) o[i] = o[i] * a + __shfl_xor_sync(0xffffffffu, o[i], off) * c;
+    m = m_new;
+  }
+
+  const int64_t slot = (int64_t)split * rows + row;
+  if (lane == 0) {
+    ml_part[slot * 2] = m;
+    ml_part[slot * 2 + 1] = l_sum;
+  }
+  if (seg == 0 && has) {
+    float4* dst = reinterpret_cast<float4*>(o_part + slot * E + e0);
+#pragma unroll
+    for (int i = 0; i < VE / 4; ++i) dst[i] = make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+  }
+}
+
+}  // namespace fa
+
+// fa_generic_vsplit_<dtype>_<LK> (-DFA_DTYPE, -DFA_LK): the same arguments as
+// fa_generic_split_<dtype>_<EPT>; the partials go to fa_merge_<dtype>.
+#if !defined(FA_LK)
+#error "define FA_LK"
+#endif
+extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_vsplit_, FA_TNAME, _, FA_LK, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
+    float* o_part, float* ml_part, int B, int H_q, int H_kv, int L, int S, int E,
+    int mask_kind, int mask_rs, int mask_cs, int keys_per_split, float scale_log2,
+    FA_LAYOUT_PARAMS) {
+  fa::generic_attend_vec<FA_T, FA_LK>(q, k, v, mask, mask_base, o_part, ml_part, B, H_q, H_kv, L, S, E, mask_kind,
+                                      mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
+}
