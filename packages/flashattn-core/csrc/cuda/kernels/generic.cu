@@ -9,6 +9,7 @@
 //
 //   grid.x: query rows (B x H_q x L) / warps per block; grid.y: key splits
 
+#include "generic_walk.cuh"
 #include "merge_shapes.h"
 #include "unit.cuh"
 
@@ -92,28 +93,7 @@ __device__ __forceinline__ void generic_attend(
     for (int o_ = 16; o_ > 0; o_ >>= 1)
 #pragma unroll
       for (int j = 0; j < G; ++j) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o_);
-    // fmaxf drops a NaN score; exp2 of it below still carries the NaN.
-    float m_new = m;
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-      seen[j] = seen[j] && add[j] != FA_NEG_INF;  // hidden: never reaches the output
-      s[j] += add[j];
-      if (seen[j]) m_new = fmaxf(m_new, s[j]);
-    }
-    const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
-    const float alpha = exp2f(m - m_use);
-    l_sum *= alpha;
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) o[i] *= alpha;
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-      if (!seen[j]) continue;
-      const float p = exp2f(s[j] - m_use);
-      l_sum += p;
-#pragma unroll
-      for (int i = 0; i < EPT; ++i) o[i] += p * to_f(vr[j][i]);
-    }
-    m = m_new;
+    add_key_group(s, seen, add, m, l_sum, o, [&](int j, int i) { return to_f(vr[j][i]); });
   }
 
   if (kPartial) {
