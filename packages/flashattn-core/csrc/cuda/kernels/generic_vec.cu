@@ -30,19 +30,13 @@ __device__ __forceinline__ void generic_attend_vec(
   // registers of them).
   constexpr int G = 8;
   static_assert(LK >= 1 && LK <= 32 && (LK & (LK - 1)) == 0, "a power of two of lanes a key");
-  const int64_t rows = (int64_t)B * H_q * L;
-  const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const int split = blockIdx.y;
-  const int l = (int)(row % L);
-  const int64_t n = row / L;  // b * H_q + h
-  const int h = (int)(n % H_q);
-  const int64_t b = n / H_q;
-  const int g = h / (H_q / H_kv);
-  const T* q_row = q + lay.q.at(b, h, l);
-  const T* k_head = k + lay.k.at(b, g, 0);
-  const T* v_head = v + lay.v.at(b, g, 0);
+  const GenericRow r(B, H_q, H_kv, L);
+  if (!r.exists()) return;
+  const int64_t rows = r.rows, row = r.row, n = r.n;
+  const int lane = r.lane, split = r.split, l = r.l;
+  const T* q_row = r.q_row(q, lay);
+  const T* k_head = r.k_head(k, lay);
+  const T* v_head = r.v_head(v, lay);
   const int seg = lane / LK, e0 = VE * (lane % LK);
   const bool has = e0 < E;  // lanes past the head dim hold zeros
 

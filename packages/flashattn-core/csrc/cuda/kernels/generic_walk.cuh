@@ -1,12 +1,37 @@
-// One group of keys into a query row's online softmax, as the generic
-// kernels (generic.cu, generic_vec.cu) walk them: shared so that both keep
-// the same semantics for hidden keys and non-finite scores.
+// What the generic kernels (generic.cu, generic_vec.cu) share: a warp's
+// query row, and one group of keys into its online softmax (so that both
+// keep the same semantics for hidden keys and non-finite scores).
 
 #pragma once
 
 #include "common.cuh"
 
 namespace fa {
+
+// The query row of this thread's warp (a warp a row, rows in B x H_q x L
+// order; grid.y the key split) and its head's K / V rows.
+struct GenericRow {
+  int64_t rows, row, n, b;  // n = b * H_q + h
+  int lane, split, l, h, g;
+
+  __device__ __forceinline__ GenericRow(int B, int H_q, int H_kv, int L)
+      : rows((int64_t)B * H_q * L),
+        row(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5),
+        n(row / L),
+        b(n / H_q),
+        lane(threadIdx.x & 31),
+        split(blockIdx.y),
+        l((int)(row % L)),
+        h((int)(n % H_q)),
+        g(h / (H_q / H_kv)) {}
+  __device__ __forceinline__ bool exists() const { return row < rows; }
+  template <typename T>
+  __device__ __forceinline__ const T* q_row(const T* q, const Layout& lay) const { return q + lay.q.at(b, h, l); }
+  template <typename T>
+  __device__ __forceinline__ const T* k_head(const T* k, const Layout& lay) const { return k + lay.k.at(b, g, 0); }
+  template <typename T>
+  __device__ __forceinline__ const T* v_head(const T* v, const Layout& lay) const { return v + lay.v.at(b, g, 0); }
+};
 
 // The group's scores s (log2 units, before the mask's terms `add`) into the
 // row's running max m, sum l_sum and output o (N elements of this lane);
