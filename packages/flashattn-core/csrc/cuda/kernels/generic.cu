@@ -26,9 +26,7 @@ __device__ __forceinline__ void generic_attend(
   if (!r.exists()) return;
   const int64_t rows = r.rows, row = r.row, n = r.n;
   const int lane = r.lane, split = r.split, l = r.l;
-  const T* q_row = r.q_row(q, lay);
-  const T* k_head = r.k_head(k, lay);
-  const T* v_head = r.v_head(v, lay);
+  const T *q_row = r.q_row(q, lay), *k_head = r.k_head(k, lay), *v_head = r.v_head(v, lay);
 
   float qv[EPT], o[EPT];
 #pragma unroll

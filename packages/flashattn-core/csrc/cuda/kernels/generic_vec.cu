@@ -34,9 +34,7 @@ __device__ __forceinline__ void generic_attend_vec(
   if (!r.exists()) return;
   const int64_t rows = r.rows, row = r.row, n = r.n;
   const int lane = r.lane, split = r.split, l = r.l;
-  const T* q_row = r.q_row(q, lay);
-  const T* k_head = r.k_head(k, lay);
-  const T* v_head = r.v_head(v, lay);
+  const T *q_row = r.q_row(q, lay), *k_head = r.k_head(k, lay), *v_head = r.v_head(v, lay);
   const int seg = lane / LK, e0 = VE * (lane % LK);
   const bool has = e0 < E;  // lanes past the head dim hold zeros
 
