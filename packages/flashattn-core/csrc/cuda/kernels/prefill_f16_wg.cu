@@ -159,7 +159,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   constexpr int kCopiers = kTma ? 1 : kProducer ? 128 : kWhThreads;
   // EP: the head dim as stored (wg_shapes.h's f16_stored_e); the columns E..
   // of Q, K and V are zero there. Q K^T takes E / 16 steps, P V has N = E.
-  constexpr int EP = E <= 64 ? 64 : 128;
+  constexpr int EP = wg_shapes::f16_stored_e(E);
   constexpr int NB = kWhBc / 8, NO = E / 8;
   static_assert(E == 64 || E == 80 || E == 96 || E == 128, "the units CMakeLists.txt builds");
   using Smem = WhSmem<T, EP, Shape>;

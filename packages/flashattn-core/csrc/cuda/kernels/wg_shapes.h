@@ -44,6 +44,9 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // part of V's second 64-column block. The 128-byte swizzle that one layout
 // of Q, K and V rests on takes rows of 64 columns, so a narrower stored
 // row would need other layouts.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
 constexpr int f16_stored_e(int E) { return E <= 64 ? 64 : 128; }
 constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // consumer warpgroups
   return f32 || narrow || E > 64 ? 2 : 3;
