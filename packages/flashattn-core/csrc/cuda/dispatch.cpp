@@ -47,6 +47,7 @@
 #include "cuda/kernel_images.h"
 #include "cuda/kernels/decode_shapes.h"
 #include "cuda/kernels/merge_shapes.h"
+#include "cuda/kernels/partials.h"
 #include "cuda/kernels/tf32_shapes.h"
 #include "cuda/kernels/wg_shapes.h"
 #include "cuda/plan.h"
@@ -535,7 +536,7 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
     splits = generic_splits(d);
     plan.aligned = generic_launches(d, splits, true);
   }
-  // The same splits: the partials (outputs of the primitive) have one shape.
+  // The same splits: the partials (an output of the primitive) have one shape.
   plan.any = generic_launches(d, splits);
   const int rows = static_cast<int>(d.batch * d.H_q * d.L);
   std::vector<mx::Shape>& shapes = out.shapes;
@@ -552,16 +553,22 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
     dtypes.push_back(mx::uint32);
   }
   if (plan.aligned.merge || plan.aligned.fused || plan.any.merge) {
-    // The partials, always the last two outputs (primitive.cpp): o, then m /
-    // l per split and row and the fused kernel's tickets (which the generic
-    // kernel of plan.any leaves alone).
-    const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2 + plan.aligned.fused;
-    if (ml_floats > std::numeric_limits<int>::max()) {
+    // The partials, always the last output (primitive.cpp), one float32
+    // array (kernels/partials.h): o, then m / l per split and row. The fused
+    // decode takes it as its one output: its attention output first, then
+    // the partials and their tickets (which the generic kernel of plan.any,
+    // writing its partials from the start, leaves alone).
+    namespace fp = fa::partials;
+    int64_t floats = fp::floats(splits, rows, d.E);
+    if (plan.aligned.fused) {
+      const int64_t out_bytes = static_cast<int64_t>(rows) * d.E * (d.widen ? 4 : dtype.size());
+      floats += fp::fused_offset_floats(out_bytes) + plan.aligned.fused;
+    }
+    if (floats > std::numeric_limits<int>::max()) {
       throw std::invalid_argument("flash_attention: too many query rows for one CUDA decode call");
     }
-    plan.partials = {{splits, rows, d.E}, {static_cast<int>(ml_floats)}};
-    shapes.insert(shapes.end(), plan.partials.begin(), plan.partials.end());
-    dtypes.insert(dtypes.end(), {mx::float32, mx::float32});
+    shapes.push_back({static_cast<int>(floats)});
+    dtypes.push_back(mx::float32);
   }
   return out;
 }

@@ -5,6 +5,7 @@
 
 #include "cuda/primitive.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -198,21 +199,36 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   auto leave_unused = [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
   };
+  const size_t n = outputs.size();
+  if (run.fused) {
+    // The fused decode's one output is the last (dispatch.cpp): the attention
+    // output at its start, then the partials. Each output costs MLX's
+    // custom-kernel path host time on every call (scripts/host-probe.py
+    // floors), and decode calls are short.
+    std::vector<mx::array> blob = {outputs[n - 1]};
+    launch(run.attend, scalars, in, blob, copy, s);
+    mx::array& out = outputs[0];
+    mx::Strides strides(out.ndim(), 1);
+    for (int i = out.ndim() - 2; i >= 0; --i) strides[i] = strides[i + 1] * out.shape(i + 1);
+    // The flags MLX gives an array it allocates row-contiguous.
+    const int max_dim = *std::max_element(out.shape().begin(), out.shape().end());
+    out.copy_shared_buffer(blob[0], strides, {true, true, out.size() <= 1 || out.size() == static_cast<size_t>(max_dim)},
+                           out.size());
+    return;
+  }
   if (!run.merge) {
-    // One launch: the output, and the fused decode's partials or the tensor
-    // maps' scratch.
-    const size_t used = run.fused ? 3 : run.tma() ? 2 : 1;
-    leave_unused(used, outputs.size());
+    // One launch: the output, and the tensor maps' scratch.
+    const size_t used = run.tma() ? 2 : 1;
+    leave_unused(used, n);
     std::vector<mx::array> out(outputs.begin(), outputs.begin() + used);
     launch(run.attend, scalars, in, out, copy, s);
     return;
   }
-  // Split, then merged: the partials are the last two outputs (dispatch.cpp);
-  // an output between is the tensor maps' scratch of plan.aligned, when this
-  // is plan.any's generic split.
-  const size_t n = outputs.size();
-  leave_unused(1, n - 2);
-  std::vector<mx::array> partials = {outputs[n - 2], outputs[n - 1]};
+  // Split, then merged: the partials are the last output (dispatch.cpp); an
+  // output between is the tensor maps' scratch of plan.aligned, when this is
+  // plan.any's generic split.
+  leave_unused(1, n - 1);
+  std::vector<mx::array> partials = {outputs[n - 1]};
   launch(run.attend, scalars, in, partials, copy, s);
   std::vector<mx::array> out = {outputs[0]};
   launch(*run.merge, run.merge->scalars, partials, out, false, s);

@@ -254,7 +254,8 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
 
 // fa_decode_<dtype>_<E>: grid (splits x 128, H_kv x row blocks, batch), 128
 // threads, one split; fa_decode_fused_<dtype>_<E>: several, merged in the
-// same launch (decode_combine.cuh).
+// same launch (decode_combine.cuh), the partials in its one output past the
+// attention output (fused_scratch).
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -269,9 +270,10 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_, FA_TNAME, 
 #else
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_decode_fused_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base, FA_T* out,
-    float* o_part, float* ml_part, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
-    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
-  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, o_part, ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q,
-                         H_kv, L, S, mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
+    int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, int keys_per_split, float scale_log2,
+    FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+  const fa::FusedScratch part = fa::fused_scratch<FA_E>(out, (int64_t)gridDim.z * H_q * L);
+  fa::decode<FA_T, FA_E>(q, k, v, mask, mask_base, out, part.o_part, part.ml_part, true, fa::call_tag(tag_lo, tag_hi),
+                         H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "partials.h"
 #include "ticket.cuh"
 
 namespace fa {
@@ -98,6 +99,18 @@ constexpr unsigned long long kTicketCount = 0xff;
 #define FA_HELPER_WAIT_CYCLES 20000
 #endif
 constexpr long long kHelperWaitCycles = FA_HELPER_WAIT_CYCLES;
+
+// The fused decode's scratch: its one output holds the attention output
+// (rows_total x E of TO), then the partials (partials.h), their tickets last.
+struct FusedScratch {
+  float* o_part;
+  float* ml_part;
+};
+template <int E, typename TO>
+__device__ __forceinline__ FusedScratch fused_scratch(TO* out, int64_t rows_total) {
+  float* o_part = reinterpret_cast<float*>(out) + partials::fused_offset_floats(rows_total * E * (int64_t)sizeof(TO));
+  return {o_part, o_part + partials::ml_offset(gridDim.x, rows_total, E)};
+}
 
 // This block's group's ticket word: groups are (batch, grid.y) pairs in the
 // decode kernels, one word each past the m / l partials (dispatch.cpp sizes

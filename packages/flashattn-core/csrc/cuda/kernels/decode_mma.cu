@@ -246,8 +246,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 // fa_decode_mma_fused_<dtype>_<E>: several splits, merged in the same launch.
 // -DFA_F32=1: fa_decode_mma32_<dtype>_<E> and fa_decode_mma32_fused_<dtype>_<E>,
 // float32 attention (kF32 above) and a float32 output. The arguments are
-// q, k, v (no mask reaches here), then the output (and the fused kernel's
-// scratch), then scalars.
+// q, k, v (no mask reaches here), then the output (the fused kernel's
+// scratch past it), then scalars.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -272,13 +272,14 @@ extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_M
                                          scale_log2, FA_LAYOUT);
 }
 #else
-// The fused kernel (at most kFusedMaxSplits splits): the splits' partials
-// and ticket are scratch outputs (decode_combine.cuh). tag_lo, tag_hi: the
-// call's tag, 24 bits each.
+// The fused kernel (at most kFusedMaxSplits splits): its one output holds the
+// attention output, then the splits' partials and tickets (fused_scratch in
+// decode_combine.cuh). tag_lo, tag_hi: the call's tag, 24 bits each.
 extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_MMA_FAMILY, fused_, FA_TNAME, _, FA_E)(
-    const FA_T* q, const FA_T* k, const FA_T* v, FA_MMA_OUT* out, float* o_part, float* ml_part, int H_q, int H_kv,
-    int L, int S, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
-  fa::decode_mma<FA_T, FA_MMA_F32, FA_E>(q, k, v, out, o_part, ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q,
-                                         H_kv, L, S, keys_per_split, scale_log2, FA_LAYOUT);
+    const FA_T* q, const FA_T* k, const FA_T* v, FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
+    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+  const fa::FusedScratch part = fa::fused_scratch<FA_E>(out, (int64_t)gridDim.z * H_q * L);
+  fa::decode_mma<FA_T, FA_MMA_F32, FA_E>(q, k, v, out, part.o_part, part.ml_part, true, fa::call_tag(tag_lo, tag_hi),
+                                         H_q, H_kv, L, S, keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif

@@ -269,8 +269,8 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 // fa_decode_tf32_float32_<E>: grid (splits x threads, H_kv, batch), threads
 // = 32 decode_shapes::tf32_warps(E), one split; fa_decode_tf32_fused_float32_<E>:
 // several, merged in the same launch. The arguments are q, k, v (no mask
-// reaches here), then the output (and the fused kernel's scratch), then
-// scalars.
+// reaches here), then the output (the fused kernel's scratch past it:
+// fused_scratch in decode_combine.cuh), then scalars.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -288,9 +288,10 @@ extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT3(fa_
 #else
 // tag_lo, tag_hi: the call's tag, 24 bits each (decode_combine.cuh).
 extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT3(fa_decode_tf32_fused_float32_, FA_E, )(
-    const float* q, const float* k, const float* v, float* out, float* o_part, float* ml_part, int H_q, int H_kv,
-    int L, int S, int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
-  fa::decode_tf32<FA_E>(q, k, v, out, o_part, ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
+    const float* q, const float* k, const float* v, float* out, int H_q, int H_kv, int L, int S, int keys_per_split,
+    float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+  const fa::FusedScratch part = fa::fused_scratch<FA_E>(out, (int64_t)gridDim.z * H_q * L);
+  fa::decode_tf32<FA_E>(q, k, v, out, part.o_part, part.ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
                         keys_per_split, scale_log2, FA_LAYOUT);
 }
 #endif
