@@ -12,7 +12,7 @@ against two kernels launched through the same custom-kernel path: one that
 does nothing (the path's own cost a call) and one that only reads K and V
 once (the least any decode kernel reached that way can take).
 
-    python3 scripts/host-probe.py [floors|decode|decode32k|floor32k|prefill|prefill-dims]"""
+    python3 scripts/host-probe.py [floors|decode|decode32k|floor32k|prefill|prefill-dims|decode-dims]"""
 
 import os
 import statistics
@@ -85,15 +85,20 @@ def kv_copies(k, v):
 
 
 def attention(cases):
-    """Each case (name, heads, L, S, dtype): both implementations as flash-eval
-    calls them (independent calls), then chained."""
-    for name, heads, L, S, dtype in cases:
-        for impl, fn in zip(("flash", "mlx"), calls(heads, L, S, dtype)):
-            show(f"{name} L={L} S={S} {dtype} {impl}", phases(lambda i, p, fn=fn: fn()))
+    """Each case (name, heads, L, S, dtype[, "bool"]): both implementations as
+    flash-eval calls them (independent calls, unmasked decode or causal
+    prefill), then chained, with the case's mask: causal prefill, unmasked
+    decode, or "bool", a boolean (1, 1, L, S) mask hiding a tenth of the keys."""
+    for name, heads, L, S, dtype, *kind in cases:
+        if not kind:
+            for impl, fn in zip(("flash", "mlx"), calls(heads, L, S, dtype)):
+                show(f"{name} L={L} S={S} {dtype} {impl}", phases(lambda i, p, fn=fn: fn()))
+        else:
+            print(f"{name} L={L} S={S} {dtype} mask {kind[0]}")
         H, H_kv, E = heads
         q, k, v = (mx.random.normal((1, h, n, E)).astype(dtype) for h, n in ((H, L), (H_kv, S), (H_kv, S)))
-        mx.eval(q, k, v)
-        mask = "causal" if L > 1 else None
+        mask = mx.random.uniform(shape=(1, 1, L, S)) > 0.1 if kind else "causal" if L > 1 else None
+        mx.eval(q, k, v, *([mask] if kind else []))
         chained = {
             "flash": lambda i, p: flash_attention(q if p is None else p, k, v, mask=mask),
             "mlx": lambda i, p: mx.fast.scaled_dot_product_attention(q if p is None else p, k, v, scale=E**-0.5,
@@ -238,6 +243,11 @@ PREFILL_DIMS = [("hd80", (32, 32, 80), 2048, 2048, mx.bfloat16), ("hd96", (32, 3
                 ("hd96", (32, 32, 96), 8192, 8192, mx.bfloat16)]
 
 DECODE_32K = [c for c in DECODE if c[3] == 32768 and c[0] == "qwen05b"]
+# Decode at the other head dims (flash-eval's hd80, hd96, hd256) and with a
+# boolean mask: the patch's float32 attention on a 16-bit model among them.
+DECODE_DIMS = [(name, heads, 1, S, mx.bfloat16) for name, heads in (("hd80", (32, 32, 80)), ("hd96", (32, 32, 96)),
+                                                                    ("hd256", (8, 4, 256))) for S in (8192, 32768)]
+DECODE_DIMS += [("qwen05b", QWEN05B, 1, 32768, mx.bfloat16, "bool"), ("hd128", HD128, 1, 32768, mx.bfloat16, "bool")]
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "all"
 if mode == "floor32k":
@@ -252,3 +262,5 @@ if mode in ("all", "prefill"):
     attention(PREFILL)
 if mode == "prefill-dims":
     attention(PREFILL_DIMS)
+if mode == "decode-dims":
+    attention(DECODE_DIMS)

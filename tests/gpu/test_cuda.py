@@ -386,6 +386,42 @@ def test_float32_over_misaligned_16_bit_rows(L, S, mask, dtype):
     assert_float32_over_16_bit(q, k, v, mask)
 
 
+@pytest.mark.parametrize("S", [300, 4096, 32768])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "heads,E,L,mask",
+    [((32, 32), 80, 1, "none"), ((12, 4), 96, 2, "causal"), ((8, 4), 256, 1, "none"), ((14, 2), 64, 1, "bool_keys"),
+     ((32, 8), 128, 4, "additive_LS"), ((8, 2), 40, 1, "bool_full")])
+def test_float32_decode_over_16_bit_inputs_in_the_generic_kernel(S, dtype, heads, E, L, mask):
+    # Decode that no tensor-core decode takes (other head dims, array masks):
+    # the generic kernel's split form reads the 16-bit keys and values in
+    # place, in float32 arithmetic, and fa_merge_float32 writes a float32
+    # output: the float32 tolerance.
+    case = Case(batch=(2,), heads=heads, L=L, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
+    assert_float32_over_16_bit(*make_inputs(case))
+
+
+@pytest.mark.parametrize("E,heads", [(80, (32, 32)), (64, (14, 2))])
+def test_float32_decode_in_the_generic_kernel_reads_the_16_bit_cache_in_place(E, heads):
+    # Casting keys and values of this cache to float32 would take 2 x 293 MiB
+    # at E = 80, 2 x 15 MiB at E = 64 (with a key-padding mask).
+    H, H_kv = heads
+    capacity, offset = 32768, 30000
+    keys = mx.random.normal((1, H_kv, capacity, E)).astype(mx.bfloat16)
+    values = mx.random.normal((1, H_kv, capacity, E)).astype(mx.bfloat16)
+    q = mx.random.normal((1, H, 1, E)).astype(mx.bfloat16)
+    mask = mx.random.uniform(shape=(1, 1, 1, offset)) > 0.5 if E == 64 else None
+    mx.eval(keys, values, q, *([mask] if mask is not None else []))
+    k, v = keys[..., :offset, :], values[..., :offset, :]
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, k, v, mask=mask, dtype=mx.float32)
+    mx.eval(out)
+    assert mx.get_peak_memory() - before < 16 * 2**20
+    assert relative_error(out, attention_reference(q, k, v, mask=mask)) <= TOLERANCE["float32"]
+
+
 def test_float32_decode_reads_the_16_bit_cache_in_place():
     # Casting keys and values of this cache to float32 would take 2 x 234 MiB.
     capacity, offset = 65536, 60000
@@ -471,13 +507,12 @@ def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype):
     assert relative_error(out[finite], ref[finite]) <= TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("L", [1, 200])
-def test_float32_over_16_bit_inputs_where_no_kernel_reads_them(L):
-    # E = 256: neither the tensor-core decode nor the wgmma prefill reads
-    # 16-bit inputs for float32 attention, so the call runs the float32
-    # kernels on cast inputs; the planner keeps that it does (dispatch.cpp's
-    # recent plans), so the second call takes the cached answer.
-    case = Case(batch=(1,), heads=(8, 2), L=L, S=3000, E=256, mask="causal", dtype="bfloat16", layout="kv_cache")
+def test_float32_over_16_bit_inputs_where_no_kernel_reads_them():
+    # A prefill at E = 256: the wgmma prefill does not read 16-bit inputs for
+    # float32 attention there, so the call runs the float32 kernels on cast
+    # inputs; the planner keeps that it does (dispatch.cpp's recent plans), so
+    # the second call takes the cached answer.
+    case = Case(batch=(1,), heads=(8, 2), L=200, S=3000, E=256, mask="causal", dtype="bfloat16", layout="kv_cache")
     for seed in (0, 1):
         q, k, v, m = make_inputs(case, seed=seed)
         out = flash_attention(q, k, v, mask=m, dtype=mx.float32)

@@ -22,7 +22,10 @@
 //       generic_vec.cu)
 //   widened (dtype=float32 over float16 / bfloat16 inputs): the float32
 //       variants of the 16-bit tensor-core decode and (Hopper) wgmma
-//       prefill; other calls run the float32 path on cast inputs
+//       prefill; other decode calls (L <= 8) the generic kernel's split form
+//       (its arithmetic is float32 whatever the inputs), reading the 16-bit
+//       cache in place; other prefill calls run the float32 path on cast
+//       inputs
 //
 // The launches are planned here, when the graph is built; they run in the
 // primitive (primitive.cpp) once the inputs exist, with their strides:
@@ -526,7 +529,11 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
   int splits = 0;
   auto decode = decode_launches(d, splits);
   auto prefill = decode ? std::nullopt : prefill_launches(d, dtype, device_index);
-  if (d.widen && !decode && !prefill) return std::nullopt;
+  // A widened decode that no tensor-core decode takes (other head dims, an
+  // array mask) goes to the generic kernel on the 16-bit inputs: a cast would
+  // copy the whole cache to float32 on every call. A widened prefill goes to
+  // the float32 kernels on cast inputs, far faster than the generic one.
+  if (d.widen && !decode && !prefill && d.L >= kMinPrefillL) return std::nullopt;
   if (decode) {
     plan.aligned = *decode;
   } else if (prefill) {
@@ -536,7 +543,7 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
     splits = generic_splits(d);
     plan.aligned = generic_launches(d, splits, true);
   }
-  // The same splits: the partials (an output of the primitive) have one shape.
+  // The same splits: the partials (outputs of the primitive) have one shape.
   plan.any = generic_launches(d, splits);
   const int rows = static_cast<int>(d.batch * d.H_q * d.L);
   std::vector<mx::Shape>& shapes = out.shapes;
@@ -553,22 +560,28 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
     dtypes.push_back(mx::uint32);
   }
   if (plan.aligned.merge || plan.aligned.fused || plan.any.merge) {
-    // The partials, always the last output (primitive.cpp), one float32
-    // array (kernels/partials.h): o, then m / l per split and row. The fused
-    // decode takes it as its one output: its attention output first, then
-    // the partials and their tickets (which the generic kernel of plan.any,
-    // writing its partials from the start, leaves alone).
+    // The partials, always the last two outputs (primitive.cpp): o, then m /
+    // l per split and row. The fused decode takes the first as its one
+    // output (kernels/partials.h: its attention output, then its partials
+    // and tickets), which the generic kernel of plan.any, writing o from its
+    // start, would share.
     namespace fp = fa::partials;
-    int64_t floats = fp::floats(splits, rows, d.E);
+    int64_t o_floats = static_cast<int64_t>(splits) * rows * d.E;
     if (plan.aligned.fused) {
       const int64_t out_bytes = static_cast<int64_t>(rows) * d.E * (d.widen ? 4 : dtype.size());
-      floats += fp::fused_offset_floats(out_bytes) + plan.aligned.fused;
+      o_floats = fp::fused_offset_floats(out_bytes) + fp::floats(splits, rows, d.E) + plan.aligned.fused;
     }
-    if (floats > std::numeric_limits<int>::max()) {
+    const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2;
+    if (o_floats > std::numeric_limits<int>::max()) {
       throw std::invalid_argument("flash_attention: too many query rows for one CUDA decode call");
     }
-    shapes.push_back({static_cast<int>(floats)});
-    dtypes.push_back(mx::float32);
+    if (plan.aligned.fused) {
+      shapes.push_back({static_cast<int>(o_floats)});
+    } else {
+      shapes.push_back({splits, rows, d.E});
+    }
+    shapes.push_back({static_cast<int>(ml_floats)});
+    dtypes.insert(dtypes.end(), {mx::float32, mx::float32});
   }
   return out;
 }
@@ -584,15 +597,13 @@ mx::array flash_attention(
     const std::optional<mx::array>& mask,
     mx::Stream s,
     bool widen) {
-  // Widened calls that neither the tensor-core decode nor the Hopper prefill
-  // takes (a decode with an array mask, below) are the float32 kernels' on
-  // cast inputs.
+  // Widened prefill calls that neither the tensor-core decode nor the Hopper
+  // prefill takes are the float32 kernels' on cast inputs.
   auto cast = [&] {
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, s); };
     return flash_attention(f32(q), f32(k), f32(v), scale, mask_kind, mask, s);
   };
   const bool mask_array = mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive;
-  if (widen && mask_array && q.shape(-2) < kMinPrefillL) return cast();
   const int nd = q.ndim();
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);

@@ -31,13 +31,13 @@ struct Step {
 };
 
 // An attention kernel, and the merge when it split the keys (its partials
-// (o, and m / l per row: kernels/partials.h) are the primitive's last
-// output).
+// (o, and m / l per row) are the primitive's last two outputs).
 // fused: when not 0, the attention kernel splits the keys and merges them
-// itself: its one output is the primitive's last (its attention output, then
-// the partials as scratch, followed by `fused` floats of tickets, one 8-byte
-// word per group), the primitive's output a view of its start; it takes the
-// call's tag as two last arguments (decode_combine.cuh).
+// itself: its one output is the primitive's second to last (its attention
+// output, then the partials as scratch, followed by `fused` floats of
+// tickets, one 8-byte word per group: kernels/partials.h), the primitive's
+// output a view of its start; it takes the call's tag as two last arguments
+// (decode_combine.cuh).
 // map_template: when not empty, the attention kernel copies with the Tensor
 // Memory Accelerator (prefill_f16_wg.cu): it takes scratch for its tensor
 // maps as a second output (the primitive's) and, as last arguments, the

@@ -201,19 +201,21 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   };
   const size_t n = outputs.size();
   if (run.fused) {
-    // The fused decode's one output is the last (dispatch.cpp): the attention
-    // output at its start, then the partials. Each output costs MLX's
-    // custom-kernel path host time on every call (scripts/host-probe.py
-    // floors), and decode calls are short.
-    std::vector<mx::array> blob = {outputs[n - 1]};
+    // The fused decode's one output is the second to last (dispatch.cpp): the
+    // attention output at its start, then the partials. Each output costs
+    // MLX's custom-kernel path host time on every call (scripts/host-probe.py
+    // floors), and decode calls are short. The last output, the generic
+    // kernel's m / l, is left a view of it too (nothing reads it).
+    std::vector<mx::array> blob = {outputs[n - 2]};
     launch(run.attend, scalars, in, blob, copy, s);
-    mx::array& out = outputs[0];
-    mx::Strides strides(out.ndim(), 1);
-    for (int i = out.ndim() - 2; i >= 0; --i) strides[i] = strides[i + 1] * out.shape(i + 1);
-    // The flags MLX gives an array it allocates row-contiguous.
-    const int max_dim = *std::max_element(out.shape().begin(), out.shape().end());
-    out.copy_shared_buffer(blob[0], strides, {true, true, out.size() <= 1 || out.size() == static_cast<size_t>(max_dim)},
-                           out.size());
+    for (size_t i : {size_t{0}, n - 1}) {
+      mx::array& x = outputs[i];
+      mx::Strides strides(x.ndim(), 1);
+      for (int d = x.ndim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * x.shape(d + 1);
+      // The flags MLX gives an array it allocates row-contiguous.
+      const size_t max_dim = static_cast<size_t>(*std::max_element(x.shape().begin(), x.shape().end()));
+      x.copy_shared_buffer(blob[0], strides, {true, true, x.size() <= 1 || x.size() == max_dim}, x.size());
+    }
     return;
   }
   if (!run.merge) {
@@ -224,11 +226,11 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     launch(run.attend, scalars, in, out, copy, s);
     return;
   }
-  // Split, then merged: the partials are the last output (dispatch.cpp); an
-  // output between is the tensor maps' scratch of plan.aligned, when this is
-  // plan.any's generic split.
-  leave_unused(1, n - 1);
-  std::vector<mx::array> partials = {outputs[n - 1]};
+  // Split, then merged: the partials are the last two outputs (dispatch.cpp);
+  // an output between is the tensor maps' scratch of plan.aligned, when this
+  // is plan.any's generic split.
+  leave_unused(1, n - 2);
+  std::vector<mx::array> partials = {outputs[n - 2], outputs[n - 1]};
   launch(run.attend, scalars, in, partials, copy, s);
   std::vector<mx::array> out = {outputs[0]};
   launch(*run.merge, run.merge->scalars, partials, out, false, s);

@@ -5,8 +5,8 @@
 // prefill) the tensor maps' scratch, then the key splits' partials when
 // there is a merge or the fused decode merges them (MLX keeps a node's
 // outputs alive until its kernels have run). The fused decode writes its
-// attention output into the partials' array too, and the first output is a
-// view of it.
+// attention output into the first partials array too, and the first output
+// is a view of it.
 
 #pragma once
 

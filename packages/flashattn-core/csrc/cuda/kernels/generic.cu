@@ -11,7 +11,6 @@
 
 #include "generic_walk.cuh"
 #include "merge_shapes.h"
-#include "partials.h"
 #include "unit.cuh"
 
 namespace fa {
@@ -185,9 +184,7 @@ __device__ __forceinline__ void merge_splits(
 // The extern "C" entry point of one unit (-DFA_DTYPE and -DFA_EPT with
 // -DFA_PARTIAL=0|1, or -DFA_MERGE): fa_generic_<dtype>_<EPT>,
 // fa_generic_split_<dtype>_<EPT> or fa_merge_<dtype>.
-// Arguments: inputs, then outputs, then scalars, as MLX passes them. The
-// split form writes, and the merge reads, the call's partials: one array
-// (partials.h).
+// Arguments: inputs, then outputs, then scalars, as MLX passes them.
 #if defined(FA_EPT) && FA_PARTIAL == 0
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_, FA_TNAME, _, FA_EPT, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
@@ -202,12 +199,10 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_, FA_TNAME,
 #if defined(FA_EPT) && FA_PARTIAL == 1
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_split_, FA_TNAME, _, FA_EPT, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
-    float* part, int B, int H_q, int H_kv, int L, int S, int E,
+    float* o_part, float* ml_part, int B, int H_q, int H_kv, int L, int S, int E,
     int mask_kind, int mask_rs, int mask_cs, int keys_per_split, float scale_log2,
     FA_LAYOUT_PARAMS) {
-  const int64_t rows = (int64_t)B * H_q * L;  // grid.y: the splits
-  fa::generic_attend<FA_T, FA_EPT, true>(q, k, v, mask, mask_base, nullptr, part,
-                                         part + fa::partials::ml_offset(gridDim.y, rows, E),
+  fa::generic_attend<FA_T, FA_EPT, true>(q, k, v, mask, mask_base, nullptr, o_part, ml_part,
                                          B, H_q, H_kv, L, S, E, mask_kind, mask_rs, mask_cs,
                                          keys_per_split, scale_log2, FA_LAYOUT);
 }
@@ -215,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_split_, FA_
 
 #if defined(FA_MERGE)
 extern "C" __global__ void __launch_bounds__(fa::merge_shapes::kThreads) FA_CAT3(fa_merge_, FA_TNAME, )(
-    const float* part, FA_T* out, int rows, int E, int splits) {
-  fa::merge_splits<FA_T>(part, part + fa::partials::ml_offset(splits, rows, E), out, rows, E, splits);
+    const float* o_part, const float* ml_part, FA_T* out, int rows, int E, int splits) {
+  fa::merge_splits<FA_T>(o_part, ml_part, out, rows, E, splits);
 }
 #endif

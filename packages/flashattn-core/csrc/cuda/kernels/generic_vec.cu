@@ -13,7 +13,6 @@
 //   grid.x: query rows (B x H_q x L) / warps per block; grid.y: key splits
 
 #include "generic_walk.cuh"
-#include "partials.h"
 #include "unit.cuh"
 
 namespace fa {
@@ -114,18 +113,15 @@ __device__ __forceinline__ void generic_attend_vec(
 }  // namespace fa
 
 // fa_generic_vsplit_<dtype>_<LK> (-DFA_DTYPE, -DFA_LK): the same arguments as
-// fa_generic_split_<dtype>_<EPT>; the partials (one array: partials.h) go
-// to fa_merge_<dtype>.
+// fa_generic_split_<dtype>_<EPT>; the partials go to fa_merge_<dtype>.
 #if !defined(FA_LK)
 #error "define FA_LK"
 #endif
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_vsplit_, FA_TNAME, _, FA_LK, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
-    float* part, int B, int H_q, int H_kv, int L, int S, int E,
+    float* o_part, float* ml_part, int B, int H_q, int H_kv, int L, int S, int E,
     int mask_kind, int mask_rs, int mask_cs, int keys_per_split, float scale_log2,
     FA_LAYOUT_PARAMS) {
-  const int64_t rows = (int64_t)B * H_q * L;  // grid.y: the splits
-  fa::generic_attend_vec<FA_T, FA_LK>(q, k, v, mask, mask_base, part, part + fa::partials::ml_offset(gridDim.y, rows, E),
-                                      B, H_q, H_kv, L, S, E, mask_kind, mask_rs, mask_cs, keys_per_split, scale_log2,
-                                      FA_LAYOUT);
+  fa::generic_attend_vec<FA_T, FA_LK>(q, k, v, mask, mask_base, o_part, ml_part, B, H_q, H_kv, L, S, E, mask_kind,
+                                      mask_rs, mask_cs, keys_per_split, scale_log2, FA_LAYOUT);
 }
