@@ -62,7 +62,8 @@ def custom_kernel_costs():
             output_dtypes=[mx.float32], scalars=[], grid=(32, 1, 1), threadgroup=(32, 1, 1))[0]
         show(f"precompiled trivial, module {len(src) / 1024:5.1f} KB", phases(run))
     # MLX's custom-kernel costs with an 18 KB module (the tensor-core decode's
-    # size) and an empty kernel: inputs, outputs (ours: out + 2 scratch) and
+    # size) and an empty kernel: inputs, outputs (our fused decode had out + 2
+    # scratch; now one, partials.h) and
     # scalars (ours: 20) added one kind at a time.
     src = ptx_module(EMPTY_PTX, 18 * 1024)
     for n_in, outs, n_sc in ((1, 1, 0), (5, 1, 0), (1, 3, 0), (1, 1, 20), (5, 3, 20), (3, 3, 20), (5, 2, 20),
