@@ -10,7 +10,7 @@
 // own).
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/df scripts/decode-floor.cu
-//   /tmp/df [reps] [floors 0/1] [copies]
+//   /tmp/df [reps] [floors 0/1] [copies] [qwen05b only 0/1]
 
 #include "probe/timeline.cuh"  // before the kernels: FA_MARK
 
@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
       }
     });
   }
+  if (argc > 4 && std::atoi(argv[4]) != 0) return 0;  // qwen05b only
   for (int S : {8192, 32768}) {
     shape<128>("hd128", 32, 8, S, floors && S == 32768, copies, reps, sms, sink, [&](auto variant) {
       for (int splits : {16, 32, 64}) {

@@ -12,7 +12,7 @@ against two kernels launched through the same custom-kernel path: one that
 does nothing (the path's own cost a call) and one that only reads K and V
 once (the least any decode kernel reached that way can take).
 
-    python3 scripts/host-probe.py [floors|decode|decode32k|floor32k|prefill|prefill-dims|decode-dims]"""
+    python3 scripts/host-probe.py [floors|decode|decode32k|floor32k|bench-floor|prefill|prefill-dims|decode-dims]"""
 
 import os
 import statistics
@@ -236,6 +236,44 @@ def floors_32k():
                   f"median {med[3] / mlx_med[rnd]:.2f}x")
 
 
+def bench_floor_32k(rounds=3):
+    """floor32k's four calls timed exactly as `flash-eval kernel` times the
+    decode (measure.measure: batches of 20 chained calls an evaluation, on
+    the benchmark's K / V copies, medians), interleaved rounds: how close
+    to half MLX's time a kernel launched through MLX's custom-kernel path
+    can come as the benchmark measures it."""
+    from flash_eval.impls import make_inputs, mlx_call
+    from flash_eval.kernel import kv_sets_for
+    from flash_eval.measure import measure
+    from flash_eval.shapes import SHAPES, KernelCase
+
+    case = KernelCase(SHAPES["qwen05b"], "decode", 32768, "bfloat16")
+    inp = make_inputs(case, 0, kv_sets_for(case, 0, True))
+    modules = floor_modules()
+    blocks = {"floor_empty": 1, "floor_read": 4 * 132}
+
+    def floor(name):
+        def attention(q, k, v, scale=None, mask=None):
+            return mx.fast.precompiled_cuda_kernel(
+                name=name, compiled_source=modules[name], inputs=[q, k, v], output_shapes=[q.shape],
+                output_dtypes=[q.dtype], scalars=[k.nbytes // 16, q.nbytes // 4],
+                grid=(blocks[name] * 256, 1, 1), threadgroup=(256, 1, 1))[0]
+        return attention
+
+    fns = {"MLX SDPA": mx.fast.scaled_dot_product_attention, "flash_attention": flash_attention,
+           "floor: empty kernel": floor("floor_empty"), "floor: reads K, V once": floor("floor_read")}
+    print(f"{case.label} bfloat16 as flash-eval kernel times it: {len(inp.kv_sets)} K/V sets, chained")
+    medians = {name: [] for name in fns}
+    for rnd in range(rounds):
+        for name, fn in fns.items():
+            call = mlx_call(inp, fn)
+            _, m = measure(lambda: call(inp.q), repeats=10, chain=call)
+            medians[name].append(m.median_s * 1e6)
+    for name, us in medians.items():
+        ratios = " ".join(f"{a / b:.2f}x" for a, b in zip(us, medians["MLX SDPA"]))
+        print(f"{name:28s} " + " ".join(f"{u:6.1f}" for u in us) + f" us a call; of MLX's: {ratios}")
+
+
 DECODE = [("qwen05b", QWEN05B, 1, 8192, mx.bfloat16), ("qwen05b", QWEN05B, 1, 32768, mx.bfloat16),
           ("qwen05b", QWEN05B, 1, 32768, mx.float32), ("hd128", HD128, 1, 32768, mx.bfloat16)]
 PREFILL = [("qwen05b", QWEN05B, 8192, 8192, mx.bfloat16), ("hd128", HD128, 4096, 4096, mx.bfloat16)]
@@ -253,6 +291,8 @@ DECODE_DIMS += [("qwen05b", QWEN05B, 1, 32768, mx.bfloat16, "bool"), ("hd128", H
 mode = sys.argv[1] if len(sys.argv) > 1 else "all"
 if mode == "floor32k":
     floors_32k()
+if mode == "bench-floor":
+    bench_floor_32k()
 if mode == "decode32k":
     attention(DECODE_32K)
 if mode in ("all", "floors"):
