@@ -21,30 +21,12 @@
 #include "../packages/flashattn-core/csrc/cuda/kernels/tma.cuh"
 #include "../packages/flashattn-core/csrc/cuda/kernels/pingpong.cuh"
 #include "probe/harness.cuh"
+#include "probe/read.cuh"
 
 using T = __nv_bfloat16;
 
 __global__ void empty_kernel(uint32_t* sink) {
   if (sink != nullptr && threadIdx.x == 1023) sink[0] = 0;
-}
-
-// Block b reads its share of n16 16-byte words, U loads in flight a thread.
-template <int U>
-__global__ void read_kernel(const uint4* __restrict__ src, size_t n16, uint32_t* sink) {
-  const size_t per = (n16 + gridDim.x - 1) / gridDim.x;
-  const size_t begin = blockIdx.x * per, end = min(n16, begin + per);
-  uint32_t acc = 0;
-  for (size_t i = begin + threadIdx.x; i < end; i += size_t(blockDim.x) * U) {
-    uint4 r[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const size_t j = i + size_t(u) * blockDim.x;
-      r[u] = j < end ? __ldcg(src + j) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
 }
 
 // Block b copies its share (bytes a multiple of 16 * grid) into shared
@@ -183,12 +165,9 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int copies, 
 }
 
 int main(int argc, char** argv) {
-  probe::print_gpu();
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
-  int sms;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  uint32_t* sink;
-  CHECK(cudaMalloc(&sink, 4));
+  const probe::FloorStart start = probe::floor_start(argc, argv);
+  const int reps = start.reps, sms = start.sms;
+  uint32_t* const sink = start.sink;
   std::printf("empty kernel, 132 x 128 threads        %6.2f us\n",
               probe::graph_us([&](cudaStream_t s, int) { empty_kernel<<<sms, 128, 0, s>>>(sink); }, reps));
   const bool floors = argc > 2 && std::atoi(argv[2]) != 0;

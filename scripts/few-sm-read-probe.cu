@@ -15,27 +15,10 @@
 //   /tmp/fr [reps]
 
 #include "probe/timeline.cuh"
+#include "probe/read.cuh"
 
 #include "../packages/flashattn-core/csrc/cuda/kernels/pingpong.cuh"
 #include "../packages/flashattn-core/csrc/cuda/kernels/tma.cuh"
-
-template <int U>
-__global__ void plain_kernel(const uint4* __restrict__ src, size_t n16, uint32_t* sink) {
-  const size_t per = (n16 + gridDim.x - 1) / gridDim.x;
-  const size_t begin = blockIdx.x * per, end = min(n16, begin + per);
-  uint32_t acc = 0;
-  for (size_t i = begin + threadIdx.x; i < end; i += size_t(blockDim.x) * U) {
-    uint4 r[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const size_t j = i + size_t(u) * blockDim.x;
-      r[u] = j < end ? __ldcg(src + j) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
-}
 
 constexpr int kMaxStages = 16;
 
@@ -120,12 +103,9 @@ __global__ void cp_async_kernel(const char* __restrict__ src, size_t bytes, int 
 }
 
 int main(int argc, char** argv) {
-  probe::print_gpu();
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 30;
-  int sms;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  uint32_t* sink;
-  CHECK(cudaMalloc(&sink, 4));
+  const probe::FloorStart start = probe::floor_start(argc, argv);
+  const int reps = start.reps, sms = start.sms;
+  uint32_t* const sink = start.sink;
   const size_t bytes = size_t(2) * 2 * 32768 * 64 * 2;  // K and V, 2 heads, S = 32768, E = 64, bfloat16
   const int copies = 16;
   char* kv;
@@ -137,7 +117,7 @@ int main(int argc, char** argv) {
     for (int threads : {512, 1024}) {
       const float t = probe::graph_us(
           [&](cudaStream_t s, int i) {
-            plain_kernel<8><<<grid, threads, 0, s>>>(reinterpret_cast<const uint4*>(kv_of(i)), bytes / 16, sink);
+            read_kernel<8><<<grid, threads, 0, s>>>(reinterpret_cast<const uint4*>(kv_of(i)), bytes / 16, sink);
           },
           reps);
       std::printf("  plain %4d blocks x %4d threads, 8 x 16 B in flight      %6.2f us  %6.0f GB/s  %5.1f GB/s an SM\n",
@@ -154,8 +134,8 @@ int main(int argc, char** argv) {
       std::printf("  plain %4d blocks x 1024 threads, %2d x 16 B in flight      %6.2f us  %6.0f GB/s  %5.1f GB/s an SM\n",
                   grid, u, t, bytes / (t * 1e3), bytes / (t * 1e3) / grid);
     };
-    more(plain_kernel<12>, 12);
-    more(plain_kernel<16>, 16);
+    more(read_kernel<12>, 12);
+    more(read_kernel<16>, 16);
   }
   auto cp_async = [&](auto kernel, int stages, int stage) {
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
