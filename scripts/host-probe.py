@@ -188,6 +188,21 @@ def floor_modules():
     return modules
 
 
+# Blocks of each floor kernel: 4 a SM of an H100 / H200 (any count reads it all).
+FLOOR_BLOCKS = {"floor_empty": 1, "floor_read": 4 * 132}
+
+
+def floor_attention(modules, name):
+    """Floor kernel `name` as an attention function (q, k, v) -> q-shaped
+    output, launched through MLX's custom-kernel path as ours are."""
+    def attention(q, k, v, scale=None, mask=None):
+        return mx.fast.precompiled_cuda_kernel(
+            name=name, compiled_source=modules[name], inputs=[q, k, v], output_shapes=[q.shape],
+            output_dtypes=[q.dtype], scalars=[k.nbytes // 16, q.nbytes // 4],
+            grid=(FLOOR_BLOCKS[name] * 256, 1, 1), threadgroup=(256, 1, 1))[0]
+    return attention
+
+
 def floors_32k():
     """The qwen05b S = 32768 bfloat16 decode, chained on K / V copies: ours,
     MLX's SDPA and the two floor kernels, best and median of 20 evaluations,
@@ -200,16 +215,10 @@ def floors_32k():
     kv = kv_copies(k, v)
     n = len(kv)
     modules = floor_modules()
-    blocks = {"floor_empty": 1, "floor_read": 4 * 132}  # 4 a SM of an H100 / H200; any count reads it all
 
     def floor(name):
-        def call(i, p):
-            kk, vv = kv[i % n]
-            return mx.fast.precompiled_cuda_kernel(
-                name=name, compiled_source=modules[name], inputs=[q if p is None else p, kk, vv],
-                output_shapes=[q.shape], output_dtypes=[dtype], scalars=[k.nbytes // 16, q.nbytes // 4],
-                grid=(blocks[name] * 256, 1, 1), threadgroup=(256, 1, 1))[0]
-        return call
+        attention = floor_attention(modules, name)
+        return lambda i, p: attention(q if p is None else p, *kv[i % n])
 
     impls = {
         "MLX SDPA": lambda i, p: mx.fast.scaled_dot_product_attention(q if p is None else p, *kv[i % n],
@@ -220,7 +229,7 @@ def floors_32k():
     }
     print(f"qwen05b decode S = {S} bfloat16, chained on {n} K/V copies, {BATCH} calls an evaluation; "
           f"module bytes: empty {len(modules['floor_empty'])}, read {len(modules['floor_read'])}; "
-          f"read grid {blocks['floor_read']} blocks")
+          f"read grid {FLOOR_BLOCKS['floor_read']} blocks")
     rows = {}
     for rnd in range(3):  # interleaved rounds: the same drift for all
         for name, fn in impls.items():
@@ -250,18 +259,9 @@ def bench_floor_32k(rounds=3):
     case = KernelCase(SHAPES["qwen05b"], "decode", 32768, "bfloat16")
     inp = make_inputs(case, 0, kv_sets_for(case, 0, True))
     modules = floor_modules()
-    blocks = {"floor_empty": 1, "floor_read": 4 * 132}
-
-    def floor(name):
-        def attention(q, k, v, scale=None, mask=None):
-            return mx.fast.precompiled_cuda_kernel(
-                name=name, compiled_source=modules[name], inputs=[q, k, v], output_shapes=[q.shape],
-                output_dtypes=[q.dtype], scalars=[k.nbytes // 16, q.nbytes // 4],
-                grid=(blocks[name] * 256, 1, 1), threadgroup=(256, 1, 1))[0]
-        return attention
-
     fns = {"MLX SDPA": mx.fast.scaled_dot_product_attention, "flash_attention": flash_attention,
-           "floor: empty kernel": floor("floor_empty"), "floor: reads K, V once": floor("floor_read")}
+           "floor: empty kernel": floor_attention(modules, "floor_empty"),
+           "floor: reads K, V once": floor_attention(modules, "floor_read")}
     print(f"{case.label} bfloat16 as flash-eval kernel times it: {len(inp.kv_sets)} K/V sets, chained")
     medians = {name: [] for name in fns}
     for rnd in range(rounds):
