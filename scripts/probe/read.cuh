@@ -10,6 +10,9 @@
 // Block b reads its share of n16 16-byte words, U loads in flight a thread.
 template <int U>
 __global__ void read_kernel(const uint4* __restrict__ src, size_t n16, uint32_t* sink) {
+#ifdef FA_MARK
+  FA_MARK(0);
+#endif
   const size_t per = (n16 + gridDim.x - 1) / gridDim.x;
   const size_t begin = blockIdx.x * per, end = min(n16, begin + per);
   uint32_t acc = 0;
@@ -24,6 +27,10 @@ __global__ void read_kernel(const uint4* __restrict__ src, size_t n16, uint32_t*
     for (int u = 0; u < U; ++u) acc ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
   }
   if (acc == 0x12345678u) sink[0] = acc;
+#ifdef FA_MARK
+  __syncthreads();
+  FA_MARK(1);
+#endif
 }
 
 namespace probe {
