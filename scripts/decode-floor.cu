@@ -73,88 +73,6 @@ __global__ void __launch_bounds__(32 * W) decode_kernel(const T* q, const T* k, 
                               keys_per_split, scale_log2, lay);
 }
 
-// decode_mma's K and V loads alone, the same addresses, order and L2 hint
-// (W warps, U chunks of 2048 / E keys a warp in flight, one 16-byte load a
-// lane a fragment), every word folded into one and nothing computed: the
-// decode's loop without its arithmetic (marks 0 and 1: start, end). Other
-// orders of the same bytes: kRows, K's loads take whole rows (4 a load at
-// E = 64, a warp's chunk still its own 4 KB); kInterleaved, K's and V's
-// loads take whole rows and the block's warps' rows lie side by side (load
-// i of warp w: rows 32 i + 4 w .. + 3 of the pass); kTilesSideBySide, the
-// fragment loads with the warps' 8-key tiles side by side (tile nt of chunk
-// u of warp w: keys 8 W (u NT + nt) + 8 w ..).
-template <int E, int W, int U, bool F256, bool kRows = false, bool kInterleaved = false,
-          bool kTilesSideBySide = false>
-__global__ void __launch_bounds__(32 * W) mma_loads_kernel(const T* k, const T* v, int S, int keys_per_split,
-                                                           uint32_t* sink) {
-  FA_MARK(0);
-  constexpr int KC = 2048 / E, NT = KC / 8, KB = E / 32, KS = KC / 16, DB = E / 64;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const T* k_head = k + size_t(blockIdx.y) * S * E;
-  const T* v_head = v + size_t(blockIdx.y) * S * E;
-  const int c_begin = blockIdx.x * keys_per_split, c_end = min(S, c_begin + keys_per_split);
-  uint32_t acc = 0;
-  if constexpr (kInterleaved) {
-    static_assert(E == 64, "rows of 128 bytes");
-    for (int base = c_begin; base < c_end; base += W * U * KC) {
-      uint4 kf[U * NT * KB], vf[U * NT * KB];
-#pragma unroll
-      for (int i = 0; i < U * NT * KB; ++i) {
-        const int key = base + 32 * i + 4 * w + lane / 8;
-        kf[i] = fa::load16<F256>(k_head + size_t(key) * E + 8 * (lane % 8), key < c_end);
-        vf[i] = fa::load16<F256>(v_head + size_t(key) * E + 8 * (lane % 8), key < c_end);
-      }
-#pragma unroll
-      for (int i = 0; i < U * NT * KB; ++i)
-        acc ^= kf[i].x ^ kf[i].y ^ kf[i].z ^ kf[i].w ^ vf[i].x ^ vf[i].y ^ vf[i].z ^ vf[i].w;
-    }
-  }
-  for (int base = c_begin; base < c_end && !kInterleaved; base += W * U * KC) {
-    uint4 kf[U][NT][KB], vf[U][KS][4][DB];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c0 = kTilesSideBySide ? base + u * W * KC + 8 * w : base + (u * W + w) * KC;
-      constexpr int kTile = kTilesSideBySide ? 8 * W : 8;  // keys from a tile to the warp's next
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int kb = 0; kb < KB; ++kb) {
-          const int key = kRows ? c0 + (32 / (E / 8)) * (nt * KB + kb) + lane / (E / 8) : c0 + kTile * nt + g;
-          const int at = kRows ? 8 * (lane % (E / 8)) : 32 * kb + 8 * t;
-          kf[u][nt][kb] = fa::load16<F256>(k_head + size_t(key) * E + at, key < c_end);
-        }
-#pragma unroll
-      for (int s = 0; s < KS; ++s)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int db = 0; db < DB; ++db) {
-            const int key = c0 + kTile * (2 * s + (j >> 1)) + 2 * t + (j & 1);
-            vf[u][s][j][db] = fa::load16<F256>(v_head + size_t(key) * E + 64 * db + 8 * g, key < c_end);
-          }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int kb = 0; kb < KB; ++kb) acc ^= kf[u][nt][kb].x ^ kf[u][nt][kb].y ^ kf[u][nt][kb].z ^ kf[u][nt][kb].w;
-#pragma unroll
-      for (int s = 0; s < KS; ++s)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int db = 0; db < DB; ++db) {
-            const uint4& x = vf[u][s][j][db];
-            acc ^= x.x ^ x.y ^ x.z ^ x.w;
-          }
-    }
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
-  __syncthreads();
-  FA_MARK(1);
-}
-
 // One shape's floors (when asked) and decode variants: variants(variant)
 // runs the decode kernels to time, variant(name, kernel, warps, splits,
 // fused, timeline).
@@ -257,7 +175,7 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int copies, 
   };
   // A plain read of as many bytes (K's first; with a gap, not all of V) by
   // as many blocks as the decode's (128 x 256 threads), timed as its
-  // timeline is (marks 0 and 1: start, end); then the decode's loads alone.
+  // timeline is (marks 0 and 1: start, end).
   if (S == 32768) {
     auto read_timeline = [&](const char* what, auto kernel) {
       const float t = probe::graph_us(
@@ -273,26 +191,6 @@ void shape(const char* name, int H_q, int H_kv, int S, bool floors, int copies, 
     };
     read_timeline("8 x 16 B in flight a thread", read_kernel<8>);
     read_timeline("32 x 16 B in flight a thread", read_kernel<32>);
-    if constexpr (E == 64) {
-      auto loads_timeline = [&](const char* what, auto kernel) {
-        const int splits = 64, kps = S / splits;
-        const float t = probe::graph_us(
-            [&](cudaStream_t s, int i) { kernel<<<dim3(splits, H_kv), 256, 0, s>>>(kv_of(i), v_of(i), S, kps, sink); },
-            reps);
-        std::printf("  the decode's loads alone (W8 U2, 64 splits), %s: %6.2f us a launch; timeline:\n", what, t);
-        probe::print_timeline(splits * H_kv, [&] {
-          read_others();
-          kernel<<<dim3(splits, H_kv), 256>>>(kv_of(0), v_of(0), S, kps, sink);
-        });
-      };
-      loads_timeline("L2::256B hint (shipped)", mma_loads_kernel<64, 8, 2, true>);
-      loads_timeline("plain loads", mma_loads_kernel<64, 8, 2, false>);
-      loads_timeline("K in whole rows, L2::256B hint", mma_loads_kernel<64, 8, 2, true, true>);
-      loads_timeline("K in whole rows, plain loads", mma_loads_kernel<64, 8, 2, false, true>);
-      loads_timeline("whole rows, warps side by side, L2::256B", mma_loads_kernel<64, 8, 2, true, true, true>);
-      loads_timeline("whole rows, warps side by side, plain", mma_loads_kernel<64, 8, 2, false, true, true>);
-      loads_timeline("fragments, tiles side by side, L2::256B", mma_loads_kernel<64, 8, 2, true, false, false, true>);
-    }
   }
   variants(variant);
   CHECK(cudaFree(dq));
