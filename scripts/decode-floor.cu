@@ -45,12 +45,7 @@ __global__ void bulk_kernel(const char* __restrict__ src, size_t bytes, int chun
     fa::fence_mbar_init();
     fa::mbar_arrive_expect_tx(&bar, uint32_t(per));
     for (size_t off = 0; off < per; off += chunk) {
-      const uint32_t n = uint32_t(min(size_t(chunk), per - off));
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-              fa::smem_u32(smem + off)),
-          "l"(mine + off), "r"(n), "r"(fa::smem_u32(&bar))
-          : "memory");
+      probe::bulk_copy(smem + off, mine + off, uint32_t(min(size_t(chunk), per - off)), &bar);
     }
   }
   __syncthreads();

@@ -16,12 +16,12 @@
 #include <cstdint>
 
 #include "probe/timeline.cuh"  // CHECK, global_ns
+#define FA_DTYPE 2  // the kernels' headers below need a dtype; unused
+#include "../packages/flashattn-core/csrc/cuda/kernels/pingpong.cuh"
+#include "../packages/flashattn-core/csrc/cuda/kernels/tma.cuh"
+#include "probe/read.cuh"  // bulk_copy
 
 namespace {
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Block s writes split s's rows_total x E floats (the partials of every
 // group), as the decode's blocks do at their end.
@@ -66,29 +66,20 @@ __global__ void read_partials(const float* o_part, int splits, int rows_total, i
     for (int c = threadIdx.x; c < n16; c += blockDim.x) {
       const int s = c / per_split, w = c % per_split;
       const float* src = o_part + size_t(s) * rows_total * E + 4 * w;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem + 4 * c)), "l"(src) : "memory");
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(fa::smem_u32(smem + 4 * c)), "l"(src) : "memory");
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
   } else {
     if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar)) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&bar)),
-                   "r"(uint32_t(splits * row_floats * 4))
-                   : "memory");
+      fa::mbar_init(&bar, 1);
+      fa::fence_mbar_init();
+      fa::mbar_arrive_expect_tx(&bar, uint32_t(splits * row_floats * 4));
       for (int s = 0; s < splits; ++s)
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                smem_u32(smem + s * row_floats)),
-            "l"(o_part + size_t(s) * rows_total * E), "r"(uint32_t(row_floats * 4)), "r"(smem_u32(&bar))
-            : "memory");
+        probe::bulk_copy(smem + s * row_floats, o_part + size_t(s) * rows_total * E, uint32_t(row_floats * 4), &bar);
     }
     __syncthreads();
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n@!done bra WAIT;\n}\n" ::"r"(
-            smem_u32(&bar))
-        : "memory");
+    fa::mbar_wait(&bar, 0);
   }
   const unsigned long long t1 = probe::global_ns();
   if (method != 0)

@@ -35,6 +35,15 @@ __global__ void read_kernel(const uint4* __restrict__ src, size_t n16, uint32_t*
 
 namespace probe {
 
+// `bytes` (a multiple of 16) from global src into shared dst by one 1-d bulk
+// copy, arriving on the mbarrier bar with its byte count (complete_tx).
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(bytes), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+}
+
 // A floor probe's start: the GPU named, repetitions from argv[1] (default
 // 30), the SM count, and a word the kernels' never-taken stores go to.
 struct FloorStart {
