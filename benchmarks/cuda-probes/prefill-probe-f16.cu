@@ -3,13 +3,13 @@
 // Hopper) at E = 64 and 128 on the same random inputs, against a float64
 // reference on sampled rows, timed with CUDA events.
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe16 scripts/prefill-probe-f16.cu && /tmp/probe16
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe16 benchmarks/cuda-probes/prefill-probe-f16.cu && /tmp/probe16
 
 #define FA_DTYPE 2
 #define FA_E 64
-#include "../packages/flashattn-core/csrc/cuda/kernels/prefill_f16.cu"
-#include "../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
-#include "probe/harness.cuh"
+#include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_f16.cu"
+#include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
+#include "harness.cuh"
 
 using T = __nv_bfloat16;
 

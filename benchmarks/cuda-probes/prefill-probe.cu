@@ -4,15 +4,15 @@
 // timed with CUDA events. For kernel work on a GPU machine where installing
 // MLX's CUDA build would cost more than the build itself:
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe scripts/prefill-probe.cu && /tmp/probe
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe benchmarks/cuda-probes/prefill-probe.cu && /tmp/probe
 //
-// The full suite (scripts/cuda-check) remains the correctness test.
+// The GPU suite (scripts/cuda-check test) remains the correctness test.
 
 #define FA_DTYPE 0
 #define FA_E 64
-#include "../packages/flashattn-core/csrc/cuda/kernels/prefill_tf32.cu"
-#include "../packages/flashattn-core/csrc/cuda/kernels/prefill_tf32_wg.cu"
-#include "probe/harness.cuh"
+#include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_tf32.cu"
+#include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_tf32_wg.cu"
+#include "harness.cuh"
 
 int main(int argc, char** argv) {
   using probe::run;

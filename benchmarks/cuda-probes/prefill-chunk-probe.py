@@ -8,7 +8,9 @@ median of REPS), patch off / on (float32 attention, the default) / on
 makes them (queries transposed from the projection's layout, keys and
 values the cache's), us a call (20 chained calls an evaluation, median).
 
-    python3 scripts/prefill-chunk-probe.py MODEL_FOLDER [--dtype bfloat16]
+    python3 benchmarks/cuda-probes/prefill-chunk-probe.py MODEL_FOLDER [--dtype bfloat16]
+
+(or scripts/cuda-check probe prefill-chunk-probe.py .gpu2, which builds first)
 """
 
 import argparse

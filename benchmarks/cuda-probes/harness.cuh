@@ -1,7 +1,7 @@
-// The standalone prefill probes' harness (scripts/prefill-probe*.cu): random
-// inputs, a float64 reference on sampled rows, NaN-poisoned outputs, CUDA-event
-// timing. For kernel work on a GPU machine without MLX; the full suite
-// (scripts/cuda-check) remains the correctness test.
+// The standalone prefill probes' harness (prefill-probe*.cu, prefill-timeline.cu):
+// random inputs, a float64 reference on sampled rows, NaN-poisoned outputs,
+// CUDA-event timing. For kernel work on a GPU machine without MLX; the GPU
+// suite (scripts/cuda-check test) remains the correctness test.
 
 #pragma once
 

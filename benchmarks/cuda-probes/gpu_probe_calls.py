@@ -1,7 +1,7 @@
-"""The calls the GPU probe scripts compare (ncu-probe.py, overhead-probe.py,
-power-probe.py): flash_attention and MLX's SDPA on the same random inputs of
-one benchmark shape; and how host-probe.py and prefill-chunk-probe.py time a
-batch of calls, phase by phase."""
+"""What the Python probes share: flash_attention and MLX's SDPA on the same
+random inputs of one benchmark shape (ncu-probe.py, host-probe.py), and how
+host-probe.py and prefill-chunk-probe.py time a batch of calls, phase by
+phase."""
 
 import time
 

@@ -8,7 +8,7 @@
 // durations per key/value tile. For work outside the tile loop (prologue,
 // epilogue, scheduling) that kernel-level timings cannot separate.
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/tl scripts/prefill-timeline.cu && /tmp/tl
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/tl benchmarks/cuda-probes/prefill-timeline.cu && /tmp/tl
 
 #define FA_DTYPE 2
 #define FA_E 128
@@ -16,8 +16,8 @@
 #include <climits>
 #include <map>
 
-#include "../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
-#include "probe/harness.cuh"
+#include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
+#include "harness.cuh"
 
 using T = __nv_bfloat16;
 
