@@ -24,15 +24,14 @@ class Measurement:
 
 
 # On a GPU an evaluation carries a fixed overhead (graph building, launch,
-# synchronisation: 0.3-1.3 ms on an H200 with MLX 0.32.4) that a model's
-# forward pass spreads over many calls: calls shorter than BATCH_BELOW_S are
-# timed in batches of up to MAX_BATCH that fill about BATCH_BELOW_S, their
-# outputs evaluated together, and the time divided by the batch. A batch's
-# calls are chained when a `chain` is given (each call's queries the last
-# one's output, as a model's layers follow one another); independent calls
-# MLX's CUDA graph may run side by side, which times their throughput, not a
-# call's latency (H200: MLX's cuDNN prefill, hd128 L = 4096, took 235 us a
-# call independent and 277 chained; scripts/host-probe.py).
+# synchronisation: 0.3-1.3 ms on an H200) that a model's forward pass
+# spreads over many calls: calls shorter than BATCH_BELOW_S are timed in
+# batches of up to MAX_BATCH that fill about BATCH_BELOW_S, their outputs
+# evaluated together, and the time divided by the batch. A batch's calls are
+# chained when a `chain` is given (each call's queries the last one's output,
+# as a model's layers follow one another); independent calls MLX's CUDA graph
+# may run side by side, which times their throughput, not a call's latency
+# (up to ~15% less time a call).
 BATCH_BELOW_S = 0.02
 MAX_BATCH = 20
 # Short calls are noisy: they are repeated until at least MIN_TIMED_S has been

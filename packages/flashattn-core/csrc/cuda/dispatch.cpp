@@ -77,8 +77,7 @@ constexpr int kMinPrefillL = 9;   // below: the decode path
 // about this many.
 constexpr int kTargetWarps = 4096;
 // Keys a generic split takes at least: 64 (four groups of its walk,
-// generic.cu) keeps a decode's warps many enough to hide their latency (at
-// 256, hd256 decode S = 8192 on an H200: 32 splits, ~0.13 ms).
+// generic.cu) keeps a decode's warps many enough to hide their latency.
 constexpr int kMinKeysPerSplit = 64;
 
 const char* dtype_name(mx::Dtype t) {
@@ -125,9 +124,7 @@ int prefill_smem_bytes(mx::Dtype t, int E) {
 
 // Decode splits hold at least one chunk of 32 keys per warp. A decode block
 // is latency-bound (each warp walks its chunks one after another), so the
-// keys are split until about kDecodeTargetBlocks blocks fill the GPU (Nsight
-// Compute on an H200, qwen05b S = 32768: splits of 512 keys gave 128 blocks,
-// one per SM, 54 us).
+// keys are split until about kDecodeTargetBlocks blocks fill the GPU.
 constexpr int kDecodeMaxRows = 16, kDecodeKeysPerBlockStep = 128, kDecodeMinKeysPerSplit = 128;
 // Query rows of one decode block (kMaxRows in decode.cu): groups with more
 // rows (up to kDecodeMaxRows) take several blocks.
@@ -138,40 +135,26 @@ constexpr int kMmaDecodeRows = 16;
 // The float32 one (decode_tf32.cu) uses rows 0-7 of m16n8k8 (TF32).
 constexpr int kTf32DecodeRows = 8;
 // Up to this many keys one block per group walks them all and writes the
-// output. In one H200 run (qwen05b / hd128) that took S = 256-1024 from 27-46
-// to 19-36 us a call against split + merge, and made S >= 2048 slower; calls
-// this short vary by up to +-50% between runs, so the threshold is rough.
-// With the fused decode (one launch either way) 256 was no better: qwen05b
-// S = 1024 bfloat16 17.4 us a call against 10.7-12.0 (scripts/overhead-probe.py).
+// output: faster than splitting up to here, slower beyond (a rough threshold:
+// calls this short vary much between runs).
 constexpr int kDecodeOneSplitMaxKeys = 1024;
 constexpr int kMaxSplits = fa::merge_shapes::kMaxSplits;  // what a merge takes
-// Blocks that keep a large GPU busy in decode. With this constant set to 512,
-// 264 and 132 in turn, timed as scripts/overhead-probe.py times calls, on an
-// H200 (qwen05b S = 1024-32768, hd128 S = 32768, two runs each): the three
-// were within run-to-run noise for qwen05b; 132 was 8% faster for hd128 and
-// up to 40% slower for qwen05b.
+// Blocks that keep a large GPU busy in decode: one an SM gained 8% at hd128
+// on an H200 but cost qwen05b up to 40%.
 constexpr int kDecodeTargetBlocks = 512;
 // The tensor-core decode's fused merge (one launch: a block that finds its
-// group done merges its splits; decode_combine.cuh) wants fewer, longer splits: its merge runs
-// in one block per group, at the end. About this many blocks, splits of at
-// least kFusedMinKeysPerSplit keys. On an H200 (scripts/decode-probe.cu,
-// bfloat16, GPU time per launch): qwen05b S = 32768 15.2 us at 64 splits of
-// 512 keys (22.1 at 128, 15.9 at 32; split + merge 20.7), S = 8192 10.9 us at
-// 32 splits of 256 keys (15.5 at 64; split + merge 9.5, one launch more);
-// hd128 S = 32768 54.2 us at 16 splits (58.7 at 32; split + merge 71.8).
-// The 16-bit kernel at E = 128 has since dropped its L2 prefetches and takes
-// 32 splits there (decode_shapes.h: mma_target_blocks); the float32 one
-// keeps kFusedTargetBlocks.
+// group done merges its splits; decode_combine.cuh) wants fewer, longer
+// splits: its merge runs in one block per group, at the end. About this many
+// blocks, splits of at least kFusedMinKeysPerSplit keys, for the float32
+// kernel; the 16-bit one aims at its own count (decode_shapes.h:
+// mma_target_blocks).
 constexpr int kFusedTargetBlocks = 128, kFusedMinKeysPerSplit = 256;
 constexpr int kFusedMaxSplits = 64;  // of the kernel's 128 (decode_combine.cuh)
 // decode.cu's fused decode (float32, masks, L > 1) is bound by its
 // arithmetic (scalar FMA, a lane per key), not by the merge: it wants many
-// blocks. H200, GPU time a launch (20 launches in a CUDA graph), float32:
-// qwen05b S = 8192 38.9 us at 32 splits (the rule above) -> 25.5 at 64;
-// S = 32768 72.8 us at 64 -> 46.9 at 128; hd128 S = 8192 86.2 us at 16 ->
-// 42.0 at 64; S = 32768 335.6 us at 16 -> 139.0 at 64 (147.7 at 128). So
-// for it: about kDecodeTargetBlocks blocks, splits of at least
-// kDecodeMinKeysPerSplit keys, at most the kernel's 128 splits.
+// blocks (the rule above took up to 2.4x its time). So for it: about
+// kDecodeTargetBlocks blocks, splits of at least kDecodeMinKeysPerSplit keys,
+// at most the kernel's 128 splits.
 constexpr int kScalarFusedMaxSplits = 128;
 
 // How a decode kernel splits its keys: up to one_split_max_keys one block per
@@ -189,9 +172,8 @@ constexpr SplitRule mma_splits(int E) {
 }
 // The float32 tensor-core decode reads twice the bytes a key and its block
 // covers at most 256 keys a pass (64 at E = 128), so it splits sooner and
-// finer: one H200 run with the 16-bit kernel's rule had it at 0.42-0.65x
-// MLX's speed at S = 1024-2048 (one or two blocks per group, walking 1024
-// keys in 4 to 32 passes) and 0.87x at qwen05b S = 8192 (64 blocks).
+// finer (with the 16-bit kernel's rule it ran at about half MLX's speed at
+// S = 1024-2048).
 constexpr SplitRule kTf32Splits{256, kFusedTargetBlocks, 128, kFusedMaxSplits};
 
 bool has_decode_kernel(int E) {
@@ -339,11 +321,9 @@ std::string tensor_core_decode(const Dims& d, int rows_per_group) {
 // Whether a decode kernel takes the call (the tensor-core ones or
 // decode.cu, by head dim). decode.cu's lanes take a key each and a block
 // shares each K / V row among its rows; with one row a group (multi-head
-// attention) there is nothing to share, and at E = 96 (Phi-3-mini: 32 / 32 heads) the generic kernel's grouped
-// walk (a warp a row) was faster. H200, flash-eval kernel --shape hd96,
-// decode.cu -> generic, ms: S = 2048 0.048 -> 0.047 (bfloat16) and 0.054 ->
-// 0.053 (float32); S = 8192 0.099 -> 0.076 and 0.131 -> 0.087; S = 32768
-// 0.281 -> 0.178 and 0.423 -> 0.215 (MLX 0.134 and 0.213 there).
+// attention) there is nothing to share, and at E = 96 (Phi-3-mini: 32 / 32
+// heads) the generic kernel's grouped walk (a warp a row) was faster, up to
+// 2x at S = 32768 on an H200.
 bool decode_takes(const Dims& d, int rows_per_group) {
   return has_decode_kernel(d.E) && !(d.E == 96 && rows_per_group == 1);
 }

@@ -203,8 +203,8 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   if (run.fused) {
     // The fused decode's one output is the second to last (dispatch.cpp): the
     // attention output at its start, then the partials. Each output costs
-    // MLX's custom-kernel path host time on every call (scripts/host-probe.py
-    // floors), and decode calls are short. The last output, the generic
+    // MLX's custom-kernel path host time on every call, and decode calls are
+    // short. The last output, the generic
     // kernel's m / l, is left a view of it too (nothing reads it).
     std::vector<mx::array> blob = {outputs[n - 2]};
     launch(run.attend, scalars, in, blob, copy, s);

@@ -1,13 +1,12 @@
 // The wgmma prefill's launch model (wg_launch.h).
 //
 // Why: a launch of a little more than a whole number of waves leaves SMs
-// idle. mlx-lm's prefill chunk at qwen05b, 2048 rows against 8192 keys, is
-// 154 three-consumer blocks on an H200's 132 SMs: busy 64% of its 178.8 us
-// (H200 timeline). Two answers, both modelled here:
-// - two consumers a block (row tiles of 128: 224 blocks, busy 86%, 155.0 us
-//   in the same timeline, though a key tile costs 2491 cycles there against
-//   2979 for three), for launches of one to four waves of three-consumer
-//   blocks;
+// idle: mlx-lm's prefill chunk at qwen05b, 2048 rows against 8192 keys, is
+// 154 three-consumer blocks on an H200's 132 SMs, busy 64% of the time. Two
+// answers, both modelled here:
+// - two consumers a block (row tiles of 128: more blocks, though a key tile
+//   costs more cycles a row), for launches of one to four waves of
+//   three-consumer blocks;
 // - the last row tiles' keys split into pieces that every SM shares once
 //   the whole tiles are done (key_split.cuh); also for launches of fewer
 //   blocks than SMs (a few query rows against a long cache).
@@ -30,12 +29,11 @@ namespace {
 
 namespace ws = fa::wg_shapes;
 
-// Cycles, from H200 block timelines (scripts/prefill-timeline.cu): a key
-// tile of a row tile of 192 rows (three consumers at E = 64), 128 rows (two),
-// 128 rows at E = 128, and a block's fixed part; E = 128 blocks spent ~11,000
-// cycles outside their tile loop. The widened kernel at E = 64 (float32 over
-// 16-bit inputs, two consumers): ~3970 (the same chunk; in its last 92 row
-// tiles' 4 pieces 0.248 ms against 0.253 unsplit, in 2 pieces 0.261).
+// Cycles, from H200 block timelines (benchmarks/cuda-probes/prefill-timeline.cu):
+// a key tile of a row tile of 192 rows (three consumers at E = 64), 128 rows
+// (two), 128 rows at E = 128, and of the widened kernel at E = 64 (float32
+// over 16-bit inputs, two consumers); and a block's fixed part (E = 128
+// blocks spent ~11,000 cycles outside their tile loop).
 double cycles_per_tile(const WgProblem& p, bool narrow) {
   if (p.widen) return 3970;
   if (p.E > 64) return 2900;

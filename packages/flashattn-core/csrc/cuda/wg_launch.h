@@ -4,7 +4,7 @@
 // (key_split.cuh). Decided by a model of the launch: blocks taken in launch
 // order by whichever SM is free first, each costing a fixed part plus its
 // key tiles times the cycles a key tile took in H200 block timelines
-// (scripts/prefill-timeline.cu).
+// (benchmarks/cuda-probes/prefill-timeline.cu).
 
 #pragma once
 

@@ -14,8 +14,8 @@
 #define FA_NEG_INF (-__int_as_float(0x7f800000))
 #define FA_LOG2E 1.4426950408889634f
 
-// A point of a probe's timeline (scripts/decode-floor.cu defines it to record
-// the time there); nothing in the extension's kernels.
+// A point of a probe's timeline (a probe that includes a kernel may define it
+// to record the time there); nothing in the extension's kernels.
 #ifndef FA_MARK
 #define FA_MARK(i)
 #endif

@@ -2,8 +2,8 @@
 // softmax states (m, l, o), left in shared memory per warp and row, combined
 // into the block's result for its R rows: the output itself when the keys
 // were not split, or (fused) this split's partials and then, in the blocks
-// that take its group's last tickets, the merge. (Partials alone, for a
-// separate fa_merge_* launch: scripts/decode-probe.cu's comparison.)
+// that take its group's last tickets, the merge. (Or partials alone, for a
+// separate fa_merge_* launch.)
 
 #pragma once
 
@@ -54,36 +54,28 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
 // The fused decode: one launch instead of split + merge (a decode call is
 // bound by the fixed cost of each launch). Each block writes its split's
 // partials and takes a ticket; the blocks that take the group's last few
-// merge (below: in shares). (Merging in two levels, subgroups of 8 splits first, was slower:
-// each level costs a ticket and a round trip of loads, ~1 us each on an
-// H200, more than the one merge's extra data; so were clusters of 8 blocks
-// merging through distributed shared memory first: only 120 of the 128
-// blocks fit at once, H200, scripts/decode-floor.cu.)
+// merge (below: in shares). One level: a merge in two levels costs a ticket
+// and a round trip of loads more than the one merge's extra data saves, and
+// clusters merging through distributed shared memory do not all fit at once.
 //
 // The ticket word (ticket.cuh: tagged with the call) follows the m / l
 // partials in the same output. Each block arms it when it starts, off the
 // critical path, so that at its end taking a ticket is one atomic add.
-// (Before: a flag a split, a sequentially consistent fence, every flag read
-// back and a claim exchanged.)
 constexpr int kFusedMaxSplits = 128;  // the merge's weights sit in shared memory
 constexpr int kFusedMaxRows = 16;     // rows of one decode block
 
 // The merge in shares, each merged by one of the blocks that take the
 // group's last tickets. In one block the merge is a chain of batches of
-// loads, each ~1.8 us from issue to use (H200, qwen05b S = 32768: 115 KB of
-// partials in two batches, ~3.6 us; asking L1 for the second batch with the
-// first was slower, 13.5 -> 13.9 us a launch); in shares of one batch each,
-// the chain is one batch long (13.8 -> 13.1 us; hd128 S = 32768 41.6 ->
-// 40.9, S = 8192 18.5 -> 17.6; scripts/decode-floor.cu, K / V from memory). The
-// block with the last ticket merges share 0; the block with the ticket
-// `behind` places before it, for behind < shares, waits for the last ticket
-// and merges share `behind`. A helper waits at most kHelperWaitCycles; then
-// it marks its share given up (a bit in the ticket word, set only while
-// tickets are still to be taken), and the last block, which finds the marks
-// in the word its own ticket returns, merges those shares too: no block
-// ever waits on a block that may not run, and no share is lost. At most
-// kMergeShares shares (2, 4 and 8 took the same 13.1 us at qwen05b; more
-// helpers, more blocks polling).
+// loads, each ~1.8 us from issue to use on an H200; in shares of one batch
+// each, the chain is one batch long. The block with the last ticket merges
+// share 0; the block with the ticket `behind` places before it, for
+// behind < shares, waits for the last ticket and merges share `behind`. A
+// helper waits at most kHelperWaitCycles; then it marks its share given up
+// (a bit in the ticket word, set only while tickets are still to be taken),
+// and the last block, which finds the marks in the word its own ticket
+// returns, merges those shares too: no block ever waits on a block that may
+// not run, and no share is lost. At most kMergeShares shares (2, 4 and 8
+// measured alike; more helpers, more blocks polling).
 #ifndef FA_MERGE_SHARES
 #define FA_MERGE_SHARES 4
 #endif
@@ -327,8 +319,7 @@ __device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E]
   if (!fused) return;
   // Shares only where one block would need more than one batch of loads:
   // a helper starts ~1 us after the last ticket (its wait's round trip), so
-  // at one batch a share costs more than it saves (H200, qwen05b S = 8192,
-  // 32 splits: 9.1 -> 9.5 us a launch with 2-4 shares).
+  // at one batch a share costs more than it saves.
   const int splits = gridDim.x, shares = min(kMergeShares, merge_batches<E, kBatch>(R));
   const unsigned long long word = take_group_ticket(ml_part, rows_total);
   const int behind = splits - 1 - static_cast<int>(word & kTicketCount);  // 0: the last ticket

@@ -81,7 +81,7 @@ __device__ __forceinline__ uint32_t pair(const uint4& u, const uint4& v, int i) 
 // e XOR-swizzled within its block of 16 so that the warp's 32 stores of one
 // accumulator register (rows g, g + 8; dims 64 db + 16 t + 8 (c & 1) + i)
 // fall in 32 banks. Unswizzled, the 8 rows g of a lane column hit one bank
-// (16-way conflicts: ~2 us of stores a block of 8 warps on an H200).
+// (16-way conflicts).
 struct MmaDecodeColumn {
   __device__ __forceinline__ int operator()(int r, int e) const { return e ^ (2 * (r & 7) + ((e >> 5) & 1)); }
 };

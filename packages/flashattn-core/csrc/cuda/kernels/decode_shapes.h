@@ -7,18 +7,9 @@
 // S = 32768, asked for at once). E = 128: 4 warps (a warp's o takes 64
 // registers; 8 warps' o would not fit the 48 KB of static shared memory the
 // combine uses), each with two chunks of 16 keys in flight (254-255 registers,
-// no spills: two blocks fit an SM). H200, scripts/decode-floor.cu (20
-// launches in a CUDA graph), bfloat16, GPU time a launch on 16 copies of K
-// and V taken in turn (one copy alike within ~3%):
-// - qwen05b S = 32768 14.4 -> 12.8 us with two chunks (hot L2, the commit
-//   that brought them); K and V loads that ask L2 for 256 bytes on a miss
-//   (two 128-byte rows, the fragment loads touching half a row each):
-//   14.96 -> 14.18 us, S = 8192 9.89 -> 9.33.
-// - hd128 S = 32768: 49.2 us (one chunk, L2 prefetch 3 passes ahead, 16
-//   splits) -> 45.7 (two chunks, one pass ahead) -> 43.9 (no prefetch) ->
-//   41.5 (no prefetch, 32 splits: two blocks an SM); prefetching 2-4 passes
-//   ahead was slower still (49-60 us), the 256-byte hint too (44-50 us).
-//   S = 8192 19.8 -> 18.6-18.8 us.
+// no spills: two blocks fit an SM). Two chunks in flight, the 256-byte L2
+// fetch at E = 64, and at E = 128 no L2 prefetch and two blocks an SM each
+// measured faster on an H200, K and V read from memory (docs/cuda.md).
 
 #pragma once
 
@@ -35,10 +26,8 @@ constexpr bool mma_fetch_256(int E) { return E == 64; }
 // two at E = 128 (their merge then reads twice the partials, still faster).
 constexpr int mma_target_blocks(int E) { return E == 64 ? 128 : 256; }
 
-// The fused merge's o loads a thread issues at once (decode_combine.cuh).
-// qwen05b S = 32768 (64 splits, two threads a column: two batches of 16),
-// H200, scripts/decode-floor.cu, K / V from memory: 13.5 us a launch with
-// 16, 13.9 with 32 (one batch; 253 registers and a spill).
+// The fused merge's o loads a thread issues at once (decode_combine.cuh):
+// at 32 the merge spills a register and measured slower.
 constexpr int mma_merge_batch(int) { return 16; }
 
 // The float32 decode (decode_tf32.cu): chunks of 1024 / E keys (the same

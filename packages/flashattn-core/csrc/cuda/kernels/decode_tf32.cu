@@ -6,9 +6,8 @@
 // group has at most 8 rows; decode.cu takes the other float32 decode cases.
 //
 // Why: decode.cu scores a key per lane with scalar FMA against queries in
-// shared memory, one warp per scheduler; Nsight Compute on an H200 had it
-// waiting on its own dependent instructions (11.7 cycles per instruction,
-// qwen05b S = 8192: 25.5 us a launch against MLX's ~20).
+// shared memory, one warp per scheduler, and waits on its own dependent
+// instructions (Nsight Compute); it was slower than MLX's decode.
 //
 // Grid as decode_mma.cu's: (splits x threads, H_kv, batch). A block of W
 // warps (decode_shapes.h) takes one (batch, KV head) group and one split of

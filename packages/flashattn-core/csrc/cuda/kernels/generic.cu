@@ -44,13 +44,11 @@ __device__ __forceinline__ void generic_attend(
 
   // Keys go in groups of G: the group's K and V loads (and mask terms) are
   // issued together and its G scores reduced side by side, so a warp waits
-  // about one memory latency a group, not two a key (one key at a time, a
-  // decode split of 256 keys took ~0.28 ms whatever S: H200, hd256 and hd80
-  // shapes). The split kernel (decode: few rows, each warp's latency is the
-  // call's) takes G x EPT <= 32, the group's K and V in 64 registers; the
-  // other (many rows: enough warps to hide latency) half that, as more
-  // registers cost it warps (hd256 float32 prefill at 8K, 4 keys a group:
-  // 38.2 -> 46.6 ms).
+  // about one memory latency a group, not two a key. The split kernel
+  // (decode: few rows, each warp's latency is the call's) takes
+  // G x EPT <= 32, the group's K and V in 64 registers; the other (many
+  // rows: enough warps to hide latency) half that, as more registers cost it
+  // warps (measured slower).
   constexpr int G = (EPT <= 2 ? 16 : EPT <= 4 ? 8 : 4) / (kPartial ? 1 : 2);
   float m = FA_NEG_INF, l_sum = 0.0f;
   for (int c0 = c_begin; c0 < c_end; c0 += G) {

@@ -7,9 +7,8 @@
 // then, from the next 256-byte boundary (fused_offset_floats), the splits'
 // o partials (splits x rows x E floats), from the next 16-byte boundary
 // their m / l (splits x rows x 2), then the tickets. (The generic kernel's
-// split form keeps o and m / l in two arrays of their own: in one, its
-// merge ran 3x slower at hd256 decode S = 32768, 17 -> 52 us on an H200,
-// the same code and bytes.)
+// split form keeps o and m / l in two arrays of their own: in one array its
+// merge measured 3x slower, the same code and bytes.)
 
 #pragma once
 

@@ -398,9 +398,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // The tile's buffer offset from lane 0, as wg above: ptxas then builds the
   // K and V descriptors in uniform registers (UIADD3) instead of moving each
   // one over from ordinary registers (R2UR) right before its wgmma (E = 128:
-  // 102 -> 27 R2UR in the kernel). H200 probe, runs alternating with the
-  // kernel before: hd128 causal 4K 0.290 -> 0.288 ms (three runs; 0.295 ->
-  // 0.290 in another), qwen05b causal 8K unchanged (0.289).
+  // 102 -> 27 R2UR in the kernel), which the wgmma would wait on.
   auto buf_offset = [&](int j) { return uint32_t(__shfl_sync(0xffffffffu, buf(j) * kStepBuf, 0)); };
   auto issue_qk = [&](int j) {  // s = Q K_j^T (over the E columns: the rest are zero)
     const uint32_t b_off = buf_offset(j);

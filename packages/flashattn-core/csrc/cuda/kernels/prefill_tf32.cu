@@ -106,9 +106,9 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   const int ra = l0 + w * 16 + g;
   // The warp's query fragments (A operand: rows g, g + 8; columns 8 kk + t,
   // + 4). split_tf32_query costs more than split_tf32: for E = 64 they are
-  // split once and kept in registers (H200 probe, L = 2048: 0.209 ms against
-  // 0.319 split per key tile); at E = 128 the registers spill and the block
-  // ran ~20% slower than splitting per tile, so larger E split per tile.
+  // split once and kept in registers (a third less time than splitting them
+  // per key tile); at E = 128 the registers spill and the block ran ~20%
+  // slower than splitting per tile, so larger E split per tile.
   constexpr bool kQInRegs = E <= 64;
   uint32_t qh[kQInRegs ? E / 8 : 1][4], ql[kQInRegs ? E / 8 : 1][4];
   const float* qw = sm.q + (w * 16) * LDQ;

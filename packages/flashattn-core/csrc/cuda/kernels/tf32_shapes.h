@@ -6,16 +6,8 @@
 // 65 KB there, so tiles of 64 keys (196 KB a block) would fit only GPUs with
 // 227 KB a block and one block an SM. Tiles of 32 keys, V copied over K in
 // one buffer once Q K^T is done (98 KB), fit every GPU from sm_80 on and two
-// blocks an SM. H200, flash-eval kernel --shape hd256 --dtype float32 (ms;
-// causal prefill 2K / 8K, a 2048-row chunk against 8K keys; MLX 0.53-0.58 /
-// 5.2-5.4 / 1.46-1.56 in the same runs):
-//   keys warps one buffer   2K     8K     chunk
-//    64    4     no        0.52   7.47   3.42
-//    32    4     no        0.62   9.03   4.12
-//    32    8     no        0.85   6.49   3.27
-//    16    8     no        1.09   8.17   4.18
-//    32    4     yes       0.68   6.73   3.13
-// (the generic kernel before: 2.75 ms at 2K, 36.8 at 8K). Two blocks an SM
+// blocks an SM. Of the shapes measured on an H200 (docs/cuda.md) it was the
+// fastest in a 2048-row chunk and near the fastest at 8K: two blocks an SM
 // trade the 2K call's speed, where 256 blocks are less than a wave and the
 // SM that runs the longest row tile shares it, for the longer calls'.
 
