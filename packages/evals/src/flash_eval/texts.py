@@ -1,11 +1,13 @@
-"""The texts perplexity is measured on: WikiText-2 (test) through Hugging Face
-`datasets` (the hub, or its cache), a local text / parquet file or folder, or
-the English prose every CPython ships (`pydoc_data.topics`)."""
+"""The texts perplexity is measured on: WikiText-2 raw (test split) from the
+Hugging Face hub through `datasets` or, when the hub cannot be reached, the
+copy this package ships; a local text / parquet file or folder; or the English
+prose every CPython ships (`pydoc_data.topics`)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +33,45 @@ def pydocs() -> Text:
     return Text("Python language reference (pydoc_data.topics, ships with CPython)", content)
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        return False
+WIKITEXT = "WikiText-2 raw, test split"
+# The copy the package ships (see data/WIKITEXT-LICENSE.txt): the non-empty
+# lines of the hub's test split, in order, CRLF line ends, xz-compressed.
+SHIPPED_WIKITEXT = "wikitext-2-raw-v1-test.raw.xz"
+SHIPPED_WIKITEXT_SHA256 = "4f3e427e4aff23acff917a8a51aeae21bf12832256e26914c8fc250dcef4103c"  # uncompressed
+HUB_PROBE_SECONDS = 3.0
+
+
+def _offline_flag() -> str | None:
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return name
+    return None
+
+
+def _hub_unreachable(timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """None when the hub's host accepts a TCP connection within `timeout`
+    seconds, else why not. Name lookup included: the probe runs in a daemon
+    thread, as a socket timeout does not bound getaddrinfo (which can hang
+    for tens of seconds on a machine with no network)."""
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
+    answer: list[str | None] = []
+
+    def probe():
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                answer.append(None)
+        except socket.gaierror:
+            answer.append(f"the Hugging Face hub ({host}) could not be reached: its name does not resolve")
+        except (OSError, UnicodeError) as e:
+            answer.append(f"the Hugging Face hub ({host}) could not be reached: {type(e).__name__}: {e}")
+
+    thread = threading.Thread(target=probe, name="flash-eval-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not answer:
+        return f"the Hugging Face hub ({host}) did not answer within {timeout:g} s"
+    return answer[0]
 
 
 @contextmanager
@@ -58,20 +90,87 @@ def _offline():
         datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE = saved
 
 
-def wikitext() -> Text:
-    """wikitext-2-raw-v1, test split, from the hub or, when the hub cannot be
-    reached, the datasets cache; rows joined with blank lines as in Hugging
-    Face's perplexity guide."""
+def join_wikitext(rows) -> str:
+    """WikiText's rows (the hub's) or lines (the shipped copy's) as one text:
+    the non-empty ones in order, each ending in one "\n".
+
+    Why not Hugging Face's perplexity guide's "\n\n".join(rows): the hub's
+    split has 1,467 empty rows (blank lines) among its 4,358, the shipped copy
+    only the 2,891 non-empty lines, and where the blank lines were is not
+    recorded. Dropping them from the hub's rows is the one join under which
+    both sources give the same text, so the same token stream and the same
+    perplexity whichever was reachable. Line ends are normalised as well (the
+    shipped lines end in CRLF, the hub's rows in LF). Blank lines carry no
+    words; the price is that figures are not comparable with ones taken on
+    the guide's join (which scores extra newline tokens)."""
+    return "".join(row.rstrip("\r\n") + "\n" for row in rows if row.strip())
+
+
+def shipped_wikitext_path():
+    """The package's copy (an importlib.resources Traversable; may be absent)."""
+    from importlib.resources import files
+
+    return files("flash_eval") / "data" / SHIPPED_WIKITEXT
+
+
+def read_shipped_wikitext() -> bytes | None:
+    """The shipped copy's bytes, decompressed and checked; None when this
+    installation has none."""
+    import hashlib
+    import lzma
+
+    path = shipped_wikitext_path()
+    if not path.is_file():
+        return None
+    raw = lzma.decompress(path.read_bytes())
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != SHIPPED_WIKITEXT_SHA256:
+        raise TextError(f"the shipped WikiText copy ({path}) is damaged: sha256 {digest}, "
+                        f"expected {SHIPPED_WIKITEXT_SHA256}")
+    return raw
+
+
+def _from_hub(offline: bool) -> list[str]:
     import datasets
 
-    reachable = _hub_reachable()
+    with _offline() if offline else nullcontext():
+        # The hub's full id: a bare "wikitext" would first be looked for as
+        # a folder in the working directory.
+        return datasets.load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1", split="test")["text"]
+
+
+def wikitext() -> Text:
+    """wikitext-2-raw-v1, test split: from the Hugging Face hub when it
+    answers (through `datasets`), else the copy shipped with this package,
+    else the datasets cache. The text is the same from each (join_wikitext)."""
+    why = []  # why the hub was not used
+    flag = _offline_flag()
+    if flag:
+        why.append(f"{flag} is set")
+    elif unreachable := _hub_unreachable():
+        why.append(unreachable)
+    else:
+        try:
+            return Text(f"{WIKITEXT} (Hugging Face hub)", join_wikitext(_from_hub(offline=False)))
+        except Exception as e:
+            why.append(f"the Hugging Face hub failed: {type(e).__name__}: {_first_line(e)}")
+    raw = read_shipped_wikitext()
+    if raw is not None:
+        return Text(f"{WIKITEXT} (shipped copy)", join_wikitext(raw.decode("utf-8").split("\n")),
+                    note=f"{why[0]}; read the copy shipped with flash-eval")
+    why.append(f"this installation has no shipped copy (flash_eval/data/{SHIPPED_WIKITEXT})")
     try:
-        with nullcontext() if reachable else _offline():
-            rows = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")["text"]
+        rows = _from_hub(offline=True)
     except Exception as e:
-        where = "the Hugging Face hub" if reachable else "the datasets cache (the hub is unreachable)"
-        raise TextError(f"WikiText could not be loaded from {where}: {type(e).__name__}: {e}") from None
-    return Text("wikitext-2-raw-v1 test (Hugging Face datasets)", "\n\n".join(rows))
+        why.append(f"the datasets cache has none ({type(e).__name__}: {_first_line(e)})")
+        raise TextError(f"{WIKITEXT} could not be read: " + "; ".join(why) +
+                        ". Use --dataset pydocs, or a local file: --dataset path/to/wiki.test.raw") from None
+    return Text(f"{WIKITEXT} (Hugging Face datasets cache)", join_wikitext(rows), note="; ".join(why))
+
+
+def _first_line(e: Exception) -> str:
+    line = (str(e).strip().splitlines() or [""])[0]
+    return line if len(line) <= 200 else line[:200] + "..."
 
 
 def _read_parquet(paths: list[Path]) -> str:
@@ -116,21 +215,12 @@ def local(path_str: str) -> Text:
 
 
 def load_text(dataset: str) -> Text:
-    """dataset: 'auto' (WikiText if it can be had, else the Python docs),
-    'wikitext', 'pydocs', or a local path."""
+    """dataset: 'wikitext' (the default; hub or shipped copy), 'pydocs', or a
+    local path."""
     if dataset == "pydocs":
         return pydocs()
     if dataset == "wikitext":
         return wikitext()
-    if dataset == "auto":
-        try:
-            return wikitext()
-        except TextError as e:
-            fallback = pydocs()
-            fallback.note = f"WikiText unavailable ({e}); using the Python docs instead"
-            return fallback
     if os.sep in dataset or Path(dataset).exists() or dataset.startswith((".", "~")):
         return local(dataset)
-    raise TextError(
-        f"unknown dataset {dataset!r}: use wikitext, pydocs, auto, or a path to a text / parquet file or folder"
-    )
+    raise TextError(f"unknown dataset {dataset!r}: use wikitext, pydocs, or a path to a text / parquet file or folder")
