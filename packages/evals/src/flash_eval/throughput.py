@@ -1,13 +1,30 @@
 """`flash-eval throughput`: prompt and generation tokens/s and peak memory with
-the patch off and on, over prompt lengths, following `mlx_lm.benchmark`: a
-random prompt of `-p` tokens, `-g` generated tokens (end-of-sequence ignored),
-`-n` timed trials after a warm-up, medians of mlx-lm's own figures (a
-shape's first run may include kernel compilation, as MLX's CUDA build does)."""
+the patch off and on, over prompt lengths, on `mlx_lm.benchmark`'s
+conventions (a random prompt of `-p` tokens, `-g` generated tokens with
+end-of-sequence ignored), measured so that the on/off ratio can be quoted:
+
+- Each prompt length runs two phases. The prompt phase times the prompt's
+  forward pass itself: mlx-lm's prefill steps (`generate_step`'s loop:
+  `--prefill-step-size` tokens a step, each step's cache state evaluated) over
+  the whole prompt with a fresh cache, every queued evaluation synchronised
+  before the clock starts and after it stops. The generation phase runs
+  mlx-lm's own `stream_generate` and keeps its `generation_tps` (and its
+  `prompt_tps`, as `mlx_lm_prompt_tps`, for comparison).
+- Each phase starts with `--warmup` rounds, then `--trials` timed rounds; a
+  round runs every setting once, in the `--patch` order (off, on, off, on,
+  ...), so that the two settings share the machine's state and drift.
+- The on/off ratio of a prompt length is the median of the per-round ratios
+  (on_i / off_i, the two passes run next to each other), with their min-max
+  range; each setting's figure is the median of its trials.
+"""
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
+import time
+from contextlib import contextmanager
 
 import click
 import mlx.core as mx
@@ -17,20 +34,104 @@ import mlxlm_flash_patch
 from . import blas, distributed
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list, int_list
-from .setting import patch_setting
 from .progress import progress_bar
+from .setting import patch_setting
 
 KEYS = ("prompt_tps", "generation_tps", "peak_memory")
+RATIO_KEYS = ("prompt_tps", "generation_tps")
+SUMMED = ("prompt_tps", "generation_tps", "mlx_lm_prompt_tps", "flash_calls")  # added over ranks
+# A warm-up round of the generation phase generates at most this many tokens:
+# decode's one-time costs come with its first steps.
+WARMUP_GENERATION_TOKENS = 16
+
+# Why warm-up rounds, several, at every prompt length and in each setting (on
+# a GPU; on a CPU they cost little): the first pass of a shape pays one-time
+# costs the trials must not carry: MLX's CUDA build JIT-compiles its fused
+# kernels and the driver loads (and compiles from PTX) ours on first launch;
+# cuDNN builds an execution plan per attention shape; MLX records each
+# evaluation's kernels as a CUDA graph, instantiated on the first evaluation of
+# its topology and only updated afterwards, and the topology follows the shapes
+# (how many operations fit a graph depends on buffer sizes), so a new prompt
+# length brings new graphs; and the memory a pass needs comes from the device
+# the first time, from MLX's buffer cache afterwards. One round pays these, but
+# the pass after it still finds a cache the other setting has just reshaped
+# (mlx-lm's `stream_generate` also empties it at every prefill step) and a GPU
+# coming out of host-bound work (model loading, generation), so the default is
+# two rounds.
+DEFAULT_WARMUP = 2
+DEFAULT_TRIALS = 5
 
 
-def one_run(lm, prompt: list[int], generation_tokens: int, prefill_step_size: int):
+def _drain():
+    """Wait for everything queued so far: mlx-lm computes on a stream of its
+    own (`generation_stream`), the rest on the default stream."""
+    from mlx_lm.generate import generation_stream
+
+    mx.synchronize(generation_stream)
+    mx.synchronize()
+
+
+@contextmanager
+def _clean_slate():
+    """A timed region: nothing queued before it runs inside it, Python's
+    garbage collector does not, and MLX's peak memory counts from its start."""
+    _drain()
+    gc.collect()
+    gc.disable()
+    mx.reset_peak_memory()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def prompt_pass(model, prompt: mx.array, prefill_step_size: int) -> float:
+    """Seconds of the prompt's forward pass: mlx-lm's prefill steps (as in
+    `generate_step`) over every token of the prompt, with a fresh cache, each
+    step's cache state evaluated (so, as in mlx-lm's prefill, the logits are
+    not computed), synchronised before and after. Unlike `stream_generate`'s
+    `prompt_tps`, the time leaves out the buffer cache emptied after every
+    step, the last prompt token's separate decode-sized step and the start of
+    generation."""
+    from mlx_lm.generate import generation_stream
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    start = time.perf_counter()
+    with mx.stream(generation_stream):
+        for i in range(0, prompt.size, prefill_step_size):
+            model(prompt[i : i + prefill_step_size][None], cache=cache)
+            mx.eval([c.state for c in cache])
+    _drain()
+    return time.perf_counter() - start
+
+
+def generation_run(lm, prompt: mx.array, generation_tokens: int, prefill_step_size: int) -> dict:
+    """One `stream_generate` run, as `mlx_lm.benchmark` times it."""
     from mlx_lm import stream_generate
 
     response = None
     for response in stream_generate(lm.model, lm.tokenizer, prompt, max_tokens=generation_tokens,
                                     prefill_step_size=prefill_step_size):
         pass
-    return {k: getattr(response, k) for k in KEYS}
+    _drain()  # generate_step runs a step ahead: one decode step is still queued when it stops
+    return {"generation_tps": response.generation_tps, "mlx_lm_prompt_tps": response.prompt_tps}
+
+
+def schedule(patches: list[str], warmup: int, trials: int):
+    """(round, warm-up?, setting) in the order run: warm-up rounds, then timed
+    ones, each running every setting once in the order given."""
+    for i in range(warmup + trials):
+        for patch in patches:
+            yield (i if i < warmup else i - warmup), i < warmup, patch
+
+
+def pair_ratios(off: list[float], on: list[float]) -> dict:
+    """On/off ratios of the rounds (on_i / off_i), their median and min-max."""
+    ratios = [b / a for a, b in zip(off, on) if a]
+    if not ratios:
+        return {}
+    return {"pairs": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
 @click.command()
@@ -40,17 +141,34 @@ def one_run(lm, prompt: list[int], generation_tokens: int, prefill_step_size: in
               help="Model dtype [default: float32 for the embedded model, the model's own otherwise].")
 @click.option("-p", "--prompt-tokens", "prompt_lengths", default="512,2048,4096", show_default=True,
               callback=int_list, help="Prompt lengths (comma-separated).")
-@click.option("-g", "--generation-tokens", default=128, show_default=True, type=click.IntRange(1))
-@click.option("-n", "--num-trials", default=3, show_default=True, type=click.IntRange(1))
+@click.option("-g", "--generation-tokens", default=128, show_default=True, type=click.IntRange(0),
+              help="Tokens generated a trial (0: time the prompt only).")
+@click.option("--trials", "-n", "--num-trials", "trials", default=DEFAULT_TRIALS, show_default=True,
+              type=click.IntRange(1), help="Timed rounds per prompt length and phase; each runs every setting once.")
+@click.option("--warmup", default=DEFAULT_WARMUP, show_default=True, type=click.IntRange(0),
+              help="Untimed rounds before them, at every prompt length.")
 @click.option("--prefill-step-size", default=2048, show_default=True, type=click.IntRange(1))
-@click.option("--patch", "patches", default="off,on", show_default=True, callback=comma_list(["off", "on"]))
+@click.option("--patch", "patches", default="off,on", show_default=True, callback=comma_list(["off", "on"]),
+              help="Settings, in the order each round runs them.")
 @click.option("--precision", type=click.Choice(["float32", "native"]), default="float32", show_default=True)
 @click.option("--seed", default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with every pass, in the order run) instead of a table.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials, prefill_step_size,
+def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, warmup, prefill_step_size,
                patches, precision, seed, as_json, plot):
-    """Prompt and generation tokens/s, patch off vs on.
+    """Prompt and generation tokens/s and peak memory, patch off vs on.
+
+    \b
+    At every prompt length, two phases, each of --warmup untimed rounds and
+    --trials timed ones, a round running each setting once (off, on, off, on,
+    ...):
+    - prompt: the prompt's forward pass (mlx-lm's prefill steps, fresh cache),
+      timed directly, evaluated and synchronised;
+    - generation: mlx-lm's stream_generate, its generation_tps.
+    Each setting's figures are medians of its trials; peak memory is MLX's,
+    per trial. On/off: the median of the per-round ratios on_i / off_i (the
+    two passes run back to back, so slow drift largely cancels), with their
+    min-max range.
 
     Under mlx.launch every process runs the benchmark on its own device (data
     parallel); rank 0 reports the tokens/s of all processes together and the
@@ -65,35 +183,48 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
     lm.tokenizer._eos_token_ids = {}  # always generate -g tokens, as mlx_lm.benchmark does
     vocab = lm.config.get("vocab_size") or lm.config["text_config"]["vocab_size"]
     mx.random.seed(seed)
-    prompts = {p: mx.random.randint(0, vocab, (p,)).tolist() for p in prompt_lengths}
+    prompts = {p: mx.random.randint(0, vocab, (p,)) for p in prompt_lengths}
+    mx.eval(list(prompts.values()))
 
-    results = []
-    total = len(patches) * (1 + len(prompt_lengths) * num_trials)
-    with progress_bar(total, "throughput", quiet) as advance:
-        for patch in patches:  # warm-up once per setting
-            with patch_setting(patch, precision):
-                one_run(lm, prompts[min(prompt_lengths)][:64], 8, prefill_step_size)
-            advance()
-        for p in prompt_lengths:  # settings interleaved per length: drift hits both alike
-            for patch in patches:
-                mlxlm_flash_patch.reset_stats()
-                trials = []
-                ranks.barrier()
-                with patch_setting(patch, precision):
-                    for _ in range(num_trials):
-                        trials.append(one_run(lm, prompts[p], generation_tokens, prefill_step_size))
-                        advance()
-                stats = mlxlm_flash_patch.stats()
-                row = {"prompt_tokens": p, "generation_tokens": generation_tokens, "patch": patch,
-                       "trials": trials, "flash_calls": stats["flash_calls"], "fallbacks": stats["fallbacks"]}
-                median = {k: statistics.median(t[k] for t in trials) for k in KEYS}
-                tps = ranks.sum64([median["prompt_tps"], median["generation_tps"], stats["flash_calls"]])
-                row.update(prompt_tps=float(tps[0]), generation_tps=float(tps[1]), flash_calls=int(round(tps[2])),
-                           peak_memory=float(ranks.max([median["peak_memory"]])[0]))
-                results.append(row)
-    _add_ratios(results)
+    phases = ["prompt"] + (["generation"] if generation_tokens else [])
+    passes = len(prompt_lengths) * len(phases) * (warmup + trials) * len(patches)
+    sequence = []  # every pass, in the order run
+    mlxlm_flash_patch.reset_stats()
+    with progress_bar(passes, "throughput", quiet) as advance:
+        for p in prompt_lengths:
+            for phase in phases:
+                for i, is_warmup, patch in schedule(patches, warmup, trials):
+                    record = {"prompt_tokens": p, "phase": phase, "patch": patch, "warmup": is_warmup, "round": i}
+                    ranks.barrier()
+                    before = mlxlm_flash_patch.stats()
+                    with patch_setting(patch, precision):
+                        with _clean_slate():
+                            if phase == "prompt":
+                                seconds = prompt_pass(lm.model, prompts[p], prefill_step_size)
+                                record.update(prompt_seconds=seconds, prompt_tps=p / seconds)
+                            else:
+                                g = min(generation_tokens, WARMUP_GENERATION_TOKENS) if is_warmup else generation_tokens
+                                record.update(generation_run(lm, prompts[p], g, prefill_step_size))
+                            record["peak_memory"] = mx.get_peak_memory() / 1e9
+                    record.update(_stats_since(before))
+                    sequence.append(record)
+                    advance()
+    _combine_ranks(sequence, ranks)
+    results = summarize(sequence, prompt_lengths, patches, generation_tokens)
+    method = {
+        "warmup_rounds": warmup, "trials": trials, "prefill_step_size": prefill_step_size,
+        "order": "per prompt length: the prompt phase, then the generation phase; each: warm-up rounds, then "
+                 "timed rounds, a round running every setting once in the --patch order",
+        "prompt_tps": "prompt tokens / seconds of the prompt's forward pass in mlx-lm's prefill steps, fresh "
+                      "cache, evaluated and synchronised (median of the trials)",
+        "generation_tps": f"mlx-lm's stream_generate generation_tps over {generation_tokens} tokens (median of the "
+                          "trials)" if generation_tokens else None,
+        "peak_memory": "MLX's peak memory in GB (weights included) during a trial, reset before each; median",
+        "ratio": "median of the per-round ratios on_i / off_i; range: their min and max",
+    }
     report = {"model": {"name": lm.name, "path": lm.path}, "device": str(mx.default_device()),
-              "processes": ranks.size, "blas": blas.summary(), "precision": precision, "results": results}
+              "processes": ranks.size, "blas": blas.summary(), "precision": precision, "method": method,
+              "results": results, "sequence": sequence}
     if not ranks.is_main:
         return
     if as_json:
@@ -106,40 +237,111 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, num_trials,
             click.echo(f"chart written to {plot}")
 
 
-def _add_ratios(results):
-    for r in results:
-        if r["patch"] != "on":
-            continue
-        off = next((o for o in results if o["patch"] == "off" and o["prompt_tokens"] == r["prompt_tokens"]), None)
-        if off:
-            r["ratio_vs_off"] = {k: r[k] / off[k] for k in KEYS if off[k]}
+def _stats_since(before: dict) -> dict:
+    """The patch's counts of one pass (counted, not reset: a fallback's
+    warning is logged once a run)."""
+    now = mlxlm_flash_patch.stats()
+    fallbacks = {k: n - before["fallbacks"].get(k, 0) for k, n in now["fallbacks"].items()}
+    return {"flash_calls": now["flash_calls"] - before["flash_calls"],
+            "fallbacks": {k: n for k, n in fallbacks.items() if n}}
+
+
+def _combine_ranks(sequence: list[dict], ranks) -> None:
+    """Under mlx.launch: tokens/s and attention calls added over the ranks
+    (their passes ran together: a barrier precedes each), peak memory and
+    seconds the largest. Every rank ran the same passes, in the same order."""
+    if ranks.size == 1:
+        return
+    summed = [(r, k) for r in sequence for k in SUMMED if k in r]
+    largest = [(r, k) for r in sequence for k in ("peak_memory", "prompt_seconds") if k in r]
+    totals = ranks.sum64([r[k] for r, k in summed])
+    tops = ranks.max([r[k] for r, k in largest])
+    for (r, k), v in zip(summed, totals):
+        r[k] = int(round(v)) if k == "flash_calls" else float(v)
+    for (r, k), v in zip(largest, tops):
+        r[k] = float(v)
+
+
+def summarize(sequence: list[dict], prompt_lengths: list[int], patches: list[str], generation_tokens: int) -> list[dict]:
+    """One row per prompt length and setting, from the timed passes: the
+    trials (round i of both phases), medians, attention calls; an "on" row
+    beside an "off" one gets the per-round ratios."""
+    results = []
+    for p in prompt_lengths:
+        rows = {}
+        for patch in patches:
+            timed = [r for r in sequence if r["prompt_tokens"] == p and r["patch"] == patch and not r["warmup"]]
+            rounds = sorted({r["round"] for r in timed})
+            trials = []
+            for i in rounds:
+                trial = {"round": i, "generation_tps": None, "mlx_lm_prompt_tps": None}
+                for r in (r for r in timed if r["round"] == i):
+                    trial.update({k: r[k] for k in ("prompt_seconds", "prompt_tps", "generation_tps",
+                                                    "mlx_lm_prompt_tps") if k in r})
+                    trial["peak_memory"] = max(trial.get("peak_memory", 0.0), r["peak_memory"])
+                trials.append(trial)
+            fallbacks = {}
+            for r in timed:
+                for k, n in r["fallbacks"].items():
+                    fallbacks[k] = fallbacks.get(k, 0) + n
+            row = {"prompt_tokens": p, "generation_tokens": generation_tokens, "patch": patch, "trials": trials,
+                   "flash_calls": sum(r["flash_calls"] for r in timed), "fallbacks": fallbacks}
+            for k in KEYS + ("mlx_lm_prompt_tps",):
+                values = [t[k] for t in trials if t.get(k) is not None]
+                row[k] = statistics.median(values) if values else None
+            rows[patch] = row
+            results.append(row)
+        if "off" in rows and "on" in rows:
+            off, on = rows["off"], rows["on"]
+            stats = {k: pair_ratios([t[k] for t in off["trials"]], [t[k] for t in on["trials"]])
+                     for k in RATIO_KEYS if off[k] is not None}
+            on["ratio_vs_off"] = {k: s["median"] for k, s in stats.items() if s}
+            on["ratio_range"] = {k: [s["min"], s["max"]] for k, s in stats.items() if s}
+            on["pair_ratios"] = {k: s["pairs"] for k, s in stats.items() if s}
+            if off["peak_memory"]:
+                on["ratio_vs_off"]["peak_memory"] = on["peak_memory"] / off["peak_memory"]
+    return results
+
+
+def _ratio_cell(r: dict, key: str) -> str:
+    if key not in r.get("ratio_vs_off", {}):
+        return ""
+    low, high = r["ratio_range"][key]
+    return f"{r['ratio_vs_off'][key]:.3f}x ({low:.3f}-{high:.3f})"
 
 
 def _print(report):
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 120))
+    console = Console(width=max(Console().width, 140))
+    m = report["method"]
     procs = f" x {report['processes']} processes (tokens/s summed)" if report["processes"] > 1 else ""
     console.print(f"model: {report['model']['name']}; device: {report['device']}{procs}; BLAS: {report['blas']}; "
                   f"patch precision: {report['precision']}")
+    gen = (f"generation tok/s: mlx-lm's stream_generate generation_tps over {report['results'][0]['generation_tokens']}"
+           " tokens" if m["generation_tps"] else "generation: not run (-g 0)")
+    console.print(f"prompt tok/s: the prompt's forward pass in mlx-lm's prefill steps of {m['prefill_step_size']}, "
+                  f"timed directly (evaluated, synchronised); {gen}; medians of {m['trials']} trials after "
+                  f"{m['warmup_rounds']} warm-up rounds, off and on alternating")
+    console.print(f"on/off: the median of the {m['trials']} per-round ratios on_i / off_i (min-max)")
     table = Table()
     cols = ("prompt", "patch", "prompt tok/s", "generation tok/s", "peak memory", "on/off prompt",
             "on/off generation", "attention calls")
     for c in cols:
-        table.add_column(c, justify="left" if c in ("patch",) else "right")
+        table.add_column(c, justify="left" if c == "patch" else "right")
     for r in report["results"]:
-        ratio = r.get("ratio_vs_off", {})
         calls = "-" if r["patch"] == "off" else f"{r['flash_calls']} flash" + "".join(
             f", {n} {k}" for k, n in r["fallbacks"].items())
-        table.add_row(str(r["prompt_tokens"]), r["patch"], f"{r['prompt_tps']:,.1f}", f"{r['generation_tps']:,.1f}",
-                      f"{r['peak_memory']:.2f} GB",
-                      f"{ratio['prompt_tps']:.2f}x" if "prompt_tps" in ratio else "",
-                      f"{ratio['generation_tps']:.2f}x" if "generation_tps" in ratio else "", calls)
+        gen_tps = "-" if r["generation_tps"] is None else f"{r['generation_tps']:,.1f}"
+        table.add_row(str(r["prompt_tokens"]), r["patch"], f"{r['prompt_tps']:,.1f}", gen_tps,
+                      f"{r['peak_memory']:.2f} GB", _ratio_cell(r, "prompt_tps"), _ratio_cell(r, "generation_tps"),
+                      calls)
     console.print(table)
 
 
 def _plot(results, path):
+    """Medians with the trials' min-max as error bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,12 +350,18 @@ def _plot(results, path):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, key, label in zip(axes, KEYS, ("prompt tokens/s", "generation tokens/s", "peak memory (GB)")):
         for patch in dict.fromkeys(r["patch"] for r in results):
-            rows = [r for r in results if r["patch"] == patch]
-            ax.plot([r["prompt_tokens"] for r in rows], [r[key] for r in rows], marker="o", label=f"patch {patch}")
+            rows = [r for r in results if r["patch"] == patch and r[key] is not None]
+            if not rows:
+                continue
+            low = [r[key] - min(t[key] for t in r["trials"]) for r in rows]
+            high = [max(t[key] for t in r["trials"]) - r[key] for r in rows]
+            ax.errorbar([r["prompt_tokens"] for r in rows], [r[key] for r in rows], yerr=[low, high],
+                        marker="o", capsize=3, label=f"patch {patch}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("prompt tokens")
         ax.set_ylabel(label)
-        ax.legend()
+        if ax.has_data():
+            ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
