@@ -46,18 +46,22 @@ WARMUP_GENERATION_TOKENS = 16
 
 # Why warm-up rounds, several, at every prompt length and in each setting (on
 # a GPU; on a CPU they cost little): the first pass of a shape pays one-time
-# costs the trials must not carry: MLX's CUDA build JIT-compiles its fused
-# kernels and the driver loads (and compiles from PTX) ours on first launch;
-# cuDNN builds an execution plan per attention shape; MLX records each
-# evaluation's kernels as a CUDA graph, instantiated on the first evaluation of
-# its topology and only updated afterwards, and the topology follows the shapes
-# (how many operations fit a graph depends on buffer sizes), so a new prompt
-# length brings new graphs; and the memory a pass needs comes from the device
-# the first time, from MLX's buffer cache afterwards. One round pays these, but
-# the pass after it still finds a cache the other setting has just reshaped
-# (mlx-lm's `stream_generate` also empties it at every prefill step) and a GPU
-# coming out of host-bound work (model loading, generation), so the default is
-# two rounds.
+# costs the trials must not carry. MLX's CUDA build compiles its fused kernels
+# (mx.compile'd functions such as mlx-lm's activations) with NVRTC on first
+# use, and our kernels' modules are loaded on their first launch (on a GPU
+# other than Hopper the driver compiles their PTX then);
+# cuDNN builds an execution plan per attention shape; MLX records the kernels
+# of an evaluation as CUDA graphs, instantiated the first time a graph's
+# topology is seen and updated in place afterwards where the new graph allows
+# it, and another prompt length can choose other kernels (matrix-product
+# algorithms, cuDNN plans, our kernels' variants), so every length needs its
+# own warm-up; the memory a pass needs comes from the device the first time,
+# from MLX's buffer cache afterwards. One round pays most of this, but the
+# pass after it still finds a buffer cache the other setting has just
+# reshaped (and `stream_generate` empties it at every prefill step), and a GPU
+# coming out of host-bound work (model loading, the previous length's
+# generation) that may not be at its working clocks yet: so two rounds by
+# default, each running both settings.
 DEFAULT_WARMUP = 2
 DEFAULT_TRIALS = 5
 
