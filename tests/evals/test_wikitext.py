@@ -5,6 +5,7 @@ is never reached here: the tests force it offline, unreachable or faked."""
 import json
 import lzma
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -121,10 +122,18 @@ def test_the_hub_when_it_answers(monkeypatch):
 def test_the_hub_probe_is_bounded_in_time(monkeypatch):
     """A host that never answers (or a name lookup that hangs) costs the
     probe's timeout, not the system's."""
-    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(30))
+    released = threading.Event()
+
+    def hang(*args, **kwargs):
+        released.wait(30)
+        raise OSError("released by the test")  # the probe thread ends quietly
+
+    monkeypatch.setattr(socket, "create_connection", hang)
     start = time.perf_counter()
     why = texts._hub_unreachable(timeout=0.5)
-    assert time.perf_counter() - start < 3
+    elapsed = time.perf_counter() - start
+    released.set()
+    assert elapsed < 3
     assert why == "the Hugging Face hub (huggingface.co) did not answer within 0.5 s"
 
 
