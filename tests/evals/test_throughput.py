@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from tiny_models import FAMILIES, save_model_folder
 
 from flash_eval.cli import main
-from flash_eval.throughput import pair_ratios, schedule
+from flash_eval.throughput import auto_repeats, interquartile_mean, pair_ratios, rounds
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,38 @@ def test_pair_ratios_pairs_round_by_round():
     assert s["pairs"] == pytest.approx([1.1, 1.1, 1.1])
     assert (s["median"], s["min"], s["max"]) == pytest.approx((1.1, 1.1, 1.1))
     assert statistics.median(on) / statistics.median(off) == pytest.approx(1.1)
-    assert list(schedule(["off", "on"], 1, 2)) == [
-        (0, True, "off"), (0, True, "on"), (0, False, "off"), (0, False, "on"), (1, False, "off"), (1, False, "on")]
+    assert list(rounds(1, 2)) == [(0, True), (0, False), (1, False)]
+
+
+def test_prompt_rounds_interleave_repeated_passes(model_dir):
+    layers = FAMILIES["qwen2"]["num_hidden_layers"]
+    rep = run(model_dir, "-p", "16", "-g", "0", "--trials", "2", "--warmup", "1", "--prompt-repeats", "3")
+    seq = rep["sequence"]
+    assert [(r["patch"], r["warmup"], len(r["prompt_passes"])) for r in seq] == [
+        ("off", True, 1), ("on", True, 1), ("off", False, 3), ("on", False, 3), ("off", False, 3), ("on", False, 3)]
+    for r in seq:
+        assert r["prompt_seconds"] == pytest.approx(interquartile_mean(r["prompt_passes"]))
+        assert r["flash_calls"] == (0 if r["patch"] == "off" else len(r["prompt_passes"]) * layers)
+    assert rep["method"]["prompt_repeats"] == 3
+
+
+def test_prompt_repeats_auto_sized_by_the_warm_up(model_dir):
+    rep = run(model_dir, "-p", "16,24", "-g", "0", "--trials", "1", "--warmup", "1")
+    for p in (16, 24):
+        warm = [r["prompt_seconds"] for r in rep["sequence"] if r["prompt_tokens"] == p and r["warmup"]]
+        timed = [r for r in rep["sequence"] if r["prompt_tokens"] == p and not r["warmup"]]
+        assert rep["method"]["prompt_repeats"][str(p)] == auto_repeats(max(warm))
+        assert all(len(r["prompt_passes"]) == auto_repeats(max(warm)) for r in timed)
+    # without warm-up there is nothing to size by: one pass
+    rep = run(model_dir, "-p", "16", "-g", "0", "--trials", "1", "--warmup", "0")
+    assert rep["method"]["prompt_repeats"] == {"16": 1}
+
+
+def test_interquartile_mean_and_auto_repeats():
+    assert interquartile_mean([5.0]) == 5.0
+    assert interquartile_mean([1.0, 2.0, 9.0]) == 4.0  # fewer than four: the plain mean
+    assert interquartile_mean([100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -50.0]) == pytest.approx(3.5)
+    assert auto_repeats(0.010) == 20 and auto_repeats(0.5) == 1 and auto_repeats(1e-6) == 32 and auto_repeats(0.0) == 32
 
 
 @pytest.mark.parametrize("flag", ["--trials", "-n", "--num-trials"])
@@ -88,7 +118,8 @@ def test_trials_per_setting(model_dir, flag):
 
 def test_prompt_only_in_mlx_lm_prefill_steps(model_dir):
     # 48 tokens in steps of 16: three forward calls a pass, each through every layer
-    rep = run(model_dir, "-p", "48", "-g", "0", "--trials", "2", "--warmup", "1", "--prefill-step-size", "16")
+    rep = run(model_dir, "-p", "48", "-g", "0", "--trials", "2", "--warmup", "1", "--prefill-step-size", "16",
+              "--prompt-repeats", "1")
     assert {r["phase"] for r in rep["sequence"]} == {"prompt"}
     layers = FAMILIES["qwen2"]["num_hidden_layers"]
     assert [r["flash_calls"] for r in rep["sequence"]] == [0, 3 * layers] * 3
@@ -124,6 +155,8 @@ def test_table_names_the_method(model_dir):
         (["--trials", "two"], "'two' is not a valid integer"),
         (["--warmup", "-1"], "-1 is not in the range x>=0"),
         (["-g", "-1"], "-1 is not in the range x>=0"),
+        (["--prompt-repeats", "0"], "'0' is neither 'auto' nor a whole number >= 1"),
+        (["--prompt-repeats", "many"], "'many' is neither 'auto' nor a whole number >= 1"),
     ],
 )
 def test_bad_input(model_dir, args, message):
@@ -131,4 +164,4 @@ def test_bad_input(model_dir, args, message):
     assert r.exit_code == 2
     text = " ".join(r.output.split())
     assert message in text
-    assert "--trials" in text or "--warmup" in text or "--generation-tokens" in text
+    assert any(f in text for f in ("--trials", "--warmup", "--generation-tokens", "--prompt-repeats"))

@@ -13,8 +13,14 @@ end-of-sequence ignored), measured so that the on/off ratio can be quoted:
 - Each phase starts with `--warmup` rounds, then `--trials` timed rounds; a
   round runs every setting once, in the `--patch` order (off, on, off, on,
   ...), so that the two settings share the machine's state and drift.
+- A prompt round runs `--prompt-repeats` passes of each setting, interleaved
+  pass by pass (off, on, off, on, ...), and takes each setting's interquartile
+  mean: a short pass (a few ms of a small model on a GPU) is host-bound and
+  jumps between speeds from one pass to the next; many passes, shared alike
+  by both settings, average that out, and the trimmed quarters drop stray
+  stalls.
 - The on/off ratio of a prompt length is the median of the per-round ratios
-  (on_i / off_i, the two passes run next to each other), with their min-max
+  (on_i / off_i, the two settings run next to each other), with their min-max
   range; each setting's figure is the median of its trials.
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import statistics
 import time
 from contextlib import contextmanager
@@ -64,6 +71,12 @@ WARMUP_GENERATION_TOKENS = 16
 # default, each running both settings.
 DEFAULT_WARMUP = 2
 DEFAULT_TRIALS = 5
+# --prompt-repeats auto: enough passes for each setting's share of a round to
+# take this long (from the warm-up rounds' passes), at most MAX_REPEATS. Two
+# runs of scripts/gpu-end-to-end on an H100 with one pass a round differed by
+# up to 18% at 512-8K tokens (7-12 ms passes); see docs/performance.md.
+AUTO_REPEAT_SECONDS = 0.2
+MAX_REPEATS = 32
 
 
 def _drain():
@@ -110,6 +123,21 @@ def prompt_pass(model, prompt: mx.array, prefill_step_size: int) -> float:
     return time.perf_counter() - start
 
 
+def interquartile_mean(values: list[float]) -> float:
+    """The mean of the middle half (all values when fewer than four)."""
+    v = sorted(values)
+    q = len(v) // 4
+    middle = v[q : len(v) - q] if len(v) >= 4 else v
+    return sum(middle) / len(middle)
+
+
+def auto_repeats(pass_seconds: float) -> int:
+    """Passes a setting a prompt round for `--prompt-repeats auto`."""
+    if pass_seconds <= 0:
+        return MAX_REPEATS
+    return max(1, min(MAX_REPEATS, math.ceil(AUTO_REPEAT_SECONDS / pass_seconds)))
+
+
 def generation_run(lm, prompt: mx.array, generation_tokens: int, prefill_step_size: int) -> dict:
     """One `stream_generate` run, as `mlx_lm.benchmark` times it."""
     from mlx_lm import stream_generate
@@ -122,12 +150,10 @@ def generation_run(lm, prompt: mx.array, generation_tokens: int, prefill_step_si
     return {"generation_tps": response.generation_tps, "mlx_lm_prompt_tps": response.prompt_tps}
 
 
-def schedule(patches: list[str], warmup: int, trials: int):
-    """(round, warm-up?, setting) in the order run: warm-up rounds, then timed
-    ones, each running every setting once in the order given."""
+def rounds(warmup: int, trials: int):
+    """(round, warm-up?) in the order run: warm-up rounds, then timed ones."""
     for i in range(warmup + trials):
-        for patch in patches:
-            yield (i if i < warmup else i - warmup), i < warmup, patch
+        yield (i if i < warmup else i - warmup), i < warmup
 
 
 def pair_ratios(off: list[float], on: list[float]) -> dict:
@@ -136,6 +162,18 @@ def pair_ratios(off: list[float], on: list[float]) -> dict:
     if not ratios:
         return {}
     return {"pairs": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def _repeats_option(ctx, param, value):
+    if value == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise click.BadParameter(f"{value!r} is neither 'auto' nor a whole number >= 1")
+    return n
 
 
 @click.command()
@@ -151,6 +189,9 @@ def pair_ratios(off: list[float], on: list[float]) -> dict:
               type=click.IntRange(1), help="Timed rounds per prompt length and phase; each runs every setting once.")
 @click.option("--warmup", default=DEFAULT_WARMUP, show_default=True, type=click.IntRange(0),
               help="Untimed rounds before them, at every prompt length.")
+@click.option("--prompt-repeats", default="auto", show_default=True, callback=_repeats_option,
+              help="Prompt passes of each setting a round, interleaved (a number, or 'auto': about "
+                   f"{AUTO_REPEAT_SECONDS} s of passes a setting, at most {MAX_REPEATS}, sized by the warm-up).")
 @click.option("--prefill-step-size", default=2048, show_default=True, type=click.IntRange(1))
 @click.option("--patch", "patches", default="off,on", show_default=True, callback=comma_list(["off", "on"]),
               help="Settings, in the order each round runs them.")
@@ -158,8 +199,8 @@ def pair_ratios(off: list[float], on: list[float]) -> dict:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with every pass, in the order run) instead of a table.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, warmup, prefill_step_size,
-               patches, precision, seed, as_json, plot):
+def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, warmup, prompt_repeats,
+               prefill_step_size, patches, precision, seed, as_json, plot):
     """Prompt and generation tokens/s and peak memory, patch off vs on.
 
     \b
@@ -167,7 +208,8 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
     --trials timed ones, a round running each setting once (off, on, off, on,
     ...):
     - prompt: the prompt's forward pass (mlx-lm's prefill steps, fresh cache),
-      timed directly, evaluated and synchronised;
+      timed directly, evaluated and synchronised; --prompt-repeats passes of
+      each setting a round, interleaved, their interquartile mean;
     - generation: mlx-lm's stream_generate, its generation_tps.
     Each setting's figures are medians of its trials; peak memory is MLX's,
     per trial. On/off: the median of the per-round ratios on_i / off_i (the
@@ -194,33 +236,39 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
     passes = len(prompt_lengths) * len(phases) * (warmup + trials) * len(patches)
     sequence = []  # every pass, in the order run
     mlxlm_flash_patch.reset_stats()
+    repeats_used = {}
     with progress_bar(passes, "throughput", quiet) as advance:
         for p in prompt_lengths:
             for phase in phases:
-                for i, is_warmup, patch in schedule(patches, warmup, trials):
-                    record = {"prompt_tokens": p, "phase": phase, "patch": patch, "warmup": is_warmup, "round": i}
-                    ranks.barrier()
-                    before = mlxlm_flash_patch.stats()
-                    with patch_setting(patch, precision):
-                        with _clean_slate():
-                            if phase == "prompt":
-                                seconds = prompt_pass(lm.model, prompts[p], prefill_step_size)
-                                record.update(prompt_seconds=seconds, prompt_tps=p / seconds)
-                            else:
-                                g = min(generation_tokens, WARMUP_GENERATION_TOKENS) if is_warmup else generation_tokens
-                                record.update(generation_run(lm, prompts[p], g, prefill_step_size))
-                            record["peak_memory"] = mx.get_peak_memory() / 1e9
-                    record.update(_stats_since(before))
-                    sequence.append(record)
-                    advance()
+                repeats = prompt_repeats or 1
+                for i, is_warmup in rounds(warmup, trials):
+                    if phase == "prompt" and not is_warmup and prompt_repeats is None and i == 0:
+                        warm = [r["prompt_seconds"] for r in sequence if r["prompt_tokens"] == p and r["warmup"]
+                                and r["phase"] == "prompt" and r["round"] == warmup - 1]
+                        repeats = auto_repeats(max(warm)) if warm else 1
+                        repeats = repeats_used[p] = int(ranks.max([repeats])[0])  # every rank alike
+                    if phase == "prompt":
+                        records = prompt_round(lm, prompts[p], patches, precision, 1 if is_warmup else repeats,
+                                               prefill_step_size, ranks)
+                    else:
+                        g = min(generation_tokens, WARMUP_GENERATION_TOKENS) if is_warmup else generation_tokens
+                        records = generation_round(lm, prompts[p], patches, precision, g, prefill_step_size, ranks)
+                    for record in records:
+                        record.update({"prompt_tokens": p, "phase": phase, "warmup": is_warmup, "round": i})
+                        sequence.append(record)
+                        advance()
     _combine_ranks(sequence, ranks)
     results = summarize(sequence, prompt_lengths, patches, generation_tokens)
     method = {
         "warmup_rounds": warmup, "trials": trials, "prefill_step_size": prefill_step_size,
         "order": "per prompt length: the prompt phase, then the generation phase; each: warm-up rounds, then "
                  "timed rounds, a round running every setting once in the --patch order",
+        "prompt_repeats": ({str(k): v for k, v in repeats_used.items()} if prompt_repeats is None
+                           else prompt_repeats),
         "prompt_tps": "prompt tokens / seconds of the prompt's forward pass in mlx-lm's prefill steps, fresh "
-                      "cache, evaluated and synchronised (median of the trials)",
+                      "cache, evaluated and synchronised; a trial's seconds: the interquartile mean of its "
+                      "passes (prompt_passes; a round interleaves the settings pass by pass); median of the "
+                      "trials",
         "generation_tps": f"mlx-lm's stream_generate generation_tps over {generation_tokens} tokens (median of the "
                           "trials)" if generation_tokens else None,
         "peak_memory": "MLX's peak memory in GB (weights included) during a trial, reset before each; median",
@@ -239,6 +287,51 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
         _plot(results, plot)
         if not as_json:
             click.echo(f"chart written to {plot}")
+
+
+def prompt_round(lm, prompt: mx.array, patches: list[str], precision: str, repeats: int, prefill_step_size: int,
+                 ranks) -> list[dict]:
+    """One prompt round: `repeats` passes of each setting, interleaved pass by
+    pass, so that both settings meet the machine's changing speed alike; a
+    record per setting with its passes' seconds and their interquartile mean."""
+    records = {patch: {"patch": patch, "prompt_passes": [], "peak_memory": 0.0, "flash_calls": 0, "fallbacks": {}}
+               for patch in patches}
+    for _ in range(repeats):
+        for patch in patches:
+            record = records[patch]
+            ranks.barrier()
+            before = mlxlm_flash_patch.stats()
+            with patch_setting(patch, precision):
+                with _clean_slate():
+                    record["prompt_passes"].append(prompt_pass(lm.model, prompt, prefill_step_size))
+                    record["peak_memory"] = max(record["peak_memory"], mx.get_peak_memory() / 1e9)
+            _add_stats(record, _stats_since(before))
+    for record in records.values():
+        record["prompt_seconds"] = interquartile_mean(record["prompt_passes"])
+        record["prompt_tps"] = prompt.size / record["prompt_seconds"]
+    return list(records.values())
+
+
+def generation_round(lm, prompt: mx.array, patches: list[str], precision: str, generation_tokens: int,
+                     prefill_step_size: int, ranks) -> list[dict]:
+    """One generation round: one `stream_generate` run of each setting."""
+    records = []
+    for patch in patches:
+        ranks.barrier()
+        before = mlxlm_flash_patch.stats()
+        with patch_setting(patch, precision):
+            with _clean_slate():
+                record = {"patch": patch, **generation_run(lm, prompt, generation_tokens, prefill_step_size)}
+                record["peak_memory"] = mx.get_peak_memory() / 1e9
+        record.update(_stats_since(before))
+        records.append(record)
+    return records
+
+
+def _add_stats(record: dict, stats: dict) -> None:
+    record["flash_calls"] += stats["flash_calls"]
+    for k, n in stats["fallbacks"].items():
+        record["fallbacks"][k] = record["fallbacks"].get(k, 0) + n
 
 
 def _stats_since(before: dict) -> dict:
@@ -314,6 +407,13 @@ def _ratio_cell(r: dict, key: str) -> str:
     return f"{r['ratio_vs_off'][key]:.3f}x ({low:.3f}-{high:.3f})"
 
 
+def _repeats_text(repeats) -> str:
+    counts = sorted({repeats} if isinstance(repeats, int) else set(repeats.values())) or [1]
+    if counts == [1]:
+        return "1 pass"
+    return "-".join(map(str, dict.fromkeys([counts[0], counts[-1]]))) + " passes"
+
+
 def _print(report):
     from rich.console import Console
     from rich.table import Table
@@ -326,7 +426,8 @@ def _print(report):
     gen = (f"generation tok/s: mlx-lm's stream_generate generation_tps over {report['results'][0]['generation_tokens']}"
            " tokens" if m["generation_tps"] else "generation: not run (-g 0)")
     console.print(f"prompt tok/s: the prompt's forward pass in mlx-lm's prefill steps of {m['prefill_step_size']}, "
-                  f"timed directly (evaluated, synchronised); {gen}; medians of {m['trials']} trials after "
+                  f"timed directly (evaluated, synchronised), {_repeats_text(m['prompt_repeats'])} of each "
+                  f"setting a trial, interleaved, their interquartile mean; {gen}; medians of {m['trials']} trials after "
                   f"{m['warmup_rounds']} warm-up rounds, off and on alternating")
     console.print(f"on/off: the median of the {m['trials']} per-round ratios on_i / off_i (min-max)")
     table = Table()
