@@ -114,6 +114,7 @@ def prompt_pass(model, prompt: mx.array, prefill_step_size: int) -> float:
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
+    _drain()
     start = time.perf_counter()
     with mx.stream(generation_stream):
         for i in range(0, prompt.size, prefill_step_size):
@@ -296,17 +297,21 @@ def prompt_round(lm, prompt: mx.array, patches: list[str], precision: str, repea
     record per setting with its passes' seconds and their interquartile mean."""
     records = {patch: {"patch": patch, "prompt_passes": [], "peak_memory": 0.0, "flash_calls": 0, "fallbacks": {}}
                for patch in patches}
-    for _ in range(repeats):
-        for patch in patches:
-            record = records[patch]
-            ranks.barrier()
-            before = mlxlm_flash_patch.stats()
-            with patch_setting(patch, precision):
-                with _clean_slate():
+    start = time.perf_counter()
+    with _clean_slate():  # once a round: a garbage collection takes tens of ms, as long as a short pass
+        for _ in range(repeats):
+            for patch in patches:
+                record = records[patch]
+                ranks.barrier()
+                before = mlxlm_flash_patch.stats()
+                with patch_setting(patch, precision):
+                    mx.reset_peak_memory()
                     record["prompt_passes"].append(prompt_pass(lm.model, prompt, prefill_step_size))
                     record["peak_memory"] = max(record["peak_memory"], mx.get_peak_memory() / 1e9)
-            _add_stats(record, _stats_since(before))
+                _add_stats(record, _stats_since(before))
+    round_seconds = time.perf_counter() - start  # the passes and what runs between them
     for record in records.values():
+        record["round_seconds"] = round_seconds
         record["prompt_seconds"] = interquartile_mean(record["prompt_passes"])
         record["prompt_tps"] = prompt.size / record["prompt_seconds"]
     return list(records.values())
