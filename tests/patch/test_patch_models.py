@@ -120,6 +120,28 @@ def test_head_dim_the_kernel_refuses_falls_back():
     assert mlxlm_flash_patch.stats()["fallbacks"] == {"unsupported_head_dim": 1}
 
 
+def test_fallback_reason_comes_from_the_check_that_refused(monkeypatch):
+    # The reason is the one the refusing check names, whatever its message says.
+    from mlx_lm.models import base
+
+    from flashattn_core import UnsupportedError
+    from mlxlm_flash_patch import attention
+
+    def refuse(*args, **kwargs):
+        error = UnsupportedError("flash_attention: no words that name a reason")
+        error.reason = "unsupported_mask"
+        raise error
+
+    monkeypatch.setattr(attention, "flash_attention", refuse)
+    q = mx.random.normal((1, 2, 3, 16))
+    k = v = mx.random.normal((1, 2, 3, 16))
+    expected = base.scaled_dot_product_attention(q, k, v, None, scale=0.25, mask=None)
+    with mlxlm_flash_patch.patched():
+        out = base.scaled_dot_product_attention(q, k, v, None, scale=0.25, mask=None)
+    assert mx.array_equal(out, expected)
+    assert mlxlm_flash_patch.stats()["fallbacks"] == {"unsupported_mask": 1}
+
+
 def test_float32_precision_casts_back_to_model_dtype():
     from mlx_lm.models import base
 

@@ -44,12 +44,34 @@ flashattn::metal::Variant variant_named(const std::string& name) {
       "kernel must be \"auto\", \"rows\", \"decode\" or \"matrix\"; got \"" + name + "\"");
 }
 
+// flashattn::Unsupported -> UnsupportedError (a ValueError) whose .reason
+// names why, as decided by the check that threw.
+void translate_unsupported(const std::exception_ptr& p, void* type) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const flashattn::Unsupported& e) {
+    nb::object error = nb::borrow((PyObject*)type)(e.what());
+    error.attr("reason") = flashattn::reason_name(e.reason());
+    PyErr_SetObject((PyObject*)type, error.ptr());
+  }
+}
+
 } // namespace
 
 NB_MODULE(_ext, m) {
   m.doc() = "FlashAttention-2 as an MLX primitive (C++ extension)";
   m.attr("mlx_version") = FLASHATTN_STR(MLX_VERSION_MAJOR) "." FLASHATTN_STR(
       MLX_VERSION_MINOR) "." FLASHATTN_STR(MLX_VERSION_PATCH);
+
+  PyObject* unsupported = PyErr_NewExceptionWithDoc(
+      "flashattn_core.UnsupportedError",
+      "flash_attention refused its arguments (a ValueError). .reason names why: "
+      "'unsupported_input', 'unsupported_head_dim', 'unsupported_dtype', "
+      "'unsupported_mask' or 'no_gpu_kernel'.",
+      PyExc_ValueError,
+      nullptr);
+  m.attr("UnsupportedError") = nb::steal(unsupported);
+  nb::register_exception_translator(translate_unsupported, unsupported);
 
   m.def(
       "cpu_info",

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "mlx/ops.h"
@@ -17,6 +18,27 @@ namespace flashattn {
 namespace mx = mlx::core;
 
 enum class MaskKind { none, causal, boolean, additive };
+
+// Why a call was refused, decided where it is checked: callers that fall back
+// (mlxlm-flash-patch) count by it instead of reading the message.
+enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel };
+
+// "unsupported_input", "unsupported_head_dim", ..., "no_gpu_kernel".
+const char* reason_name(Reason reason);
+
+// The error every check throws: a std::invalid_argument (Python ValueError)
+// that carries its Reason.
+class Unsupported : public std::invalid_argument {
+ public:
+  Unsupported(Reason reason, const std::string& message)
+      : std::invalid_argument(message), reason_(reason) {}
+  Reason reason() const {
+    return reason_;
+  }
+
+ private:
+  Reason reason_;
+};
 
 ///////////////////////////////////////////////////////////////////////////////
 // Operation
@@ -34,7 +56,7 @@ enum class MaskKind { none, causal, boolean, additive };
  * to (B..., H_q, L, S)). dtype: unset or the queries' dtype, or float32 with
  * float16 / bfloat16 inputs: attention in float32 and a float32 result, as if
  * the inputs had been cast to float32 first (on CUDA the 16-bit decode does
- * it without the casts' copies). Bad input throws std::invalid_argument.
+ * it without the casts' copies). Bad input throws Unsupported.
  */
 mx::array flash_attention(
     const mx::array& queries,

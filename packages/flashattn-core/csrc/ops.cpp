@@ -24,6 +24,17 @@
 
 namespace flashattn {
 
+const char* reason_name(Reason reason) {
+  switch (reason) {
+    case Reason::head_dim: return "unsupported_head_dim";
+    case Reason::dtype: return "unsupported_dtype";
+    case Reason::mask: return "unsupported_mask";
+    case Reason::no_gpu_kernel: return "no_gpu_kernel";
+    case Reason::input: break;
+  }
+  return "unsupported_input";
+}
+
 namespace {
 
 constexpr int kMaxHeadDim = 256;
@@ -47,8 +58,8 @@ std::string dtype_str(mx::Dtype t) {
       std::to_string(8 * mx::size_of(t));
 }
 
-[[noreturn]] void fail(const std::string& msg) {
-  throw std::invalid_argument("flash_attention: " + msg);
+[[noreturn]] void fail(Reason reason, const std::string& msg) {
+  throw Unsupported(reason, "flash_attention: " + msg);
 }
 
 bool is_supported_float(mx::Dtype t) {
@@ -60,14 +71,12 @@ void check_ranks_and_shapes(
     const mx::array& k,
     const mx::array& v) {
   if (q.ndim() < 3) {
-    fail(
-        "queries must have shape (B..., H_q, L, E) with rank >= 3; got shape " +
+    fail(Reason::input, "queries must have shape (B..., H_q, L, E) with rank >= 3; got shape " +
         shape_str(q.shape()));
   }
   for (auto [name, a] : {std::pair{"keys", &k}, std::pair{"values", &v}}) {
     if (a->ndim() != q.ndim()) {
-      fail(
-          std::string(name) + " must have the rank of queries (" +
+      fail(Reason::input, std::string(name) + " must have the rank of queries (" +
           std::to_string(q.ndim()) + ", shape (B..., H_kv, S, E)); got shape " +
           shape_str(a->shape()));
     }
@@ -75,35 +84,29 @@ void check_ranks_and_shapes(
   int nd = q.ndim();
   for (int d = 0; d < nd - 3; ++d) {
     if (k.shape(d) != q.shape(d) || v.shape(d) != q.shape(d)) {
-      fail(
-          "batch dimensions must match: queries " + shape_str(q.shape()) +
+      fail(Reason::input, "batch dimensions must match: queries " + shape_str(q.shape()) +
           ", keys " + shape_str(k.shape()) + ", values " +
           shape_str(v.shape()));
     }
   }
   int E = q.shape(-1);
   if (E < 1 || E > kMaxHeadDim) {
-    fail(
-        "head dimension must be between 1 and " + std::to_string(kMaxHeadDim) +
+    fail(Reason::head_dim, "head dimension must be between 1 and " + std::to_string(kMaxHeadDim) +
         "; queries have shape " + shape_str(q.shape()) + " (E = " +
         std::to_string(E) + ")");
   }
   if (k.shape(-1) != E || v.shape(-1) != E) {
-    fail(
-        "keys and values must have the queries' head dimension E = " +
+    fail(Reason::input, "keys and values must have the queries' head dimension E = " +
         std::to_string(E) + "; got keys " + shape_str(k.shape()) +
         ", values " + shape_str(v.shape()));
   }
   if (k.shape(-3) != v.shape(-3) || k.shape(-2) != v.shape(-2)) {
-    fail(
-        "keys and values must have the same shape (B..., H_kv, S, E); got "
-        "keys " +
+    fail(Reason::input, "keys and values must have the same shape (B..., H_kv, S, E); got keys " +
         shape_str(k.shape()) + ", values " + shape_str(v.shape()));
   }
   int H_q = q.shape(-3), H_kv = k.shape(-3);
   if (H_kv == 0 ? H_q != 0 : H_q % H_kv != 0) {
-    fail(
-        "the number of query heads (" + std::to_string(H_q) +
+    fail(Reason::input, "the number of query heads (" + std::to_string(H_q) +
         ") must be a multiple of the number of key/value heads (" +
         std::to_string(H_kv) + "); queries " + shape_str(q.shape()) +
         ", keys " + shape_str(k.shape()));
@@ -112,13 +115,11 @@ void check_ranks_and_shapes(
 
 void check_dtypes(const mx::array& q, const mx::array& k, const mx::array& v) {
   if (!is_supported_float(q.dtype())) {
-    fail(
-        "queries must be float32, float16 or bfloat16; got " +
+    fail(Reason::dtype, "queries must be float32, float16 or bfloat16; got " +
         dtype_str(q.dtype()));
   }
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
-    fail(
-        "queries, keys and values must share one dtype; got " +
+    fail(Reason::dtype, "queries, keys and values must share one dtype; got " +
         dtype_str(q.dtype()) + ", " + dtype_str(k.dtype()) + ", " +
         dtype_str(v.dtype()));
   }
@@ -142,18 +143,16 @@ MaskKind check_mask(
     return MaskKind::causal;
   }
   if (mask_mode != "array") {
-    fail(
-        "mask must be None, \"causal\" or an array; got the string \"" +
+    fail(Reason::mask, "mask must be None, \"causal\" or an array; got the string \"" +
         mask_mode + "\"");
   }
   if (!mask_arr) {
-    fail("mask mode \"array\" needs a mask array");
+    fail(Reason::mask, "mask mode \"array\" needs a mask array");
   }
   const auto& m = *mask_arr;
   bool boolean = m.dtype() == mx::bool_;
   if (!boolean && !is_supported_float(m.dtype())) {
-    fail(
-        "mask must be boolean (True = attend) or additive float32 / float16 / "
+    fail(Reason::mask, "mask must be boolean (True = attend) or additive float32 / float16 / "
         "bfloat16; got dtype " +
         dtype_str(m.dtype()));
   }
@@ -163,8 +162,7 @@ MaskKind check_mask(
     broadcastable = have == want || have == 1;
   }
   if (!broadcastable) {
-    fail(
-        "mask of shape " + shape_str(m.shape()) +
+    fail(Reason::mask, "mask of shape " + shape_str(m.shape()) +
         " does not broadcast to (B..., H_q, L, S) = " + shape_str(target));
   }
   return boolean ? MaskKind::boolean : MaskKind::additive;
@@ -198,14 +196,12 @@ Backend backend_for(const mx::Device& device) {
     return Backend::cpu;
   }
   if (!mx::is_available(device)) {
-    fail(
-        "stream is on the GPU, but this MLX build has no GPU backend "
+    fail(Reason::no_gpu_kernel, "stream is on the GPU, but this MLX build has no GPU backend "
         "(on Linux install mlx[cuda13] for NVIDIA GPUs); use stream=mx.cpu");
   }
   if (mx::cu::is_available()) {
     if (!cuda::kernels_available()) {
-      fail(
-          "this build of flashattn-core has no CUDA kernels (nvcc was not "
+      fail(Reason::no_gpu_kernel, "this build of flashattn-core has no CUDA kernels (nvcc was not "
           "found when it was built); rebuild it with nvcc on the PATH, or use "
           "stream=mx.cpu");
     }
@@ -235,7 +231,7 @@ Checked check_call(
   float softmax_scale =
       scale.value_or(1.0f / std::sqrt(static_cast<float>(queries.shape(-1))));
   if (!std::isfinite(softmax_scale)) {
-    fail("scale must be a finite number; got " + std::to_string(softmax_scale));
+    fail(Reason::input, "scale must be a finite number; got " + std::to_string(softmax_scale));
   }
   return {softmax_scale, mask_kind, target};
 }
@@ -285,7 +281,7 @@ mx::array with_attention_vjp(
 bool widens(const mx::array& queries, std::optional<mx::Dtype> dtype) {
   if (!dtype || *dtype == queries.dtype()) return false;
   if (*dtype != mx::float32) {
-    fail("dtype must be None, the inputs' dtype (" + dtype_str(queries.dtype()) + ") or float32; got " +
+    fail(Reason::dtype, "dtype must be None, the inputs' dtype (" + dtype_str(queries.dtype()) + ") or float32; got " +
          dtype_str(*dtype));
   }
   return true;

@@ -2,15 +2,14 @@
 // this CPU has, merge split-key partials (FlashDecoding).
 
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <string>
 
 #include "../flash_attention.h"
 #include "kernels.h"
+#include "merge.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
@@ -76,50 +75,6 @@ void* thread_scratch(size_t bytes) {
     t_scratch_bytes = bytes;
   }
   return t_scratch.get();
-}
-
-// Combines the key splits of each row tile:
-//   m = max_s m_s,  l = sum_s 2^(m_s - m) l_s,  O = sum_s 2^(m_s - m) o_s / l
-template <typename T>
-void merge_partials(const AttentionProblem& p, WorkPlan& plan, int64_t tile) {
-  const int RB = plan.RB, E = p.E, ratio = p.q_kv_heads_ratio;
-  const int64_t group = tile / plan.row_tiles;
-  const int row_tile = int(tile % plan.row_tiles);
-  const int64_t b = group / p.H_kv, g = group % p.H_kv;
-  const int first = row_tile * RB;
-  const int rows = std::min(RB, plan.rows_per_group - first);
-  T* out = static_cast<T*>(p.out);
-  for (int r = 0; r < rows; ++r) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int s = 0; s < plan.splits; ++s) {
-      m = std::max(m, plan.partial(tile, s).m(r));
-    }
-    float m_use = std::isinf(m) && m < 0 ? 0.0f : m;
-    float l = 0.0f;
-    float o[256] = {};
-    for (int s = 0; s < plan.splits; ++s) {
-      const Partial part = plan.partial(tile, s);
-      float w = std::exp2(part.m(r) - m_use);
-      l += w * part.l(r);
-      for (int e = 0; e < E; ++e) {
-        o[e] += w * part.o(e, r);
-      }
-    }
-    float inv = l == 0.0f ? 0.0f : 1.0f / l;
-    int64_t l_pos = (first + r) / ratio;
-    int64_t n = b * p.H_q + g * ratio + (first + r) % ratio;
-    T* dst = out + (n * p.L + l_pos) * E;
-    for (int e = 0; e < E; ++e) {
-      dst[e] = static_cast<T>(o[e] * inv);
-    }
-  }
-}
-
-template <typename T>
-void merge_all(const AttentionProblem& p, WorkPlan& plan) {
-  for (int64_t tile = 0; tile < plan.groups * plan.row_tiles; ++tile) {
-    merge_partials<T>(p, plan, tile);
-  }
 }
 
 void run(const AttentionProblem& p) {

@@ -289,7 +289,7 @@ Launches generic_launches(const Dims& d, int splits, bool aligned = false) {
   const int keys_per_split = (d.S + splits - 1) / splits;
   const int64_t threads = ((rows * 32 + kThreads - 1) / kThreads) * kThreads;
   if (threads > std::numeric_limits<int>::max()) {
-    throw std::invalid_argument("flash_attention: too many query rows for one CUDA launch");
+    throw Unsupported(Reason::input, "flash_attention: too many query rows for one CUDA launch");
   }
   std::vector<Scalar> scalars = {static_cast<int>(d.batch), d.H_q, d.H_kv, d.L, d.S, d.E, d.kind,
                                  d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
@@ -534,7 +534,7 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
     namespace ws = fa::wg_shapes;
     const int64_t words = (ws::kMapSlots * ws::kMapSlotBytes + plan.aligned.split_bytes) / 4;
     if (words > std::numeric_limits<int>::max()) {
-      throw std::invalid_argument("flash_attention: too many query rows for one CUDA prefill call");
+      throw Unsupported(Reason::input, "flash_attention: too many query rows for one CUDA prefill call");
     }
     shapes.push_back({static_cast<int>(words)});
     dtypes.push_back(mx::uint32);
@@ -553,7 +553,7 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
     }
     const int64_t ml_floats = static_cast<int64_t>(splits) * rows * 2;
     if (o_floats > std::numeric_limits<int>::max()) {
-      throw std::invalid_argument("flash_attention: too many query rows for one CUDA decode call");
+      throw Unsupported(Reason::input, "flash_attention: too many query rows for one CUDA decode call");
     }
     if (plan.aligned.fused) {
       shapes.push_back({static_cast<int>(o_floats)});
@@ -593,7 +593,7 @@ mx::array flash_attention(
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
   if (head_elements * std::max(d.H_q, d.H_kv) > std::numeric_limits<int>::max()) {
-    throw std::invalid_argument(
+    throw Unsupported(Reason::input,
         "flash_attention: on CUDA one batch element of queries, keys or values must hold fewer than 2^31 "
         "elements; got (H_q, H_kv, L, S, E) = (" + std::to_string(d.H_q) + ", " + std::to_string(d.H_kv) +
         ", " + std::to_string(d.L) + ", " + std::to_string(d.S) + ", " + std::to_string(d.E) + ")");

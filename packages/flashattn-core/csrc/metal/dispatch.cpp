@@ -61,7 +61,7 @@ int ceil_div(int64_t a, int64_t b) {
 
 int checked_int(int64_t x, const char* what) {
   if (x > std::numeric_limits<int>::max()) {
-    throw std::invalid_argument(std::string("flash_attention: too many ") + what + " for one Metal launch");
+    throw Unsupported(Reason::input, std::string("flash_attention: too many ") + what + " for one Metal launch");
   }
   return static_cast<int>(x);
 }
@@ -160,7 +160,7 @@ mx::array flash_attention(
     }
   }
   if (variant == Variant::matrix && !has_matrix_kernel(E)) {
-    throw std::invalid_argument(
+    throw Unsupported(Reason::head_dim,
         "flash_attention: the Metal matrix kernel takes head dims 64, 80, 96 and 128; got " + std::to_string(E));
   }
 

@@ -2,7 +2,7 @@
 
 import mlx.core as mx  # loads libmlx and registers mx.array before _ext
 
-from ._ext import cpu_info, cuda_kernels, flash_attention, mlx_version as _compiled_mlx_version
+from ._ext import UnsupportedError, cpu_info, cuda_kernels, flash_attention, mlx_version as _compiled_mlx_version
 
 if mx.__version__.split(".dev")[0] != _compiled_mlx_version:
     raise ImportError(
@@ -11,5 +11,5 @@ if mx.__version__.split(".dev")[0] != _compiled_mlx_version:
         f"environment or install mlx=={_compiled_mlx_version}"
     )
 
-__all__ = ["cpu_info", "cuda_kernels", "flash_attention"]
+__all__ = ["UnsupportedError", "cpu_info", "cuda_kernels", "flash_attention"]
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from flashattn_core import flash_attention
+from flashattn_core import UnsupportedError, flash_attention
 
 from ._stats import count_fallback, count_flash_call
 
@@ -38,7 +38,10 @@ def make_attention(original, precision: str):
             out = flash_attention(queries, keys, values, scale=scale, mask=mask, dtype=dtype)
         except (ValueError, TypeError) as error:
             # Validation happens before anything is computed: nothing is lost.
-            count_fallback(_reason_of(error), str(error))
+            # The check that refused the call names the reason; a wrong Python
+            # type (nanobind's TypeError) is unsupported input.
+            reason = error.reason if isinstance(error, UnsupportedError) else "unsupported_input"
+            count_fallback(reason, str(error))
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         count_flash_call()
         return out.astype(out_dtype) if out.dtype != out_dtype else out
@@ -48,15 +51,3 @@ def make_attention(original, precision: str):
     scaled_dot_product_attention._mlxlm_flash_patch = True
     return scaled_dot_product_attention
 
-
-def _reason_of(error: Exception) -> str:
-    text = str(error)
-    if "GPU" in text:
-        return "no_gpu_kernel"
-    if "mask" in text:
-        return "unsupported_mask"
-    if "head dimension" in text:
-        return "unsupported_head_dim"
-    if "dtype" in text or "float32, float16 or bfloat16" in text:
-        return "unsupported_dtype"
-    return "unsupported_input"

@@ -43,6 +43,7 @@
 #include "../causal.h"
 #include "../kernels.h"
 #include "../problem.h"
+#include "../softmax.h"
 #include "../tiles.h"
 #include "../work.h"
 #include "convert.h"
@@ -265,7 +266,7 @@ struct Decode {
       }
       const float m_new = std::max(m_i[r], decode_detail::hmax8(mx));
       m_old[r] = m_i[r];
-      m_use[r] = m_new == kNegInf ? 0.0f : m_new;
+      m_use[r] = softmax_base(m_new);
       m_i[r] = m_new;
     }
     // alpha_r = 2^(m_old - m_new): 1 when the maximum stayed, 0 from -inf.

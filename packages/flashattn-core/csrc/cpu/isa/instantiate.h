@@ -7,7 +7,12 @@
 #include <limits>
 #include <type_traits>
 
+// Shared by every instruction set, so included (and compiled for the
+// baseline) before the region opens: an inline function defined inside it
+// would be built for each target, and the linker could keep any of them.
+#include "../causal.h"
 #include "../kernels.h"
+#include "../softmax.h"
 
 #define FLASHATTN_CAT2(a, b) a##b
 #define FLASHATTN_CAT(a, b) FLASHATTN_CAT2(a, b)

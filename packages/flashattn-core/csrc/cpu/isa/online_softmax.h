@@ -3,14 +3,15 @@
 //
 // Scores carry a factor log2(e) (folded into Q), so exp is exp2. Running
 // state per query row: m_i (maximum so far), l_i (sum of exp2 so far) and
-// o_i^T (unnormalised output, E x RB). A row that has seen only hidden keys
-// keeps m_i = -inf: subtracting 0 instead keeps exp2(-inf - 0) = 0, where
-// -inf - (-inf) would be NaN, so such rows end with l_i = 0 and give zeros.
+// o_i^T (unnormalised output, E x RB). Probabilities are taken against
+// softmax_base(m_i) (../softmax.h: 0 while a row has seen only hidden keys),
+// here as a vector select.
 
 #pragma once
 
 #include <limits>
 
+#include "../softmax.h"
 #include "../tiles.h"
 #include "exp2.h"
 

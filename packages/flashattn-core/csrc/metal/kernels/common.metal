@@ -1,5 +1,5 @@
 // Shared by every flashattn-core Metal kernel: the launch parameters, the
-// mask, and the online-softmax step. Kernels see row-contiguous arrays:
+// masks (additive and causal), the online-softmax step and the split merge. Kernels see row-contiguous arrays:
 // queries and output (B x H_q, L, E), keys and values (B x H_kv, S, E).
 // Scores are kept in the log2 domain (the scale is multiplied by log2(e)),
 // so every exponential is an exp2.
@@ -51,6 +51,17 @@ inline Mask make_mask(const device float* data, const device int64_t* base, cons
   return Mask{data, base, params[kMaskRowStride], params[kMaskColStride]};
 }
 
+// The causal rule, bottom-right aligned as MLX defines it: row `row` of L
+// queries sees key c of S iff c <= row + S - L.
+inline bool causal_hides(int row, int c, int L, int S) {
+  return c > row + S - L;
+}
+
+// Keys [0, end) hold every key that rows below row_end may see.
+inline int causal_key_end(int row_end, int L, int S) {
+  return min(S, row_end + S - L);
+}
+
 // One step of the online softmax for a row: m_i is the running max, the tile
 // brings m_tile (the max of its visible scores, NaN excluded). Returns the
 // factor alpha that rescales the row's earlier l_i and o_i, and sets m_use,
@@ -62,6 +73,37 @@ inline float online_softmax_step(thread float& m_i, float m_tile, thread float& 
   const float alpha = exp2(m_i - m_use);
   m_i = m_new;
   return alpha;
+}
+
+// The split merge (FlashDecoding): out = sum_s 2^(m_s - m) o_s / sum_s
+// 2^(m_s - m) l_s with m = max_s m_s, over the partials (o_s, m_s, l_s) the
+// key splits wrote in slot split x rows + row. One SIMD group per output row,
+// lanes over the head dim; a row no split saw a key of gives zeros.
+template <typename T>
+void flash_merge(
+    const device float* o_part, const device float* ml_part, const device int* params,
+    device T* out, uint row, uint lane) {
+  const int E = params[kE], splits = params[kSplits];
+  const int64_t rows = params[kRowsTotal];
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = max(m, ml_part[2 * (s * rows + row)]);
+  const float m_use = m == -INFINITY ? 0.0f : m;
+  float l = 0.0f;
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // E <= 256
+  for (int s = 0; s < splits; ++s) {
+    const int64_t slot = s * rows + row;
+    const float w = exp2(ml_part[2 * slot] - m_use);
+    l += w * ml_part[2 * slot + 1];
+    for (int i = 0; i < 8; ++i) {
+      const int e = int(lane) + 32 * i;
+      if (e < E) acc[i] += w * o_part[slot * E + e];
+    }
+  }
+  const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+  for (int i = 0; i < 8; ++i) {
+    const int e = int(lane) + 32 * i;
+    if (e < E) store(out, int64_t(row) * E + e, acc[i] * inv);
+  }
 }
 
 }  // namespace fa

@@ -58,7 +58,7 @@ void flash_mma(
     l_i[r] = 0.0f;
   }
   int key_end = S;
-  if (kind == kMaskCausal) key_end = min(S, min(row0 + Br, L) + S - L);
+  if (kind == kMaskCausal) key_end = causal_key_end(min(row0 + Br, L), L, S);
 
   for (int c0 = 0; c0 < key_end; c0 += Bc) {
     if (tid == 0) flags[0] = 0;
@@ -85,7 +85,7 @@ void flash_mma(
     const int c = c0 + int(lane);
     for (int r = 0; r < 8; ++r) {
       const int row = row0 + int(sg) * 8 + r;
-      bool hidden = int(lane) >= Bc || c >= S || row >= L || (kind == kMaskCausal && c > row + S - L);
+      bool hidden = int(lane) >= Bc || c >= S || row >= L || (kind == kMaskCausal && causal_hides(row, c, L, S));
       float s = -INFINITY;
       if (!hidden) {
         s = s_sg[r * 32 + lane];

@@ -3,7 +3,7 @@
 // prefill where the matrix kernel has no variant, and decode: a threadgroup
 // holds the rows of one KV head's query heads (the GQA group reads each key
 // once), and keys may be split across threadgroups, each writing a partial
-// (o_i, m_i, l_i) that flash_merge combines (FlashDecoding).
+// (o_i, m_i, l_i) that flash_merge (common.metal) combines (FlashDecoding).
 //
 //   threadgroup (x: row chunk, y: batch x KV head, z: key split)
 //   SIMD group sg -> query row chunk * Br + sg of the group
@@ -43,7 +43,7 @@ inline RowTask row_task(const device int* params, uint3 group, uint sg) {
   t.key_begin = int(group.z) * params[kKeysPerSplit];
   t.key_end = min(S, t.key_begin + params[kKeysPerSplit]);
   if (params[kMaskKind] == kMaskCausal) {
-    t.key_end = min(t.key_end, t.row + S - L + 1);  // bottom-right aligned
+    t.key_end = min(t.key_end, causal_key_end(t.row + 1, L, S));
   }
   if (!t.valid) t.key_end = t.key_begin;
   return t;
@@ -161,35 +161,6 @@ void flash_decode(
   if (lane == 0) {
     ml_part[2 * slot] = st.m;
     ml_part[2 * slot + 1] = st.l;
-  }
-}
-
-// out = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s with m = max_s m_s: one
-// SIMD group per output row, lanes over the head dim.
-template <typename T>
-void flash_merge(
-    const device float* o_part, const device float* ml_part, const device int* params,
-    device T* out, uint row, uint lane) {
-  const int E = params[kE], splits = params[kSplits];
-  const int64_t rows = params[kRowsTotal];
-  float m = -INFINITY;
-  for (int s = 0; s < splits; ++s) m = max(m, ml_part[2 * (s * rows + row)]);
-  const float m_use = m == -INFINITY ? 0.0f : m;
-  float l = 0.0f;
-  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // E <= 256
-  for (int s = 0; s < splits; ++s) {
-    const int64_t slot = s * rows + row;
-    const float w = exp2(ml_part[2 * slot] - m_use);
-    l += w * ml_part[2 * slot + 1];
-    for (int i = 0; i < 8; ++i) {
-      const int e = int(lane) + 32 * i;
-      if (e < E) acc[i] += w * o_part[slot * E + e];
-    }
-  }
-  const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-  for (int i = 0; i < 8; ++i) {
-    const int e = int(lane) + 32 * i;
-    if (e < E) store(out, int64_t(row) * E + e, acc[i] * inv);
   }
 }
 
