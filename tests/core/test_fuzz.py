@@ -1,4 +1,5 @@
-"""Random shapes, masks, dtypes and layouts against the float64 reference."""
+"""Random shapes, masks, dtypes and layouts against the float64 reference:
+the attention and its gradients."""
 
 from attention_cases import LAYOUTS, MASKS, TOLERANCE, Case, make_inputs
 from hypothesis import given
@@ -28,3 +29,19 @@ def test_random_cases_match_reference(case, seed):
     q, k, v, mask = make_inputs(case, seed=seed)
     out = flash_attention(q, k, v, mask=mask)
     assert relative_error(out, attention_reference(q, k, v, mask=mask)) <= TOLERANCE[case.dtype]
+
+
+@given(case=cases(), seed=st.integers(0, 2**31 - 1))
+def test_random_cases_gradients_match_reference(case, seed):
+    import mlx.core as mx
+    import numpy as np
+
+    from flashattn_core.reference import attention_gradients_reference
+
+    q, k, v, mask = make_inputs(case, seed=seed)
+    d_out = mx.array(np.random.default_rng(seed).standard_normal(q.shape)).astype(q.dtype)
+    _, grads = mx.vjp(lambda q, k, v: flash_attention(q, k, v, mask=mask), [q, k, v], [d_out])
+    refs, sizes = attention_gradients_reference(q, k, v, d_out, mask=mask, sizes=True)
+    for g, ref, size in zip(grads, refs, sizes):
+        diff = np.linalg.norm(np.array(g.astype(mx.float32), dtype=np.float64) - ref)
+        assert diff <= TOLERANCE[case.dtype] * max(np.linalg.norm(ref), size, 1e-30)

@@ -12,7 +12,7 @@ import pytest
 import flashattn_core
 
 HERE = Path(__file__).parent
-SUITES = [str(HERE / "test_correctness.py"), str(HERE / "test_decode.py")]
+SUITES = [str(HERE / "test_correctness.py"), str(HERE / "test_decode.py"), str(HERE / "test_backward.py")]
 BEST_ISA = flashattn_core.cpu_info()["isa"]
 ORDER = ["baseline", "avx2", "avx512"]
 

@@ -42,6 +42,25 @@ def test_kernel_json_has_every_case_and_impl():
     assert order == sorted(order, key=order.index)
 
 
+@pytest.mark.parametrize("pass_", ["both", "backward"])
+def test_kernel_gradient_passes(pass_):
+    result = run([*TINY, "--dtype", "float32,bfloat16", "--impl", "flash,mlx", "--pass", pass_, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["machine"]["pass"] == pass_
+    rows = data["results"]
+    assert {(r["kind"], r["dtype"], r["impl"]) for r in rows} == {
+        (kind, dtype, impl) for kind in ("prefill", "decode") for dtype in ("float32", "bfloat16")
+        for impl in ("flash", "mlx")}
+    suffix = " fwd+bwd" if pass_ == "both" else " backward"
+    for r in rows:
+        assert r["pass"] == pass_ and r["case"].endswith(suffix)
+        # dQ on sampled rows against float64.
+        assert r["max_abs_error"] <= (1e-5 if r["dtype"] == "float32" else 5e-2), r
+        assert ("forward_ms" in r) == (pass_ == "backward")
+    assert all("mlx" in r["speedup"] for r in rows if r["impl"] == "flash")
+
+
 def test_kernel_table_and_plot(tmp_path):
     png = tmp_path / "kernel.png"
     result = run([*TINY, "--dtype", "float32", "--impl", "flash,mlx", "--plot", str(png)])

@@ -48,7 +48,10 @@ def test_training_steps_match_with_and_without_patch():
     on = train_losses(True)
     assert off[-1] < off[0]  # it learns
     np.testing.assert_allclose(on, off, rtol=1e-4)
-    assert mlxlm_flash_patch.stats()["flash_calls"] >= 10
+    stats = mlxlm_flash_patch.stats()
+    assert stats["flash_calls"] >= 10
+    # Every gradient through the patch took the fused backward (CPU).
+    assert stats["gradients"]["fused"] >= 10 and stats["gradients"]["recomputed"] == {}
 
 
 def test_toggling_while_another_thread_generates():

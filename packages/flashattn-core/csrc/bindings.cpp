@@ -74,6 +74,23 @@ NB_MODULE(_ext, m) {
   nb::register_exception_translator(translate_unsupported, unsupported);
 
   m.def(
+      "gradient_stats",
+      [] {
+        const auto counts = flashattn::gradient_counts();
+        nb::dict recomputed;
+        for (const auto& [reason, n] : counts.recomputed) recomputed[reason.c_str()] = n;
+        nb::dict out;
+        out["fused"] = counts.fused;
+        out["recomputed"] = recomputed;
+        return out;
+      },
+      "Gradients taken through flash_attention since the last reset: 'fused' "
+      "(the FlashAttention-2 backward kernels) and 'recomputed' per reason "
+      "(attention recomputed with MLX operations, holding L x S: "
+      "'mask_gradient', 'cuda', 'metal').");
+  m.def("reset_gradient_stats", &flashattn::reset_gradient_counts, "Zero gradient_stats().");
+
+  m.def(
       "cpu_info",
       [] {
         nb::dict info;

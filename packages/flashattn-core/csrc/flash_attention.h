@@ -6,6 +6,7 @@
 
 #pragma once
 
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -81,26 +82,37 @@ std::vector<mx::array> attention_vjp(
     MaskKind mask_kind,
     mx::Stream stream);
 
+// How gradients were taken since the last reset: by the fused backward, or
+// by recomputation (attention_vjp) per reason ("mask_gradient": an additive
+// mask's gradient was asked for; "cuda", "metal": no fused backward there yet).
+struct GradientCounts {
+  size_t fused = 0;
+  std::map<std::string, size_t> recomputed;
+};
+void count_gradient(const char* recomputed_reason); // nullptr: fused
+GradientCounts gradient_counts();
+void reset_gradient_counts();
+
 ///////////////////////////////////////////////////////////////////////////////
 // Primitive
 ///////////////////////////////////////////////////////////////////////////////
 
 /**
  * Inputs: queries, keys, values and, for boolean / additive masks, the mask
- * broadcast (without a copy) to (B..., H_q, L, S). The output is row
- * contiguous.
+ * broadcast (without a copy) to (B..., H_q, L, S). Outputs: the attention,
+ * row contiguous, and, when built with_lse (a gradient may be taken), each
+ * row's log-sum-exp (B..., H_q, L) in float32 for the fused backward.
  */
-class FlashAttention : public mx::UnaryPrimitive {
+class FlashAttention : public mx::Primitive {
  public:
-  FlashAttention(mx::Stream stream, float scale, MaskKind mask_kind)
-      : mx::UnaryPrimitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+  FlashAttention(mx::Stream stream, float scale, MaskKind mask_kind, bool with_lse = false)
+      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind), with_lse_(with_lse) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out)
-      override;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
 
-  // Gradients by recomputation through MLX operations (vjp.cpp).
+  // The fused backward (FlashAttentionVJP) where it serves the request,
+  // else recomputation through MLX operations (vjp.cpp).
   std::vector<mx::array> vjp(
       const std::vector<mx::array>& primals,
       const std::vector<mx::array>& cotangents,
@@ -111,10 +123,7 @@ class FlashAttention : public mx::UnaryPrimitive {
     return "FlashAttention";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
   float scale() const {
     return scale_;
@@ -122,6 +131,31 @@ class FlashAttention : public mx::UnaryPrimitive {
   MaskKind mask_kind() const {
     return mask_kind_;
   }
+
+ private:
+  float scale_;
+  MaskKind mask_kind_;
+  bool with_lse_;
+};
+
+/**
+ * FlashAttention-2's backward (Algorithm 2), never an L x S buffer.
+ * Inputs: queries, keys, values[, mask] as the forward took them, its output
+ * O, the cotangent dO (row contiguous, O's dtype) and its log-sum-exp.
+ * Outputs: dQ, dK, dV in the inputs' shapes and dtype. CPU only for now.
+ */
+class FlashAttentionVJP : public mx::Primitive {
+ public:
+  FlashAttentionVJP(mx::Stream stream, float scale, MaskKind mask_kind)
+      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override {
+    return "FlashAttentionVJP";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
 
  private:
   float scale_;

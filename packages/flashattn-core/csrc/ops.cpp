@@ -249,7 +249,8 @@ bool any_tracer(const std::vector<mx::array>& arrays) {
 }
 
 // A GPU kernel launch (MLX's custom-kernel primitives have no gradient)
-// with our recomputing vjp attached. forward takes {q, k, v[, mask]}.
+// with our recomputing vjp attached, counted under `backend`. forward takes
+// {q, k, v[, mask]}.
 using Forward = std::function<mx::array(const std::vector<mx::array>&)>;
 
 mx::array with_attention_vjp(
@@ -260,7 +261,8 @@ mx::array with_attention_vjp(
     const std::optional<mx::array>& mask_arr,
     float scale,
     MaskKind mask_kind,
-    mx::Stream stream) {
+    mx::Stream stream,
+    const char* backend) {
   auto fwd = [forward](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{forward(in)};
   };
@@ -269,6 +271,7 @@ mx::array with_attention_vjp(
                       const std::vector<mx::array>& outputs) {
     std::vector<int> argnums(primals.size());
     for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
+    count_gradient(backend);
     return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream);
   };
   std::vector<mx::array> in = {queries, keys, values};
@@ -335,7 +338,8 @@ mx::array flash_attention(
       auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
       return metal::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, launch);
     };
-    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream);
+    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream,
+                              backend == Backend::cuda ? "cuda" : "metal");
   }
 
   std::vector<mx::array> inputs = {queries, keys, values};
@@ -343,11 +347,16 @@ mx::array flash_attention(
     // broadcast_to shares the buffer (stride 0 on broadcast axes): no copy.
     inputs.push_back(mx::broadcast_to(*mask_arr, target, stream));
   }
-  return mx::array(
-      queries.shape(),
-      queries.dtype(),
-      std::make_shared<FlashAttention>(stream, softmax_scale, mask_kind),
-      std::move(inputs));
+  // Under a transformation a gradient may be asked for: the forward then also
+  // keeps each row's log-sum-exp for the fused backward (L floats a head).
+  const bool with_lse = any_tracer(inputs);
+  auto primitive = std::make_shared<FlashAttention>(stream, softmax_scale, mask_kind, with_lse);
+  if (!with_lse) {
+    return mx::array(queries.shape(), queries.dtype(), std::move(primitive), std::move(inputs));
+  }
+  mx::Shape lse_shape(queries.shape().begin(), queries.shape().end() - 1);
+  return mx::array::make_arrays(
+      {queries.shape(), lse_shape}, {queries.dtype(), mx::float32}, std::move(primitive), std::move(inputs))[0];
 }
 
 mx::array flash_attention_metal_emulated(
@@ -370,20 +379,31 @@ mx::array flash_attention_metal_emulated(
     return metal::flash_attention(
         in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, metal::emulated_launcher(emulation, stream), choice);
   };
-  return with_attention_vjp(forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, stream);
+  return with_attention_vjp(forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, stream, "metal");
 }
 
 bool FlashAttention::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const FlashAttention&>(other);
+  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && with_lse_ == o.with_lse_;
+}
+
+std::vector<mx::Shape> FlashAttention::output_shapes(const std::vector<mx::array>& inputs) {
+  if (!with_lse_) return {inputs[0].shape()};
+  return {inputs[0].shape(), mx::Shape(inputs[0].shape().begin(), inputs[0].shape().end() - 1)};
+}
+
+void FlashAttention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  // backend_for routes GPU streams elsewhere before a FlashAttention node is built.
+  throw std::runtime_error("flash_attention: no GPU kernel in this build of flashattn-core");
+}
+
+bool FlashAttentionVJP::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const FlashAttentionVJP&>(other);
   return scale_ == o.scale_ && mask_kind_ == o.mask_kind_;
 }
 
-void FlashAttention::eval_gpu(
-    const std::vector<mx::array>& inputs,
-    mx::array& out) {
-  // backend_for routes GPU streams elsewhere before a FlashAttention node is built.
-  throw std::runtime_error(
-      "flash_attention: no GPU kernel in this build of flashattn-core");
+void FlashAttentionVJP::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("flash_attention: the fused backward runs on the CPU only");
 }
 
 } // namespace flashattn

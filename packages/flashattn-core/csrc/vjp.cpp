@@ -1,15 +1,17 @@
-// Gradients of FlashAttention by recomputation through MLX operations, in
-// float32, so that mx.grad / mx.value_and_grad (and mlx-lm's fine-tuning)
-// work through flash_attention. This path materialises the L x S
-// probabilities of the backward pass; a FlashAttention-2 backward kernel
-// would not.
+// Gradients of flash_attention. On the CPU the fused backward
+// (FlashAttentionVJP, cpu/backward.cpp) serves them from the forward's
+// log-sum-exp, never building an L x S array. Elsewhere, and for the
+// gradient of an additive mask, attention_vjp recomputes attention with MLX
+// operations in float32: exact, but it materialises the L x S probabilities.
 //
 // With P = softmax(scale Q K^T + mask) over visible keys and O = P V:
 //   dV = P^T dO         dP = dO V^T         D = rowsum(dO * O)
 //   dS = P * (dP - D)   dQ = scale dS K     dK = scale dS^T Q
 // An additive mask receives dS; a boolean one has no gradient.
 
+#include <algorithm>
 #include <limits>
+#include <mutex>
 #include <optional>
 
 #include "flash_attention.h"
@@ -17,6 +19,9 @@
 namespace flashattn {
 
 namespace {
+
+std::mutex g_counts_mutex;
+GradientCounts g_counts;
 
 mx::Shape grouped(const mx::array& q, int H_kv) {
   // (B..., H_q, L, X) -> (B..., H_kv, ratio, L, X)
@@ -30,6 +35,25 @@ mx::Shape grouped(const mx::array& q, int H_kv) {
 }
 
 } // namespace
+
+void count_gradient(const char* recomputed_reason) {
+  std::lock_guard<std::mutex> lock(g_counts_mutex);
+  if (recomputed_reason) {
+    ++g_counts.recomputed[recomputed_reason];
+  } else {
+    ++g_counts.fused;
+  }
+}
+
+GradientCounts gradient_counts() {
+  std::lock_guard<std::mutex> lock(g_counts_mutex);
+  return g_counts;
+}
+
+void reset_gradient_counts() {
+  std::lock_guard<std::mutex> lock(g_counts_mutex);
+  g_counts = {};
+}
 
 // Sums g over the axes where `shape` broadcasts (size 1, or missing in front).
 mx::array sum_to_shape(mx::array g, const mx::Shape& shape, mx::Stream s) {
@@ -128,7 +152,31 @@ std::vector<mx::array> FlashAttention::vjp(
     const std::vector<mx::array>& cotangents,
     const std::vector<int>& argnums,
     const std::vector<mx::array>& outputs) {
-  return attention_vjp(primals, cotangents, argnums, outputs, scale_, mask_kind_, stream());
+  const auto s = stream();
+  // The fused backward gives dQ, dK and dV; an additive mask's gradient is
+  // dS itself, an L x S array, which the recomputation below provides.
+  const bool wants_mask_grad =
+      mask_kind_ == MaskKind::additive && std::find(argnums.begin(), argnums.end(), 3) != argnums.end();
+  if (!with_lse_ || wants_mask_grad) {
+    count_gradient("mask_gradient");
+    return attention_vjp(primals, cotangents, argnums, outputs, scale_, mask_kind_, s);
+  }
+  count_gradient(nullptr);
+  const auto& q = primals[0];
+  std::vector<mx::array> inputs = primals;
+  inputs.push_back(outputs[0]);
+  inputs.push_back(mx::contiguous(mx::astype(cotangents[0], q.dtype(), s), false, s));
+  inputs.push_back(outputs[1]);
+  auto grads = mx::array::make_arrays(
+      {q.shape(), primals[1].shape(), primals[2].shape()},
+      {q.dtype(), q.dtype(), q.dtype()},
+      std::make_shared<FlashAttentionVJP>(s, scale_, mask_kind_),
+      std::move(inputs));
+  std::vector<mx::array> out;
+  for (int arg : argnums) {
+    out.push_back(arg < 3 ? grads[arg] : mx::zeros_like(primals[arg], s)); // a boolean mask
+  }
+  return out;
 }
 
 } // namespace flashattn

@@ -102,9 +102,11 @@ def mlx_impl(inp: Inputs) -> Impl:
     )
 
 
-def torch_impls(inp: Inputs) -> list[Impl]:
+def torch_impls(inp: Inputs, grad: bool = False) -> list[Impl]:
     """PyTorch's scaled_dot_product_attention, when installed: on the CPU when
-    MLX runs there; on CUDA, its flash and cuDNN backends separately."""
+    MLX runs there; on CUDA, its flash and cuDNN backends separately. With
+    grad, each call runs the forward and the backward (autograd, against the
+    same cotangent as the MLX implementations) and returns dQ."""
     try:
         import torch
     except ImportError:
@@ -138,26 +140,39 @@ def torch_impls(inp: Inputs) -> list[Impl]:
         mask = torch.from_numpy(causal_mask(L, S))
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
 
+    cot = to_torch(cotangent(inp)) if grad else None
+
     def make(backend, kv):
         # Copies of kv, taken in turn as the MLX implementations take theirs.
         turns = itertools.cycle([kv] + [tuple(x.clone() for x in kv) for _ in range(sets - 1)])
+        q_in = q.detach().clone().requires_grad_(True) if grad else q
+
+        def attention(kt, vt):
+            if backend is None:
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q_in, kt, vt, attn_mask=mask, is_causal=causal, scale=inp.scale, enable_gqa=True)
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q_in, kt, vt, attn_mask=mask, is_causal=causal, scale=inp.scale)
 
         def run():
             kt, vt = next(turns)
-            with torch.no_grad():
-                if backend is None:
-                    return torch.nn.functional.scaled_dot_product_attention(
-                        q, kt, vt, attn_mask=mask, is_causal=causal, scale=inp.scale, enable_gqa=True)
-                from torch.nn.attention import sdpa_kernel
-
-                with sdpa_kernel(backend):
-                    return torch.nn.functional.scaled_dot_product_attention(
-                        q, kt, vt, attn_mask=mask, is_causal=causal, scale=inp.scale)
+            if not grad:
+                with torch.no_grad():
+                    return attention(kt, vt)
+            kt, vt = kt.detach().requires_grad_(True), vt.detach().requires_grad_(True)
+            q_in.grad = None
+            with torch.enable_grad():
+                attention(kt, vt).backward(cot)
+            return q_in.grad
         return run
 
     version = torch.__version__
     if not on_gpu:
         text = f"torch.nn.functional.scaled_dot_product_attention (PyTorch {version}, {torch.get_num_threads()} threads)"
+        text += ", forward + autograd backward" if grad else ""
         return [Impl("torch", text, False, make(None, (k, v)), lambda t: t.float().cpu().numpy(), sync)]
     from torch.nn.attention import SDPBackend
 
@@ -166,7 +181,48 @@ def torch_impls(inp: Inputs) -> list[Impl]:
     ratio = q.shape[-3] // k.shape[-3]
     repeated = (k.repeat_interleave(ratio, dim=-3), v.repeat_interleave(ratio, dim=-3))
     return [
-        Impl(f"torch-{name}", f"PyTorch {version} SDPA, {name} backend (K/V heads repeated for GQA)", False,
+        Impl(f"torch-{name}", f"PyTorch {version} SDPA, {name} backend (K/V heads repeated for GQA)"
+             + (", forward + autograd backward" if grad else ""), False,
              make(backend, repeated), lambda t: t.float().cpu().numpy(), sync)
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
     ]
+
+
+# --- Gradients (flash-eval kernel --pass both|backward) ---------------------
+
+
+def cotangent(inp: Inputs, seed: int = 11) -> mx.array:
+    """The gradient of the output every implementation is differentiated
+    against: fixed random values, so that no term cancels."""
+    c = mx.random.normal(inp.q.shape, key=mx.random.key(seed)).astype(inp.q.dtype)
+    mx.eval(c)
+    return c
+
+
+def mlx_grad_call(inp: Inputs, attention: Callable) -> Callable[[], list[mx.array]]:
+    """Forward and backward of attention(q, k, v) on the next K/V set: its
+    output and (dQ, dK, dV), lazy. Returns the list [out, dq, dk, dv]."""
+    next_kv = kv_turns(inp)
+    cot = cotangent(inp)
+    f = lambda q, k, v: attention(q, k, v, scale=inp.scale, mask=inp.mask)
+
+    def call() -> list[mx.array]:
+        k, v = next_kv()
+        outs, grads = mx.vjp(f, [inp.q, k, v], [cot])
+        return [*outs, *grads]
+
+    return call
+
+
+def grad_rows_to_numpy(x: list[mx.array]) -> np.ndarray:
+    return mlx_to_numpy(x[1])  # dQ
+
+
+def flash_grad_impl(inp: Inputs) -> Impl:
+    return Impl("flash", "flashattn_core.flash_attention, forward + mx.vjp", True,
+                mlx_grad_call(inp, flash_attention), grad_rows_to_numpy)
+
+
+def mlx_grad_impl(inp: Inputs) -> Impl:
+    return Impl("mlx", f"mx.fast.scaled_dot_product_attention (MLX {mx.__version__}), forward + mx.vjp", True,
+                mlx_grad_call(inp, mx.fast.scaled_dot_product_attention), grad_rows_to_numpy)

@@ -15,10 +15,11 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 import flashattn_core
-from flashattn_core.reference import attention_reference, causal_mask
+from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask
 
 from . import report
-from .impls import Inputs, flash_impl, make_inputs, mlx_impl, torch_impls
+from .impls import (Inputs, cotangent, flash_grad_impl, flash_impl, make_inputs, mlx_grad_impl, mlx_impl,
+                    torch_impls)
 from .measure import MAX_BATCH, copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
 from .options import comma_list, int_list
 from .progress import progress_bar
@@ -57,6 +58,24 @@ def reference_rows(inp: Inputs, max_rows: int = 16) -> tuple[np.ndarray, np.ndar
     with threadpool_limits(limits=1, user_api="blas"):
         ref = attention_reference(inp.q[..., mx.array(rows), :], inp.k, inp.v, scale=inp.scale, mask=mask)
     return rows, ref
+
+
+def reference_grad_rows(inp: Inputs, max_rows: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """float64 dQ on a few query rows: a row's dQ needs only that row's
+    probabilities, output and cotangent."""
+    case = inp.case
+    rows = np.unique(np.linspace(0, case.L - 1, min(case.L, max_rows)).astype(int))
+    mask = causal_mask(case.L, case.S)[rows] if case.causal else None
+    pick = mx.array(rows)
+    with threadpool_limits(limits=1, user_api="blas"):
+        dq, _, _ = attention_gradients_reference(inp.q[..., pick, :], inp.k, inp.v, cotangent(inp)[..., pick, :],
+                                                 scale=inp.scale, mask=mask)
+    return rows, dq
+
+
+# FlashAttention's convention: a backward does 2.5 times the forward's
+# matrix work (five products of the forward's size against two).
+PASS_FLOPS = {"forward": 1.0, "backward": 2.5, "both": 3.5}
 
 
 def unfused_bytes(case: KernelCase) -> int:
@@ -100,12 +119,17 @@ def total_memory_bytes() -> int:
               help="Copies of the keys and values that a batch's calls take in turn; 0: on a GPU enough "
                    "for a batch to read 256 MiB of distinct K/V (as a model's layers, each with its own "
                    "cache), 1 on the CPU. 1 re-reads one copy (from the GPU's L2 cache when it fits).")
+@click.option("--pass", "pass_", type=click.Choice(["forward", "backward", "both"]), default="forward",
+              show_default=True,
+              help="What is timed: the forward; forward and backward together (mx.vjp, PyTorch's autograd; "
+                   "calls not chained); or the backward alone, as both minus forward (medians of one run). "
+                   "The error is then dQ's, on sampled rows.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
 def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, max_call_seconds, calls, kv_sets,
-           seed, as_json, markdown, plot):
+           pass_, seed, as_json, markdown, plot):
     """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
     short = [n for n in chunk if n <= chunk_rows]
     if short:
@@ -143,6 +167,7 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, m
     elif any(c.kind == "decode" for c in cases):
         machine["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
         machine["pages"] = page_setting()
+    machine["pass"] = pass_
 
     results = []
     rate = {}  # (impl, kind) -> FLOP/s of its last case: predicts the next call
@@ -150,14 +175,20 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, m
         for case in cases:
             sets = kv_sets_for(case, kv_sets, on_gpu)
             inp = make_inputs(case, seed, sets)
-            rows, ref = reference_rows(inp)
+            grad = pass_ != "forward"
+            rows, ref = reference_grad_rows(inp) if grad else reference_rows(inp)
+            flops = case.flops * PASS_FLOPS[pass_]
             candidates = {"flash": lambda i: [flash_impl(i)], "mlx": lambda i: [mlx_impl(i)], "torch": torch_impls}
-            for key, impl in ((key, impl) for key in impls for impl in candidates[key](inp)):
+            grad_candidates = {"flash": lambda i: [flash_grad_impl(i)], "mlx": lambda i: [mlx_grad_impl(i)],
+                               "torch": lambda i: torch_impls(i, grad=True)}
+            chosen = grad_candidates if grad else candidates
+            for key, impl in ((key, impl) for key in impls for impl in chosen[key](inp)):
                 machine.setdefault("impls", {})[impl.name] = impl.description
-                row = {"case": case.label, "kind": case.kind, "shape": case.shape.name,
+                label = case.label + {"forward": "", "backward": " backward", "both": " fwd+bwd"}[pass_]
+                row = {"case": label, "kind": case.kind, "shape": case.shape.name, "pass": pass_,
                        "length": case.length, "dtype": case.dtype, "impl": impl.name, "kv_sets": sets}
                 seen = rate.get((impl.name, case.kind))
-                predicted = case.flops / seen if seen else None
+                predicted = flops / seen if seen else None
                 if key != "flash" and predicted and predicted > max_call_seconds:
                     row["skipped"] = f"predicted {predicted:,.0f} s per call"
                 elif key == "mlx" and unfused_bytes(case) > 0.6 * total_memory_bytes():
@@ -172,29 +203,39 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, m
                 time.sleep(0.3)  # let other libraries' spinning worker threads go idle
                 n = repeats if not predicted else int(min(repeats, max(1, TIME_BUDGET_S / predicted)))
                 warmup = 0 if predicted and predicted > 2.0 else 1
-                try:
+                def timed(impl):
                     if impl.on_mlx:
-                        out, m = measure(impl.run, repeats=n, warmup=warmup,
+                        return measure(impl.run, repeats=n, warmup=warmup,
                                        chain=impl.chain if calls == "chained" else None)
-                    else:
-                        out, m = measure_host(impl.run, repeats=n, warmup=warmup, sync=impl.sync,
-                                              on_gpu=on_gpu)
+                    return measure_host(impl.run, repeats=n, warmup=warmup, sync=impl.sync, on_gpu=on_gpu)
+
+                try:
+                    out, m = timed(impl)
+                    forward_s = None
+                    if pass_ == "backward":  # the same implementation's forward, just after
+                        forward = {"flash": flash_impl, "mlx": mlx_impl}.get(key)
+                        fwd = forward(inp) if forward else next(i for i in torch_impls(inp) if i.name == impl.name)
+                        forward_s = timed(fwd)[1].median_s
                 except RuntimeError as e:  # e.g. a PyTorch backend that refuses float32
                     row["skipped"] = f"refused: {str(e).splitlines()[0][:80]}"
                     results.append(row)
                     continue
                 err = sampled_rows_error(inp, impl.to_numpy(out), rows, ref)
                 del out
-                rate[(impl.name, case.kind)] = case.flops / m.median_s
+                seconds = m.median_s - (forward_s or 0.0)
+                times = [t - (forward_s or 0.0) for t in m.times_s]
+                rate[(impl.name, case.kind)] = flops / max(seconds, 1e-9)
                 row.update(
-                    median_ms=m.median_s * 1e3,
-                    times_ms=[t * 1e3 for t in m.times_s],
-                    repeats=len(m.times_s),
-                    gflops=case.flops / m.median_s / 1e9,
-                    kv_GBps=case.kv_bytes / m.median_s / 1e9,
+                    median_ms=seconds * 1e3,
+                    times_ms=[t * 1e3 for t in times],
+                    repeats=len(times),
+                    gflops=flops / max(seconds, 1e-9) / 1e9,
+                    kv_GBps=case.kv_bytes / max(seconds, 1e-9) / 1e9,
                     max_abs_error=err,
                     peak_extra_mib=None if m.peak_extra_bytes is None else m.peak_extra_bytes / 2**20,
                 )
+                if forward_s is not None:
+                    row["forward_ms"] = forward_s * 1e3
                 results.append(row)
             del inp
             advance()

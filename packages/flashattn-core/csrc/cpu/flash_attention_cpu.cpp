@@ -114,14 +114,17 @@ namespace flashattn {
 
 void FlashAttention::eval_cpu(
     const std::vector<mx::array>& inputs,
-    mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+    std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& in : inputs) {
     encoder.set_input_array(in);
   }
-  encoder.set_output_array(out);
-  auto problem = cpu::describe_problem(inputs, out, scale_, mask_kind_);
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    encoder.set_output_array(o);
+  }
+  mx::array* lse = with_lse_ ? &outputs[1] : nullptr;
+  auto problem = cpu::describe_problem(inputs, outputs[0], scale_, mask_kind_, lse);
   encoder.dispatch([p = std::move(problem)]() { cpu::run(p); });
 }
 

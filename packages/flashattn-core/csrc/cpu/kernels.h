@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backward.h"
 #include "problem.h"
 #include "tiles.h"
 #include "work.h"
@@ -54,6 +55,9 @@ struct Kernels {
   // For narrow plans the decode kernel takes (isa/decode.h), where this
   // instruction set has one; null otherwise.
   AttendFn decode = nullptr;
+  // The fused backward (isa/backward.h) and its vector width.
+  BackwardFn backward = nullptr;
+  int backward_width = 0;
 };
 
 // Whether the decode kernel takes a narrow plan of this problem: head dim a

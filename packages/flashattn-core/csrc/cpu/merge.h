@@ -47,6 +47,9 @@ void merge_partials(const AttentionProblem& p, WorkPlan& plan, int64_t tile) {
     for (int e = 0; e < E; ++e) {
       dst[e] = static_cast<T>(o[e] * inv);
     }
+    if (p.lse) {
+      p.lse[n * p.L + l_pos] = row_lse(m, l);
+    }
   }
 }
 

@@ -35,7 +35,8 @@ AttentionProblem describe_problem(
     const std::vector<mx::array>& inputs,
     mx::array& out,
     float scale,
-    MaskKind mask_kind) {
+    MaskKind mask_kind,
+    mx::array* lse) {
   const auto& q = inputs[0];
   const auto& k = inputs[1];
   AttentionProblem p;
@@ -57,6 +58,7 @@ AttentionProblem describe_problem(
     p.mask_dtype = inputs[3].dtype();
   }
   p.out = out.data<void>();
+  p.lse = lse ? lse->data<float>() : nullptr;
   return p;
 }
 

@@ -31,13 +31,18 @@ struct AttentionProblem {
 
   StridedOperand q, k, v, mask; // mask only for boolean / additive masks
   void* out = nullptr; // row contiguous (B..., H_q, L, E)
+  // Row contiguous (B..., H_q, L), float32: each row's log-sum-exp (log2
+  // domain, softmax.h), written only when a gradient will be taken.
+  float* lse = nullptr;
 };
 
-// Describe inputs {queries, keys, values[, mask]} and the allocated output.
+// Describe inputs {queries, keys, values[, mask]} and the allocated output
+// (and log-sum-exp, when given).
 AttentionProblem describe_problem(
     const std::vector<mx::array>& inputs,
     mx::array& out,
     float scale,
-    MaskKind mask_kind);
+    MaskKind mask_kind,
+    mx::array* lse = nullptr);
 
 } // namespace flashattn::cpu

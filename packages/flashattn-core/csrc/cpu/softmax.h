@@ -3,15 +3,25 @@
 // except that a row which has seen only hidden keys (m = -inf) uses base 0,
 // so that exp2(-inf - 0) = 0 where -inf - (-inf) would be NaN. Such a row
 // ends with l = 0 and gives zeros.
+//
+// When a gradient will be taken the forward also keeps each row's
+// log-sum-exp, in the same log2 domain as the scores (scale * log2(e) folded
+// in): lse = m + log2(l). The backward recomputes P = exp2(s - lse) from it.
+// A row that saw no key stores +inf, so that its P is exactly 0.
 
 #pragma once
 
+#include <cmath>
 #include <limits>
 
 namespace flashattn::cpu {
 
 inline float softmax_base(float m) {
   return m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
+}
+
+inline float row_lse(float m, float l) {
+  return l == 0.0f ? std::numeric_limits<float>::infinity() : m + std::log2(l);
 }
 
 } // namespace flashattn::cpu

@@ -91,6 +91,51 @@ def attention_reference(queries, keys, values, *, scale=None, mask=None) -> np.n
         return np.where(l == 0, 0.0, o / l)
 
 
+def attention_gradients_reference(queries, keys, values, d_out, *, scale=None, mask=None, sizes=False):
+    """(dQ, dK, dV) of softmax(scale * Q K^T + mask) V against the cotangent
+    d_out, in float64, for finite inputs: with P the probabilities (0 for
+    hidden keys and for rows with no visible key), dV = P^T dO, dS = P * (dP -
+    D) with dP = dO V^T and D = rowsum(dO * O), dQ = scale dS K, dK = scale
+    dS^T Q; GQA gradients of K and V summed over each group's query heads.
+
+    sizes=True also returns, per gradient, the norm of what a float32
+    computation sums before dP - D cancels (dQ and dK computed with P * dP in
+    place of dS; dV's own norm): the scale of its rounding error, which stays
+    meaningful where the gradient itself cancels to nothing (one key, say)."""
+    q, k, v, do = (to_float64(x) for x in (queries, keys, values, d_out))
+    *batch, H_q, L, E = q.shape
+    H_kv, S = k.shape[-3], k.shape[-2]
+    ratio = H_q // H_kv
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    grouped = (*batch, H_kv, ratio, L)
+    qg, dog = q.reshape(*grouped, E), do.reshape(*grouped, E)
+    kg, vg = k[..., :, None, :, :], v[..., :, None, :, :]
+    scores = (qg @ np.swapaxes(kg, -1, -2)) * scale
+    visible, additive = mask_terms(mask, (*batch, H_q, L, S))
+    if np.ndim(additive):
+        additive = additive.reshape(*grouped, S)
+    visible = visible.reshape(*grouped, S)
+    with np.errstate(invalid="ignore"):
+        scores = np.where(visible, scores + additive, -np.inf)
+        m = np.max(scores, axis=-1, keepdims=True)
+        p = np.exp(scores - np.where(np.isneginf(m), 0.0, m))
+    l = np.sum(p, axis=-1, keepdims=True)
+    P = p / np.where(l == 0, 1.0, l)
+    o = P @ vg
+    dP = dog @ np.swapaxes(vg, -1, -2)
+    dS = P * (dP - np.sum(dog * o, axis=-1, keepdims=True))
+    dq = (dS @ kg) * scale
+    dk = np.sum(np.swapaxes(dS, -1, -2) @ qg, axis=-3) * scale
+    dv = np.sum(np.swapaxes(P, -1, -2) @ dog, axis=-3)
+    grads = (dq.reshape(q.shape), dk, dv)
+    if not sizes:
+        return grads
+    terms = np.abs(P * dP)
+    size_q = np.linalg.norm((terms @ np.abs(kg)) * scale)
+    size_k = np.linalg.norm(np.sum(np.swapaxes(terms, -1, -2) @ np.abs(qg), axis=-3) * scale)
+    return grads, (size_q, size_k, np.linalg.norm(dv))
+
+
 def relative_error(out, ref) -> float:
     """Relative Frobenius-norm error ||out - ref|| / ||ref|| (0 when both are 0)."""
     out, ref = to_float64(out), to_float64(ref)

@@ -1,5 +1,7 @@
 """Counts of what the patch did: calls through flash_attention and fallbacks
-per reason, each reason logged once. No MLX import here."""
+per reason, each reason logged once; and how gradients through
+flash_attention were taken (flashattn_core's counts). No MLX import at module
+level: the startup hook imports this package."""
 
 from __future__ import annotations
 
@@ -31,14 +33,21 @@ def count_fallback(reason: str, detail: str = "") -> None:
 
 
 def stats() -> dict:
-    """Calls routed through flash_attention, and fallbacks per reason."""
+    """Calls routed through flash_attention, fallbacks per reason, and the
+    gradients taken through it: "fused" (the FlashAttention-2 backward) or
+    "recomputed" per reason (MLX operations over the L x S probabilities)."""
+    from flashattn_core import gradient_stats
+
     with _lock:
-        return {"flash_calls": _flash_calls, "fallbacks": dict(_fallbacks)}
+        return {"flash_calls": _flash_calls, "fallbacks": dict(_fallbacks), "gradients": gradient_stats()}
 
 
 def reset_stats() -> None:
+    from flashattn_core import reset_gradient_stats
+
     global _flash_calls
     with _lock:
         _flash_calls = 0
         _fallbacks.clear()
         _logged.clear()
+    reset_gradient_stats()

@@ -18,6 +18,7 @@
 #include "../causal.h"
 #include "../kernels.h"
 #include "../problem.h"
+#include "../softmax.h"
 #include "../tiles.h"
 #include "../work.h"
 #include "convert.h"
@@ -293,6 +294,9 @@ struct Attend {
       T* o = out + s.out_off[r];
       for (int e = 0; e < p.E; ++e) {
         o[e] = static_cast<T>(s.Ot[e * RB + r] * inv);
+      }
+      if (p.lse) {
+        p.lse[s.out_off[r] / p.E] = row_lse(s.m_i[r], s.l_i[r]);
       }
     }
   }

@@ -426,6 +426,9 @@ struct Decode {
       for (int e = 0; e < p.E; ++e) {
         out[out_off[r] + e] = static_cast<T>(o[r][e] * inv);
       }
+      if (p.lse) {
+        p.lse[out_off[r] / p.E] = row_lse(m_i[r], l_i[r]);
+      }
     }
   }
 

@@ -10,6 +10,7 @@
 // Shared by every instruction set, so included (and compiled for the
 // baseline) before the region opens: an inline function defined inside it
 // would be built for each target, and the linker could keep any of them.
+#include "../backward.h"
 #include "../causal.h"
 #include "../kernels.h"
 #include "../softmax.h"
@@ -21,6 +22,7 @@
 
 #include "isa_begin.h"
 #include "attend.h"
+#include "backward.h"
 #ifdef FLASHATTN_DECODE
 #include "decode.h"
 #endif
@@ -37,6 +39,9 @@ static void decode(const AttentionProblem& p, WorkPlan& plan, const WorkItem& it
   decode_item(p, plan, it, s);
 }
 #endif
+static void backward(const BackwardProblem& p, const BackwardItem& it, void* s) {
+  backward_item_t<FLASHATTN_TILES::wide>(p, it, s);
+}
 } // namespace flashattn::cpu::FLASHATTN_ISA
 
 #include "isa_end.h"
@@ -54,6 +59,8 @@ Kernels FLASHATTN_CAT(FLASHATTN_ISA, _kernels)() {
 #else
       nullptr,
 #endif
+      FLASHATTN_ISA::backward,
+      FLASHATTN_TILES::wide::W,
   };
 }
 } // namespace flashattn::cpu

@@ -1,0 +1,138 @@
+// eval_cpu of the fused backward: D = rowsum(dO * O), then the key pass and
+// the query pass (isa/backward.h) as one list of independent work items,
+// longest first, on all cores.
+
+#include "backward.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+
+#include "../flash_attention.h"
+#include "kernels.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "thread_pool.h"
+
+namespace flashattn::cpu {
+
+namespace {
+
+thread_local std::unique_ptr<char[]> t_scratch;
+thread_local size_t t_scratch_bytes = 0;
+
+void* thread_scratch(size_t bytes) {
+  if (t_scratch_bytes < bytes) {
+    t_scratch.reset(new char[bytes]);
+    t_scratch_bytes = bytes;
+  }
+  return t_scratch.get();
+}
+
+template <typename T>
+void row_dots(const void* d_out, const void* out, int64_t rows, int E, float* D) {
+  const T* dO = static_cast<const T*>(d_out);
+  const T* O = static_cast<const T*>(out);
+  for (int64_t r = 0; r < rows; ++r) {
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      sum += static_cast<float>(dO[r * E + e]) * static_cast<float>(O[r * E + e]);
+    }
+    D[r] = sum;
+  }
+}
+
+std::vector<BackwardItem> plan_backward(const AttentionProblem& p) {
+  std::vector<BackwardItem> items;
+  const int64_t offset = int64_t(p.S) - p.L;
+  const bool causal = p.mask_kind == MaskKind::causal;
+  for (int64_t g = 0; g < p.batch * p.H_kv; ++g) {
+    for (int64_t c0 = 0; c0 < p.S; c0 += Bc) {
+      const int cols = int(std::min<int64_t>(Bc, p.S - c0));
+      const int64_t rows = causal ? p.L - std::clamp<int64_t>(c0 - offset, 0, p.L) : p.L;
+      if (rows > 0) {
+        items.push_back({BackwardItem::keys, g, c0, cols, rows * p.q_kv_heads_ratio * cols});
+      }
+    }
+  }
+  for (int64_t n = 0; n < p.batch * p.H_q; ++n) {
+    for (int64_t l0 = 0; l0 < p.L; l0 += kBackwardRows) {
+      const int rows = int(std::min<int64_t>(kBackwardRows, p.L - l0));
+      const int64_t keys = causal ? std::clamp<int64_t>(l0 + rows + offset, 0, p.S) : p.S;
+      if (keys > 0) {
+        items.push_back({BackwardItem::queries, n, l0, rows, keys * rows});
+      }
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.cost > b.cost; });
+  return items;
+}
+
+// Rows no item writes (a causal query row that sees no key, a key no row
+// sees) keep zero gradients.
+void zero_outputs(const BackwardProblem& bp, size_t element) {
+  const auto& p = bp.fwd;
+  std::fill_n(static_cast<char*>(bp.dq), p.batch * p.H_q * int64_t(p.L) * p.E * element, 0);
+  std::fill_n(static_cast<char*>(bp.dk), p.batch * p.H_kv * int64_t(p.S) * p.E * element, 0);
+  std::fill_n(static_cast<char*>(bp.dv), p.batch * p.H_kv * int64_t(p.S) * p.E * element, 0);
+}
+
+} // namespace
+
+void run_backward(BackwardProblem bp) {
+  const AttentionProblem& p = bp.fwd;
+  const Kernels& kernels = select_kernels();
+  zero_outputs(bp, mx::size_of(p.dtype));
+  const int64_t rows = p.batch * p.H_q * int64_t(p.L);
+  std::vector<float> D(rows);
+  if (p.dtype == mx::float32) {
+    row_dots<float>(bp.d_out, p.out, rows, p.E, D.data());
+  } else if (p.dtype == mx::float16) {
+    row_dots<mx::float16_t>(bp.d_out, p.out, rows, p.E, D.data());
+  } else {
+    row_dots<mx::bfloat16_t>(bp.d_out, p.out, rows, p.E, D.data());
+  }
+  bp.D = D.data();
+
+  const std::vector<BackwardItem> items = plan_backward(p);
+  const size_t scratch_bytes = BackwardScratch::bytes(p.E, kernels.backward_width);
+  int64_t work = 0;
+  for (const auto& item : items) work += item.cost;
+  const int threads = work * p.E < (int64_t(1) << 20) ? 1 : pool_size();
+  std::atomic<size_t> next{0};
+  parallel_run(threads, [&](int) {
+    void* scratch = thread_scratch(scratch_bytes);
+    for (size_t i = next++; i < items.size(); i = next++) {
+      kernels.backward(bp, items[i], scratch);
+    }
+  });
+}
+
+} // namespace flashattn::cpu
+
+namespace flashattn {
+
+// inputs: queries, keys, values[, mask], out, d_out, lse; outputs: dq, dk, dv.
+void FlashAttentionVJP::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) {
+    encoder.set_input_array(in);
+  }
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    encoder.set_output_array(o);
+  }
+  const size_t n = inputs.size();
+  std::vector<mx::array> primals(inputs.begin(), inputs.end() - 3);
+  mx::array out = inputs[n - 3];
+  cpu::BackwardProblem bp;
+  bp.fwd = cpu::describe_problem(primals, out, scale_, mask_kind_);
+  bp.d_out = inputs[n - 2].data<void>();
+  bp.lse = inputs[n - 1].data<float>();
+  bp.dq = outputs[0].data<void>();
+  bp.dk = outputs[1].data<void>();
+  bp.dv = outputs[2].data<void>();
+  encoder.dispatch([bp = std::move(bp)]() { cpu::run_backward(bp); });
+}
+
+} // namespace flashattn

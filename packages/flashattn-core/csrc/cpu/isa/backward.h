@@ -1,0 +1,324 @@
+// The FlashAttention-2 backward (Algorithm 2) on the CPU, one instruction set.
+//
+// With s = scale Q K^T + mask over visible keys, P = exp(s - lse) recomputed
+// tile by tile from the forward's log-sum-exp, and D = rowsum(dO * O):
+//   dV = P^T dO     dP = dO V^T     dS = P * (dP - D)
+//   dK = scale dS^T Q               dQ = scale dS K
+// Two passes, so that every output element has one writer and no thread
+// waits on another:
+//   key pass   (one work item per KV head and key tile of Bc keys): dK_j and
+//              dV_j accumulate over every query row of the GQA group that
+//              sees the tile, rows in blocks of Br;
+//   query pass (one work item per query head and block of Br rows): dQ_i
+//              accumulates over the key tiles the rows see.
+// The query pass recomputes S, P and dP: seven matrix products a tile pair
+// instead of five, for no atomics and no per-thread copies of dQ.
+//
+// Every product is C += A B with B's rows contiguous (gemm_acc): S = Q K^T
+// and dP = dO V^T read K and V transposed (E x Bc), dV and dK read P^T and
+// dS^T (Bc x Br). Tiles are float32, the head dim padded to Ep (a multiple
+// of the vector width) with zeros, so padding adds nothing.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "../backward.h"
+#include "../causal.h"
+#include "../tiles.h"
+#include "convert.h"
+#include "exp2.h"
+#include "simd.h"
+
+namespace flashattn::cpu::FLASHATTN_ISA {
+
+namespace backward_detail {
+
+// C[M x N] += A[M x K] B[K x N], N a multiple of W. MR rows of C and NR
+// vectors of a row stay in registers while k runs.
+template <int W, int MR, int NR>
+inline void gemm_block(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int K) {
+  using S = Simd<W>;
+  using vf = typename S::vf;
+  vf acc[MR][NR];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      acc[i][j] = S::load(C + i * ldc + j * W);
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    vf b[NR];
+    for (int j = 0; j < NR; ++j) {
+      b[j] = S::load(B + int64_t(k) * ldb + j * W);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const vf a = S::splat(A[i * lda + k]);
+      for (int j = 0; j < NR; ++j) {
+        acc[i][j] += a * b[j];
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      S::store(C + i * ldc + j * W, acc[i][j]);
+    }
+  }
+}
+
+template <int W, int MR, int NR>
+inline void gemm_rows(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int K, int N) {
+  int j = 0;
+  for (; j + NR * W <= N; j += NR * W) {
+    gemm_block<W, MR, NR>(A, lda, B + j, ldb, C + j, ldc, K);
+  }
+  for (; j < N; j += W) {
+    gemm_block<W, MR, 1>(A, lda, B + j, ldb, C + j, ldc, K);
+  }
+}
+
+template <int W, int MR, int NR>
+inline void gemm_acc(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int M, int K, int N) {
+  int i = 0;
+  for (; i + MR <= M; i += MR) {
+    gemm_rows<W, MR, NR>(A + i * lda, lda, B, ldb, C + i * ldc, ldc, K, N);
+  }
+  for (; i < M; ++i) {
+    gemm_rows<W, 1, NR>(A + i * lda, lda, B, ldb, C + i * ldc, ldc, K, N);
+  }
+}
+
+} // namespace backward_detail
+
+template <typename Cfg, typename T>
+struct Backward {
+  static constexpr int W = Cfg::W;
+  // Register blocks of C: MR rows x NR vectors (AVX-512 has 32 registers,
+  // AVX2 and SSE2 16).
+  static constexpr int MR = 4, NR = W >= 16 ? 4 : 2;
+  static constexpr int Br = kBackwardRows;
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  static constexpr float kLog2e = 1.4426950408889634f;
+  using S = Simd<W>;
+
+  const BackwardProblem& bp;
+  const AttentionProblem& p;
+  BackwardScratch s;
+  int Ep;
+
+  Backward(const BackwardProblem& bp_, void* scratch)
+      : bp(bp_), p(bp_.fwd), s(scratch, bp_.fwd.E, W), Ep(round_up(bp_.fwd.E, W)) {}
+
+  // rows x E of a strided (B..., H, rows, E) operand into dst (rows x Ep),
+  // float32, head-dim padding zeroed.
+  template <typename U>
+  void load_rows(const StridedOperand& x, int64_t n, int64_t row0, int rows, float* dst) {
+    const U* src = static_cast<const U*>(x.data) + x.base[n];
+    for (int r = 0; r < rows; ++r) {
+      const U* row = src + (row0 + r) * x.row_stride;
+      float* d = dst + r * Ep;
+      for (int e = 0; e < p.E; ++e) {
+        d[e] = to_float(row[e * x.col_stride]);
+      }
+      for (int e = p.E; e < Ep; ++e) {
+        d[e] = 0.0f;
+      }
+    }
+  }
+
+  // Row-contiguous (rows of E) into dst (rows x Ep).
+  template <typename U>
+  void load_contiguous(const U* src, int rows, float* dst) {
+    for (int r = 0; r < rows; ++r) {
+      for (int e = 0; e < p.E; ++e) {
+        dst[r * Ep + e] = to_float(src[int64_t(r) * p.E + e]);
+      }
+      for (int e = p.E; e < Ep; ++e) {
+        dst[r * Ep + e] = 0.0f;
+      }
+    }
+  }
+
+  // K_j (Bc x Ep, rows past cols zeroed) and its transpose (Ep x Bc).
+  void load_key_tile(const StridedOperand& x, int64_t g, int64_t c0, int cols, float* rows, float* t) {
+    load_rows<T>(x, g, c0, cols, rows);
+    std::fill(rows + int64_t(cols) * Ep, rows + int64_t(Bc) * Ep, 0.0f);
+    for (int c = 0; c < Bc; ++c) {
+      for (int e = 0; e < Ep; ++e) {
+        t[e * Bc + c] = rows[c * Ep + e];
+      }
+    }
+  }
+
+  // The query rows [l0, l0 + rows) of head slice n: Q, dO, lse and D.
+  void load_query_block(int64_t n, int64_t l0, int rows) {
+    load_rows<T>(p.q, n, l0, rows, s.Q);
+    const int64_t first = n * p.L + l0;
+    load_contiguous(static_cast<const T*>(bp.d_out) + first * p.E, rows, s.dO);
+    for (int r = 0; r < rows; ++r) {
+      s.lse[r] = bp.lse[first + r];
+      s.D[r] = bp.D[first + r];
+    }
+  }
+
+  // P (Br x Bc) of rows [l0, l0 + rows) of head slice n against keys
+  // [c0, c0 + cols), and dS (Br x Bc) from dP = dO V^T. s.K_t and s.V_t
+  // hold the key tile transposed. Hidden keys, padding rows and columns get
+  // P = dS = 0 exactly (a select, not a product, so a NaN there stays out).
+  void probabilities_and_dS(int64_t n, int64_t l0, int rows, int64_t c0, int cols) {
+    using namespace backward_detail;
+    std::fill(s.P, s.P + Br * Bc, 0.0f);
+    std::fill(s.dS, s.dS + Br * Bc, 0.0f);
+    gemm_acc<W, MR, NR>(s.Q, Ep, s.K_t, Bc, s.P, Bc, rows, p.E, Bc);
+    gemm_acc<W, MR, NR>(s.dO, Ep, s.V_t, Bc, s.dS, Bc, rows, p.E, Bc);
+    const float qk_scale = p.scale * kLog2e;
+    const int64_t offset = int64_t(p.S) - p.L;
+    for (int r = 0; r < Br; ++r) {
+      float* P = s.P + r * Bc;
+      float* dS = s.dS + r * Bc;
+      if (r >= rows) {
+        std::fill(P, P + Bc, 0.0f);
+        std::fill(dS, dS + Bc, 0.0f);
+        continue;
+      }
+      const int64_t l = l0 + r;
+      int visible = cols;
+      if (p.mask_kind == MaskKind::causal) {
+        visible = int(std::clamp<int64_t>(l + offset - c0 + 1, 0, cols));
+      }
+      for (int c = 0; c < Bc; ++c) {
+        P[c] = c < visible ? P[c] * qk_scale : kNegInf;
+      }
+      if (p.mask_kind == MaskKind::boolean) {
+        apply_array_mask<bool>(n, l, c0, visible, P);
+      } else if (p.mask_kind == MaskKind::additive) {
+        if (p.mask_dtype == mx::float32) {
+          apply_array_mask<float>(n, l, c0, visible, P);
+        } else if (p.mask_dtype == mx::float16) {
+          apply_array_mask<mx::float16_t>(n, l, c0, visible, P);
+        } else {
+          apply_array_mask<mx::bfloat16_t>(n, l, c0, visible, P);
+        }
+      }
+      const auto lse = S::splat(s.lse[r]);
+      const auto D = S::splat(s.D[r]);
+      const auto neg_inf = S::splat(kNegInf);
+      for (int c = 0; c < Bc; c += W) {
+        const auto x = S::load(P + c);
+        const auto hidden = x == neg_inf;
+        const auto prob = S::select(hidden, S::splat(0.0f), exp2<W>(x - lse));
+        S::store(P + c, prob);
+        S::store(dS + c, S::select(hidden, S::splat(0.0f), prob * (S::load(dS + c) - D)));
+      }
+    }
+  }
+
+  template <typename M>
+  void apply_array_mask(int64_t n, int64_t l, int64_t c0, int cols, float* P) {
+    const M* m = static_cast<const M*>(p.mask.data) + p.mask.base[n] + l * p.mask.row_stride +
+        c0 * p.mask.col_stride;
+    for (int c = 0; c < cols; ++c) {
+      const M value = m[c * p.mask.col_stride];
+      if constexpr (std::is_same_v<M, bool>) {
+        if (!value) P[c] = kNegInf;
+      } else {
+        const float add = to_float(value);
+        P[c] = add == kNegInf ? kNegInf : P[c] + add * kLog2e;
+      }
+    }
+  }
+
+  // dst (Bc x Br) = src (Br x Bc) transposed.
+  static void transpose(const float* src, float* dst) {
+    for (int r = 0; r < Br; ++r) {
+      for (int c = 0; c < Bc; ++c) {
+        dst[c * Br + r] = src[r * Bc + c];
+      }
+    }
+  }
+
+  template <typename U>
+  void store_rows(const float* src, float factor, int rows, U* dst) {
+    for (int r = 0; r < rows; ++r) {
+      for (int e = 0; e < p.E; ++e) {
+        dst[int64_t(r) * p.E + e] = static_cast<U>(src[r * Ep + e] * factor);
+      }
+    }
+  }
+
+  // dK_j and dV_j of KV head slice g, keys [c0, c0 + cols).
+  void key_item(int64_t g, int64_t c0, int cols) {
+    using namespace backward_detail;
+    load_key_tile(p.k, g, c0, cols, s.K, s.K_t);
+    load_key_tile(p.v, g, c0, cols, s.V, s.V_t);
+    std::fill(s.dK, s.dK + int64_t(Bc) * Ep, 0.0f);
+    std::fill(s.dV, s.dV + int64_t(Bc) * Ep, 0.0f);
+    const int ratio = p.q_kv_heads_ratio;
+    const int64_t b = g / p.H_kv, kv_head = g % p.H_kv;
+    // Causal: the rows that see any key of the tile.
+    const int64_t l_begin = p.mask_kind == MaskKind::causal
+        ? std::clamp<int64_t>(c0 - (int64_t(p.S) - p.L), 0, p.L)
+        : 0;
+    for (int hh = 0; hh < ratio; ++hh) {
+      const int64_t n = b * p.H_q + kv_head * ratio + hh;
+      for (int64_t l0 = l_begin; l0 < p.L; l0 += Br) {
+        const int rows = int(std::min<int64_t>(Br, p.L - l0));
+        load_query_block(n, l0, rows);
+        probabilities_and_dS(n, l0, rows, c0, cols);
+        transpose(s.P, s.P_t);
+        transpose(s.dS, s.dS_t);
+        gemm_acc<W, MR, NR>(s.P_t, Br, s.dO, Ep, s.dV, Ep, Bc, rows, Ep);
+        gemm_acc<W, MR, NR>(s.dS_t, Br, s.Q, Ep, s.dK, Ep, Bc, rows, Ep);
+      }
+    }
+    const int64_t first = (g * p.S + c0) * p.E;
+    store_rows(s.dK, p.scale, cols, static_cast<T*>(bp.dk) + first);
+    store_rows(s.dV, 1.0f, cols, static_cast<T*>(bp.dv) + first);
+  }
+
+  // dQ_i of query head slice n, rows [l0, l0 + rows).
+  void query_item(int64_t n, int64_t l0, int rows) {
+    using namespace backward_detail;
+    load_query_block(n, l0, rows);
+    std::fill(s.dQ, s.dQ + int64_t(Br) * Ep, 0.0f);
+    const int64_t b = n / p.H_q, h = n % p.H_q;
+    const int64_t g = b * p.H_kv + h / p.q_kv_heads_ratio;
+    int64_t key_end = p.S;
+    if (p.mask_kind == MaskKind::causal) {
+      key_end = causal_key_end(l0 + rows - 1, int64_t(p.S) - p.L, p.S);
+    }
+    for (int64_t c0 = 0; c0 < key_end; c0 += Bc) {
+      const int cols = int(std::min<int64_t>(Bc, p.S - c0));
+      load_key_tile(p.k, g, c0, cols, s.K, s.K_t);
+      load_key_tile(p.v, g, c0, cols, s.V, s.V_t);
+      probabilities_and_dS(n, l0, rows, c0, cols);
+      gemm_acc<W, MR, NR>(s.dS, Bc, s.K, Ep, s.dQ, Ep, rows, Bc, Ep);
+    }
+    store_rows(s.dQ, p.scale, rows, static_cast<T*>(bp.dq) + (n * p.L + l0) * p.E);
+  }
+};
+
+template <typename Cfg>
+void backward_item_t(const BackwardProblem& bp, const BackwardItem& item, void* scratch) {
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    Backward<Cfg, T> kernel(bp, scratch);
+    if (item.pass == BackwardItem::keys) {
+      kernel.key_item(item.slice, item.first, item.count);
+    } else {
+      kernel.query_item(item.slice, item.first, item.count);
+    }
+  };
+  const mx::Dtype dtype = bp.fwd.dtype;
+  if (dtype == mx::float32) {
+    run(float{});
+  } else if (dtype == mx::float16) {
+    run(mx::float16_t{});
+  } else {
+    run(mx::bfloat16_t{});
+  }
+}
+
+} // namespace flashattn::cpu::FLASHATTN_ISA
