@@ -21,8 +21,9 @@ def _register():
     from .model_cmd import model
     from .perplexity import perplexity
     from .throughput import throughput
+    from .train import train
 
-    for command in (demo, kernel, model, perplexity, throughput):
+    for command in (demo, kernel, model, perplexity, throughput, train):
         main.add_command(command)
 
 
@@ -31,7 +32,7 @@ _register()
 # Model-level runs on Linux get an optimised BLAS preloaded (Debian's OpenBLAS,
 # else MKL from the mkl wheel; see blas.py); the kernel benchmark keeps MLX's
 # BLAS as installed.
-MODEL_COMMANDS = {"perplexity", "throughput"}
+MODEL_COMMANDS = {"perplexity", "throughput", "train"}
 
 
 def entry():

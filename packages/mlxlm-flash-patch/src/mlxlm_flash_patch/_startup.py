@@ -56,6 +56,10 @@ def _report() -> None:
     fallbacks = ", ".join(f"{k}: {n}" for k, n in s["fallbacks"].items()) or "none"
     print(f"mlxlm_flash_patch: {s['flash_calls']} attention calls through flash_attention; "
           f"fallbacks: {fallbacks}", file=sys.stderr)
+    g = s["gradients"]
+    if g["fused"] or g["recomputed"]:
+        recomputed = ", ".join(f"{k}: {n}" for k, n in g["recomputed"].items()) or "none"
+        print(f"mlxlm_flash_patch: backward passes: {g['fused']} fused; recomputed: {recomputed}", file=sys.stderr)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

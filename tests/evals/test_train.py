@@ -1,0 +1,94 @@
+"""flash-eval train on a tiny random Qwen2: the same data and seed for both
+settings, losses step by step, the fused backward counted, JSON, table,
+chart and bad input. Nothing is timed."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from tiny_models import save_model_folder
+
+from flash_eval.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_model_folder(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "text.txt"
+    words = ["attention", "tiles", "softmax", "keys", "values", "queries", "online", "merge", "exact", "memory"]
+    path.write_text(" ".join(words[(i * 7) % len(words)] for i in range(4000)))
+    return path
+
+
+def invoke(model_dir, text_file, *args):
+    return CliRunner().invoke(main, ["train", "--model", str(model_dir), "--dataset", str(text_file),
+                                     "--lora-layers", "2", *args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def report(model_dir, text_file):
+    r = invoke(model_dir, text_file, "-l", "24,40", "--steps", "4", "--batch-size", "2", "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_both_settings_train_on_the_same_steps(report):
+    rows = {(r["length"], r["patch"]): r for r in report["results"]}
+    assert list(rows) == [(24, "off"), (24, "on"), (40, "off"), (40, "on")]
+    for n in (24, 40):
+        off, on = rows[(n, "off")], rows[(n, "on")]
+        assert len(off["losses"]) == len(on["losses"]) == 4
+        # Same weights, data and seed: the losses agree step by step.
+        assert on["max_loss_relative_difference"] <= 1e-4
+        assert on["max_loss_relative_difference"] == max(
+            abs(b - a) / abs(a) for a, b in zip(off["losses"], on["losses"]))
+        assert off["losses"][0] == pytest.approx(on["losses"][0], rel=1e-5)
+        # Attention went through flash_attention, its gradients through the fused backward.
+        assert on["flash_calls"] > 0 and off["flash_calls"] == 0
+        assert on["gradients"]["fused"] >= 4 and on["gradients"]["recomputed"] == {}
+        assert on["fallbacks"] == {}
+        for r in (off, on):
+            assert len(r["step_seconds"]) == 4 and r["peak_memory_gb"] > 0
+            assert r["tokens_per_second"] == pytest.approx(2 * n / r["median_step_seconds"])
+    p = report["protocol"]
+    assert (p["fine_tune"], p["steps"], p["batch_size"], p["lora"]["layers"]) == ("lora", 4, 2, 2)
+    assert 0 < report["model"]["trainable"] < report["model"]["parameters"]
+
+
+def test_full_fine_tune_trains_every_parameter(model_dir, text_file):
+    r = invoke(model_dir, text_file, "-l", "16", "--steps", "2", "--fine-tune", "full", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["model"]["trainable"] == rep["model"]["parameters"]
+    assert rep["protocol"]["lora"] is None
+    assert rep["results"][1]["max_loss_relative_difference"] <= 1e-4
+
+
+def test_table_and_chart(model_dir, text_file, tmp_path):
+    png = tmp_path / "train.png"
+    r = invoke(model_dir, text_file, "-l", "16", "--steps", "2", "--plot", str(png))
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "loss first -> last" in text and "fused" in text and "LoRA rank 8 on 2 blocks" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "0 is not in the range x>=1"),
+        (["-l", ""], "give at least one sequence length"),
+        (["-l", "0"], "lengths must be positive, got '0'"),
+        (["-l", "100000", "--steps", "2"], "need 200,002"),
+        (["--learning-rate", "0"], "0 is not in the range x>0"),
+        (["--fine-tune", "half"], "'half' is not one of"),
+    ],
+)
+def test_bad_input(model_dir, text_file, args, message):
+    r = invoke(model_dir, text_file, *args)
+    assert r.exit_code != 0
+    assert message in " ".join(r.output.split())
