@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "../flash_attention.h"
+#include "causal.h"
 #include "kernels.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -17,17 +18,6 @@
 namespace flashattn::cpu {
 
 namespace {
-
-thread_local std::unique_ptr<char[]> t_scratch;
-thread_local size_t t_scratch_bytes = 0;
-
-void* thread_scratch(size_t bytes) {
-  if (t_scratch_bytes < bytes) {
-    t_scratch.reset(new char[bytes]);
-    t_scratch_bytes = bytes;
-  }
-  return t_scratch.get();
-}
 
 template <typename T>
 void row_dots(const void* d_out, const void* out, int64_t rows, int E, float* D) {
@@ -49,7 +39,7 @@ std::vector<BackwardItem> plan_backward(const AttentionProblem& p) {
   for (int64_t g = 0; g < p.batch * p.H_kv; ++g) {
     for (int64_t c0 = 0; c0 < p.S; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, p.S - c0));
-      const int64_t rows = causal ? p.L - std::clamp<int64_t>(c0 - offset, 0, p.L) : p.L;
+      const int64_t rows = causal ? p.L - causal_first_row(c0, offset, p.L) : p.L;
       if (rows > 0) {
         items.push_back({BackwardItem::keys, g, c0, cols, rows * p.q_kv_heads_ratio * cols});
       }
@@ -58,7 +48,7 @@ std::vector<BackwardItem> plan_backward(const AttentionProblem& p) {
   for (int64_t n = 0; n < p.batch * p.H_q; ++n) {
     for (int64_t l0 = 0; l0 < p.L; l0 += kBackwardRows) {
       const int rows = int(std::min<int64_t>(kBackwardRows, p.L - l0));
-      const int64_t keys = causal ? std::clamp<int64_t>(l0 + rows + offset, 0, p.S) : p.S;
+      const int64_t keys = causal ? causal_key_end(l0 + rows - 1, offset, p.S) : p.S;
       if (keys > 0) {
         items.push_back({BackwardItem::queries, n, l0, rows, keys * rows});
       }

@@ -32,4 +32,9 @@ inline int causal_key_end(int64_t l_max, int64_t offset, int S) {
   return int(std::clamp<int64_t>(l_max + offset + 1, 0, S));
 }
 
+// The first of L query positions that sees key c (L when none does).
+inline int64_t causal_first_row(int64_t c, int64_t offset, int L) {
+  return std::clamp<int64_t>(c - offset, 0, L);
+}
+
 } // namespace flashattn::cpu

@@ -66,17 +66,6 @@ const Kernels& select_kernels() {
 
 namespace {
 
-thread_local std::unique_ptr<char[]> t_scratch;
-thread_local size_t t_scratch_bytes = 0;
-
-void* thread_scratch(size_t bytes) {
-  if (t_scratch_bytes < bytes) {
-    t_scratch.reset(new char[bytes]);
-    t_scratch_bytes = bytes;
-  }
-  return t_scratch.get();
-}
-
 void run(const AttentionProblem& p) {
   const Kernels& kernels = select_kernels();
   int64_t work = p.batch * p.H_q * int64_t(p.L) * p.S * p.E;

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -160,6 +161,19 @@ void parallel_run(int workers, const std::function<void(int)>& body) {
   if (workers <= 1 || !pool().try_run(workers, body)) {
     body(0);
   }
+}
+
+namespace {
+thread_local std::unique_ptr<char[]> t_scratch;
+thread_local size_t t_scratch_bytes = 0;
+} // namespace
+
+void* thread_scratch(size_t bytes) {
+  if (t_scratch_bytes < bytes) {
+    t_scratch.reset(new char[bytes]);
+    t_scratch_bytes = bytes;
+  }
+  return t_scratch.get();
 }
 
 } // namespace flashattn::cpu

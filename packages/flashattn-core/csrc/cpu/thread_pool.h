@@ -7,6 +7,7 @@
 
 #pragma once
 
+#include <cstddef>
 #include <functional>
 
 namespace flashattn::cpu {
@@ -20,5 +21,9 @@ int pool_size();
 // and returns when all are done. If another call holds the pool, the body
 // runs on the caller alone (worker 0) instead of waiting.
 void parallel_run(int workers, const std::function<void(int)>& body);
+
+// This thread's scratch buffer, at least `bytes` long (grown, never shrunk):
+// the kernels' per-worker tiles.
+void* thread_scratch(size_t bytes);
 
 } // namespace flashattn::cpu

@@ -186,7 +186,7 @@ struct Backward {
       const int64_t l = l0 + r;
       int visible = cols;
       if (p.mask_kind == MaskKind::causal) {
-        visible = int(std::clamp<int64_t>(l + offset - c0 + 1, 0, cols));
+        visible = int(std::clamp<int64_t>(causal_key_end(l, offset, p.S) - c0, 0, cols));
       }
       for (int c = 0; c < Bc; ++c) {
         P[c] = c < visible ? P[c] * qk_scale : kNegInf;
@@ -258,9 +258,8 @@ struct Backward {
     const int ratio = p.q_kv_heads_ratio;
     const int64_t b = g / p.H_kv, kv_head = g % p.H_kv;
     // Causal: the rows that see any key of the tile.
-    const int64_t l_begin = p.mask_kind == MaskKind::causal
-        ? std::clamp<int64_t>(c0 - (int64_t(p.S) - p.L), 0, p.L)
-        : 0;
+    const int64_t l_begin =
+        p.mask_kind == MaskKind::causal ? causal_first_row(c0, int64_t(p.S) - p.L, p.L) : 0;
     for (int hh = 0; hh < ratio; ++hh) {
       const int64_t n = b * p.H_q + kv_head * ratio + hh;
       for (int64_t l0 = l_begin; l0 < p.L; l0 += Br) {
