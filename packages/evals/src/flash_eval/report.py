@@ -8,6 +8,22 @@ from rich.table import Table
 FLASH = "flash"
 
 
+def emit(report: dict, as_json: bool, print_table, plot_path: str | None = None, plot=None) -> None:
+    """A command's report: JSON or its table, then its chart when asked."""
+    import json
+
+    import click
+
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    if plot_path:
+        plot(report["results"], plot_path)
+        if not as_json:
+            click.echo(f"chart written to {plot_path}")
+
+
 def add_ratios(results: list[dict]) -> None:
     """For each flash_attention row, its speed-up over every reference timed on
     the same case (reference time / flash time)."""

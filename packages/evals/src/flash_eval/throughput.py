@@ -27,7 +27,6 @@ end-of-sequence ignored), measured so that the on/off ratio can be quoted:
 from __future__ import annotations
 
 import gc
-import json
 import math
 import statistics
 import time
@@ -39,6 +38,7 @@ import mlx.core as mx
 import mlxlm_flash_patch
 
 from . import blas, distributed
+from .report import emit
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list, int_list
 from .progress import progress_bar
@@ -280,14 +280,7 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
               "results": results, "sequence": sequence}
     if not ranks.is_main:
         return
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        _print(report)
-    if plot:
-        _plot(results, plot)
-        if not as_json:
-            click.echo(f"chart written to {plot}")
+    emit(report, as_json, _print, plot, _plot)
 
 
 def prompt_round(lm, prompt: mx.array, patches: list[str], precision: str, repeats: int, prefill_step_size: int,

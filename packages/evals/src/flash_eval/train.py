@@ -14,7 +14,6 @@ step time and tokens/s are medians over the steps after it.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
@@ -27,6 +26,7 @@ import numpy as np
 import mlxlm_flash_patch
 
 from . import blas
+from .report import emit
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list, int_list
 from .perplexity import tokenize
@@ -178,14 +178,7 @@ def train(model_spec, dtype, lengths, steps, batch_size, fine_tune, lora_layers,
         "precision": precision,
         "results": results,
     }
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        _print(report)
-    if plot:
-        _plot(results, plot)
-        if not as_json:
-            click.echo(f"chart written to {plot}")
+    emit(report, as_json, _print, plot, _plot)
 
 
 def _flatten(tree):

@@ -11,8 +11,6 @@
 #include "../flash_attention.h"
 #include "causal.h"
 #include "kernels.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
 namespace flashattn::cpu {
@@ -104,14 +102,7 @@ namespace flashattn {
 
 // inputs: queries, keys, values[, mask], out, d_out, lse; outputs: dq, dk, dv.
 void FlashAttentionVJP::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) {
-    encoder.set_input_array(in);
-  }
-  for (auto& o : outputs) {
-    o.set_data(mx::allocator::malloc(o.nbytes()));
-    encoder.set_output_array(o);
-  }
+  auto& encoder = cpu::start_encoding(stream(), inputs, outputs);
   const size_t n = inputs.size();
   std::vector<mx::array> primals(inputs.begin(), inputs.end() - 3);
   mx::array out = inputs[n - 3];

@@ -10,8 +10,6 @@
 #include "../flash_attention.h"
 #include "kernels.h"
 #include "merge.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 #include "work.h"
 
@@ -104,14 +102,7 @@ namespace flashattn {
 void FlashAttention::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) {
-    encoder.set_input_array(in);
-  }
-  for (auto& o : outputs) {
-    o.set_data(mx::allocator::malloc(o.nbytes()));
-    encoder.set_output_array(o);
-  }
+  auto& encoder = cpu::start_encoding(stream(), inputs, outputs);
   mx::array* lse = with_lse_ ? &outputs[1] : nullptr;
   auto problem = cpu::describe_problem(inputs, outputs[0], scale_, mask_kind_, lse);
   encoder.dispatch([p = std::move(problem)]() { cpu::run(p); });

@@ -1,5 +1,7 @@
 #include "problem.h"
 
+#include "mlx/allocator.h"
+
 namespace flashattn::cpu {
 
 namespace {
@@ -60,6 +62,21 @@ AttentionProblem describe_problem(
   p.out = out.data<void>();
   p.lse = lse ? lse->data<float>() : nullptr;
   return p;
+}
+
+mx::cpu::CommandEncoder& start_encoding(
+    mx::Stream stream,
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& in : inputs) {
+    encoder.set_input_array(in);
+  }
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    encoder.set_output_array(o);
+  }
+  return encoder;
 }
 
 } // namespace flashattn::cpu

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../flash_attention.h"
+#include "mlx/backend/cpu/encoder.h"
 
 namespace flashattn::cpu {
 
@@ -44,5 +45,12 @@ AttentionProblem describe_problem(
     float scale,
     MaskKind mask_kind,
     mx::array* lse = nullptr);
+
+// Allocates the outputs and registers inputs and outputs with the stream's
+// CPU command encoder, as every CPU primitive does before it dispatches.
+mx::cpu::CommandEncoder& start_encoding(
+    mx::Stream stream,
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs);
 
 } // namespace flashattn::cpu
