@@ -8,14 +8,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from flash_eval import blas, texts
+from flash_eval import blas
 from flash_eval.models import ModelError, provision_embedded
-
-WIKITEXT = Path(__file__).resolve().parents[3] / "shared" / "data" / "wikitext-2-raw-v1" / "wiki.test.raw"
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +58,9 @@ print(json.dumps({{"tokens": out, "stats": mlxlm_flash_patch.stats()}}))
 
 def test_perplexity_off_and_on_agree(model_path):
     """On WikiText-2 as `flash-eval perplexity` reads it with no hub: the
-    shipped copy, or ../shared's (the same text: a local file's CRLF line ends
-    are read as LF)."""
-    if texts.shipped_wikitext_path().is_file():
-        dataset, name = "wikitext", "WikiText-2 raw, test split (shipped copy)"
-    elif WIKITEXT.exists():
-        dataset, name = str(WIKITEXT), "wiki.test.raw"
-    else:
-        pytest.skip(f"needs WikiText-2: this checkout ships no copy and {WIKITEXT} is missing")
-    r = run_python(None, "-m", "flash_eval", "perplexity", "--dataset", dataset, "--tokens", "2048",
+    copy the evals package ships."""
+    name = "WikiText-2 raw, test split (shipped copy)"
+    r = run_python(None, "-m", "flash_eval", "perplexity", "--dataset", "wikitext", "--tokens", "2048",
                    "--context", "512", "--json", env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(r.stdout)

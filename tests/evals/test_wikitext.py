@@ -21,21 +21,19 @@ SHIPPED_NAME = "WikiText-2 raw, test split (shipped copy)"
 
 
 def need_shared() -> bytes:
+    """The reference text the shipped copy must equal: ../shared beside the
+    checkout (the project's data folder), which a lone clone lacks."""
     if not SHARED.exists():
-        pytest.skip(f"needs the WikiText-2 test split at {SHARED}")
+        pytest.skip(f"needs ../shared/data/wikitext-2-raw-v1/wiki.test.raw beside the checkout (not at {SHARED})")
     return SHARED.read_bytes()
 
 
 @pytest.fixture
-def shipped(tmp_path, monkeypatch):
-    """The package's copy when this checkout has one; else one built from
-    ../shared in a temporary folder, put where the package's would be."""
-    if texts.shipped_wikitext_path().is_file():
-        return texts.shipped_wikitext_path()
-    copy = tmp_path / texts.SHIPPED_WIKITEXT
-    copy.write_bytes(lzma.compress(need_shared(), preset=1))
-    monkeypatch.setattr(texts, "shipped_wikitext_path", lambda: copy)
-    return copy
+def shipped():
+    """The package's copy: part of the repository, so its absence fails."""
+    path = texts.shipped_wikitext_path()
+    assert path.is_file(), f"the evals package lost its WikiText copy ({path}; scripts/ship-wikitext writes it)"
+    return path
 
 
 @pytest.fixture
@@ -49,11 +47,8 @@ def model_dir(tmp_path_factory):
     return save_model_folder(tmp_path_factory.mktemp("tiny-model"))
 
 
-def test_shipped_copy_is_the_wikitext_test_split_byte_for_byte():
-    path = texts.shipped_wikitext_path()
-    if not path.is_file():
-        pytest.skip(f"this checkout ships no WikiText copy (flash_eval/data/{texts.SHIPPED_WIKITEXT}; "
-                    f"scripts/ship-wikitext writes it)")
+def test_shipped_copy_is_the_wikitext_test_split_byte_for_byte(shipped):
+    path = shipped
     assert lzma.decompress(path.read_bytes()) == need_shared()
     assert texts.read_shipped_wikitext() == need_shared()
     assert (path.parent / "WIKITEXT-LICENSE.txt").is_file()
