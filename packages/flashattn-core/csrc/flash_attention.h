@@ -84,7 +84,8 @@ std::vector<mx::array> attention_vjp(
 
 // How gradients were taken since the last reset: by the fused backward, or
 // by recomputation (attention_vjp) per reason ("mask_gradient": an additive
-// mask's gradient was asked for; "cuda", "metal": no fused backward there yet).
+// mask's gradient was asked for; "cuda", "metal": no fused backward there yet;
+// "no_saved_statistics": a forward built outside any transformation).
 struct GradientCounts {
   size_t fused = 0;
   std::map<std::string, size_t> recomputed;

@@ -354,9 +354,9 @@ mx::array flash_attention(
   if (!with_lse) {
     return mx::array(queries.shape(), queries.dtype(), std::move(primitive), std::move(inputs));
   }
-  mx::Shape lse_shape(queries.shape().begin(), queries.shape().end() - 1);
+  auto shapes = primitive->output_shapes(inputs);
   return mx::array::make_arrays(
-      {queries.shape(), lse_shape}, {queries.dtype(), mx::float32}, std::move(primitive), std::move(inputs))[0];
+      std::move(shapes), {queries.dtype(), mx::float32}, std::move(primitive), std::move(inputs))[0];
 }
 
 mx::array flash_attention_metal_emulated(

@@ -158,7 +158,7 @@ std::vector<mx::array> FlashAttention::vjp(
   const bool wants_mask_grad =
       mask_kind_ == MaskKind::additive && std::find(argnums.begin(), argnums.end(), 3) != argnums.end();
   if (!with_lse_ || wants_mask_grad) {
-    count_gradient("mask_gradient");
+    count_gradient(wants_mask_grad ? "mask_gradient" : "no_saved_statistics");
     return attention_vjp(primals, cotangents, argnums, outputs, scale_, mask_kind_, s);
   }
   count_gradient(nullptr);

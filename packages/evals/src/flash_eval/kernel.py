@@ -182,6 +182,8 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, m
             grad_candidates = {"flash": lambda i: [flash_grad_impl(i)], "mlx": lambda i: [mlx_grad_impl(i)],
                                "torch": lambda i: torch_impls(i, grad=True)}
             chosen = grad_candidates if grad else candidates
+            # --pass backward subtracts each implementation's forward, timed just after it.
+            forwards = ({i.name: i for key in impls for i in candidates[key](inp)} if pass_ == "backward" else {})
             for key, impl in ((key, impl) for key in impls for impl in chosen[key](inp)):
                 machine.setdefault("impls", {})[impl.name] = impl.description
                 label = case.label + {"forward": "", "backward": " backward", "both": " fwd+bwd"}[pass_]
@@ -211,11 +213,7 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, m
 
                 try:
                     out, m = timed(impl)
-                    forward_s = None
-                    if pass_ == "backward":  # the same implementation's forward, just after
-                        forward = {"flash": flash_impl, "mlx": mlx_impl}.get(key)
-                        fwd = forward(inp) if forward else next(i for i in torch_impls(inp) if i.name == impl.name)
-                        forward_s = timed(fwd)[1].median_s
+                    forward_s = timed(forwards[impl.name])[1].median_s if forwards else None
                 except RuntimeError as e:  # e.g. a PyTorch backend that refuses float32
                     row["skipped"] = f"refused: {str(e).splitlines()[0][:80]}"
                     results.append(row)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import click
 from rich.console import Console
 from rich.table import Table
 
@@ -10,10 +13,6 @@ FLASH = "flash"
 
 def emit(report: dict, as_json: bool, print_table, plot_path: str | None = None, plot=None) -> None:
     """A command's report: JSON or its table, then its chart when asked."""
-    import json
-
-    import click
-
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

@@ -38,10 +38,10 @@ import mlx.core as mx
 import mlxlm_flash_patch
 
 from . import blas, distributed
-from .report import emit
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list, int_list
 from .progress import progress_bar
+from .report import emit
 from .setting import patch_setting
 
 KEYS = ("prompt_tps", "generation_tps", "peak_memory")
@@ -137,6 +137,14 @@ def auto_repeats(pass_seconds: float) -> int:
     if pass_seconds <= 0:
         return MAX_REPEATS
     return max(1, min(MAX_REPEATS, math.ceil(AUTO_REPEAT_SECONDS / pass_seconds)))
+
+
+def _repeats_from_warmup(sequence: list[dict], p: int, warmup: int, ranks) -> int:
+    """--prompt-repeats auto at prompt length p: sized by the slowest pass of
+    the last warm-up round (1 without warm-up), the same on every rank."""
+    warm = [r["prompt_seconds"] for r in sequence
+            if (r["prompt_tokens"], r["phase"], r["warmup"], r["round"]) == (p, "prompt", True, warmup - 1)]
+    return int(ranks.max([auto_repeats(max(warm)) if warm else 1])[0])
 
 
 def generation_run(lm, prompt: mx.array, generation_tokens: int, prefill_step_size: int) -> dict:
@@ -243,11 +251,8 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
             for phase in phases:
                 repeats = prompt_repeats or 1
                 for i, is_warmup in rounds(warmup, trials):
-                    if phase == "prompt" and not is_warmup and prompt_repeats is None and i == 0:
-                        warm = [r["prompt_seconds"] for r in sequence if r["prompt_tokens"] == p and r["warmup"]
-                                and r["phase"] == "prompt" and r["round"] == warmup - 1]
-                        repeats = auto_repeats(max(warm)) if warm else 1
-                        repeats = repeats_used[p] = int(ranks.max([repeats])[0])  # every rank alike
+                    if phase == "prompt" and prompt_repeats is None and (i, is_warmup) == (0, False):
+                        repeats = repeats_used[p] = _repeats_from_warmup(sequence, p, warmup, ranks)
                     if phase == "prompt":
                         records = prompt_round(lm, prompts[p], patches, precision, 1 if is_warmup else repeats,
                                                prefill_step_size, ranks)

@@ -175,14 +175,9 @@ struct Backward {
     gemm_acc<W, MR, NR>(s.dO, Ep, s.V_t, Bc, s.dS, Bc, rows, p.E, Bc);
     const float qk_scale = p.scale * kLog2e;
     const int64_t offset = int64_t(p.S) - p.L;
-    for (int r = 0; r < Br; ++r) {
+    for (int r = 0; r < rows; ++r) { // padding rows stay 0 from the fills above
       float* P = s.P + r * Bc;
       float* dS = s.dS + r * Bc;
-      if (r >= rows) {
-        std::fill(P, P + Bc, 0.0f);
-        std::fill(dS, dS + Bc, 0.0f);
-        continue;
-      }
       const int64_t l = l0 + r;
       int visible = cols;
       if (p.mask_kind == MaskKind::causal) {
