@@ -72,11 +72,14 @@ WARMUP_GENERATION_TOKENS = 16
 DEFAULT_WARMUP = 2
 DEFAULT_TRIALS = 5
 # --prompt-repeats auto: enough passes for each setting's share of a round to
-# take this long (from the warm-up rounds' passes), at most MAX_REPEATS. Two
-# runs of scripts/gpu-end-to-end on an H100 with one pass a round differed by
-# up to 18% at 512-8K tokens (7-12 ms passes); see docs/performance.md.
-AUTO_REPEAT_SECONDS = 0.2
-MAX_REPEATS = 32
+# take this long (from the warm-up rounds' passes), at least MIN_REPEATS so
+# that the interquartile mean drops a stray pass on either side, at most
+# MAX_REPEATS. On an H100, a 0.5B model's passes (10-100 ms) jump by up to 80%
+# now and then, both settings alike; with 0.2 s and no minimum (two passes at
+# 16K) two runs of scripts/gpu-end-to-end differed by up to 9%.
+AUTO_REPEAT_SECONDS = 0.5
+MIN_REPEATS = 5
+MAX_REPEATS = 64
 
 
 def _drain():
@@ -136,7 +139,7 @@ def auto_repeats(pass_seconds: float) -> int:
     """Passes a setting a prompt round for `--prompt-repeats auto`."""
     if pass_seconds <= 0:
         return MAX_REPEATS
-    return max(1, min(MAX_REPEATS, math.ceil(AUTO_REPEAT_SECONDS / pass_seconds)))
+    return max(MIN_REPEATS, min(MAX_REPEATS, math.ceil(AUTO_REPEAT_SECONDS / pass_seconds)))
 
 
 def _repeats_from_warmup(sequence: list[dict], p: int, warmup: int, ranks) -> int:
@@ -200,7 +203,8 @@ def _repeats_option(ctx, param, value):
               help="Untimed rounds before them, at every prompt length.")
 @click.option("--prompt-repeats", default="auto", show_default=True, callback=_repeats_option,
               help="Prompt passes of each setting a round, interleaved (a number, or 'auto': about "
-                   f"{AUTO_REPEAT_SECONDS} s of passes a setting, at most {MAX_REPEATS}, sized by the warm-up).")
+                   f"{AUTO_REPEAT_SECONDS} s of passes a setting, {MIN_REPEATS} to {MAX_REPEATS}, sized by the "
+                   "warm-up).")
 @click.option("--prefill-step-size", default=2048, show_default=True, type=click.IntRange(1))
 @click.option("--patch", "patches", default="off,on", show_default=True, callback=comma_list(["off", "on"]),
               help="Settings, in the order each round runs them.")
