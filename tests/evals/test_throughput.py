@@ -168,3 +168,16 @@ def test_bad_input(model_dir, args, message):
     text = " ".join(r.output.split())
     assert message in text
     assert any(f in text for f in ("--trials", "--warmup", "--generation-tokens", "--prompt-repeats"))
+
+
+def test_plot_has_a_panel_per_measured_quantity(model_dir, tmp_path):
+    def png_width(path):  # the IHDR chunk's width, big-endian, after the 8-byte signature
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        return int.from_bytes(data[16:20], "big")
+
+    with_generation, prompt_only = tmp_path / "g.png", tmp_path / "p.png"
+    run(model_dir, "-p", "16", "-g", "2", "--trials", "1", "--warmup", "0", "--plot", str(with_generation))
+    run(model_dir, "-p", "16", "-g", "0", "--trials", "1", "--warmup", "0", "--plot", str(prompt_only))
+    # three panels (prompt, generation, memory) against two: no empty generation panel
+    assert png_width(prompt_only) * 3 == png_width(with_generation) * 2

@@ -459,8 +459,12 @@ def _plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, key, label in zip(axes, KEYS, ("prompt tokens/s", "generation tokens/s", "peak memory (GB)")):
+    labels = dict(zip(KEYS, ("prompt tokens/s", "generation tokens/s", "peak memory (GB)")))
+    # A panel per measured quantity: with -g 0 there is no generation to draw.
+    keys = [k for k in KEYS if any(r[k] is not None for r in results)]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        label = labels[key]
         for patch in dict.fromkeys(r["patch"] for r in results):
             rows = [r for r in results if r["patch"] == patch and r[key] is not None]
             if not rows:
