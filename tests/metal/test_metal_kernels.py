@@ -14,8 +14,8 @@ import pytest
 import metal_emulator
 from attention_cases import MASKS, MATRIX, TOLERANCE, Case, make_inputs
 
-from flashattn_core import flash_attention
-from flashattn_core.reference import attention_reference, relative_error
+from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
+from flashattn_core.reference import attention_gradients_reference, attention_reference, relative_error
 
 # The emulator compiles the kernels with clang: without it nothing here can run.
 pytestmark = pytest.mark.skipif(metal_emulator.find_compiler() is None, reason=metal_emulator.MISSING_COMPILER)
@@ -118,17 +118,107 @@ def test_explicit_scale(emulator):
         check(out, q, k, v, mask, "float32", scale=scale)
 
 
-def test_gradients_through_the_metal_path(emulator):
+def gradients(emulator, case, q, k, v, mask, d_out, seed=0, order="shuffled"):
+    f = lambda q, k, v: emulator.attention(q, k, v, mask=mask, seed=seed, order=order)
+    return mx.vjp(f, [q, k, v], [d_out])[1]
+
+
+def d_out_for(q, seed=5):
+    return mx.array(np.random.default_rng(seed).standard_normal(q.shape)).astype(q.dtype)
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=str)
+def test_fused_backward_matches_float64_reference(emulator, case):
+    # flash_backward_rows + flash_backward_keys (backward.metal), lanes shuffled.
+    q, k, v, mask = make_inputs(case)
+    d_out = d_out_for(q)
+    reset_gradient_stats()
+    grads = gradients(emulator, case, q, k, v, mask, d_out, seed=zlib.crc32(f"{case}-backward".encode()))
+    refs, sizes = attention_gradients_reference(q, k, v, d_out, mask=mask, sizes=True)
+    for name, g, ref, size in zip(("dq", "dk", "dv"), grads, refs, sizes):
+        assert g.shape == ref.shape and g.dtype == q.dtype, name
+        got = np.array(g.astype(mx.float32), dtype=np.float64)
+        error = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), size, 1e-30)
+        assert error <= TOLERANCE[case.dtype], f"{name}: {error:.2e}"
+    assert gradient_stats() == {"fused": 1, "recomputed": {}}
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_fused_backward_lane_orders(emulator, order):
+    case = Case(batch=(2,), heads=(6, 2), L=45, S=77, E=80, mask="causal")
+    q, k, v, mask = make_inputs(case)
+    d_out = d_out_for(q)
+    refs = attention_gradients_reference(q, k, v, d_out, mask=mask)
+    for g, ref in zip(gradients(emulator, case, q, k, v, mask, d_out, order=order), refs):
+        assert relative_error(g, ref) <= 2e-5
+
+
+def test_gradients_agree_with_the_cpu_backward_under_grad_and_compile(emulator):
     case = Case(batch=(1,), heads=(4, 2), L=20, S=30, E=64, mask="causal")
     q, k, v, mask = make_inputs(case)
 
     def loss(fn):
         return lambda q, k, v: (fn(q, k, v) ** 2).sum()
 
-    metal = mx.grad(loss(lambda q, k, v: emulator.attention(q, k, v, mask=mask)), argnums=(0, 1, 2))(q, k, v)
-    cpu = mx.grad(loss(lambda q, k, v: flash_attention(q, k, v, mask=mask)), argnums=(0, 1, 2))(q, k, v)
+    metal = mx.compile(mx.grad(loss(lambda q, k, v: emulator.attention(q, k, v, mask=mask)), argnums=(0, 1, 2)))
+    cpu = mx.grad(loss(lambda q, k, v: flash_attention(q, k, v, mask=mask)), argnums=(0, 1, 2))
+    for a, b in zip(metal(q, k, v), cpu(q, k, v)):
+        assert relative_error(a, np.array(b)) <= 1e-5
+
+
+def test_hidden_non_finite_values_never_reach_a_gradient(emulator):
+    case = Case(batch=(1,), heads=(2, 1), L=40, S=70, E=64)
+    q, k, v, _ = make_inputs(case)
+    visible = np.ones((40, 70), dtype=bool)
+    visible[:, 10] = False  # key 10 hidden from every row
+    visible[8] = False  # a row that sees nothing
+    kn, vn = np.array(k), np.array(v)
+    kn[..., 10, 3] = np.nan
+    vn[..., 10, 5] = np.inf
+    mask = mx.array(visible)
+    d_out = d_out_for(q)
+    grads = gradients(emulator, case, q, mx.array(kn), mx.array(vn), mask, d_out)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        g = np.array(g)
+        # the hidden key's own gradients are zero (no row sees it); nothing is NaN
+        assert not np.isnan(g).any() and not np.isinf(g).any(), name
+    assert np.all(np.array(grads[0])[..., 8, :] == 0)
+    assert np.all(np.array(grads[1])[..., 10, :] == 0) and np.all(np.array(grads[2])[..., 10, :] == 0)
+    # the visible part is exact: the reference with key 10's NaN / Inf zeroed
+    kz, vz = kn.copy(), vn.copy()
+    kz[..., 10, :] = 0
+    vz[..., 10, :] = 0
+    refs = attention_gradients_reference(q, mx.array(kz), mx.array(vz), d_out, mask=mask)
+    for g, ref in zip(grads, refs):
+        assert relative_error(g, ref) <= 2e-5
+
+
+def test_an_additive_mask_gets_its_gradient(emulator):
+    # dQ, dK, dV fused; the mask's own gradient (dS, L x S) recomputed.
+    case = Case(batch=(1,), heads=(2, 2), L=24, S=40, E=32)
+    q, k, v, _ = make_inputs(case)
+    bias = mx.array(np.random.default_rng(3).standard_normal((24, 40)).astype(np.float32))
+    loss = lambda fn: (lambda q, b: (fn(q, b) ** 2).sum())
+    metal = mx.grad(loss(lambda q, b: emulator.attention(q, k, v, mask=b)), argnums=(0, 1))(q, bias)
+    cpu = mx.grad(loss(lambda q, b: flash_attention(q, k, v, mask=b)), argnums=(0, 1))(q, bias)
     for a, b in zip(metal, cpu):
-        assert relative_error(a, np.array(b)) <= 1e-4
+        assert relative_error(a, np.array(b)) <= 1e-5
+
+
+def test_fused_backward_memory_is_linear_in_sequence_length(emulator):
+    # One L x S float32 score matrix here is 16 MiB; inputs, outputs and
+    # gradients together are ~1 MiB.
+    L = 2048
+    rng = np.random.default_rng(0)
+    q, k, v = (mx.array(rng.standard_normal((1, 1, L, 16)).astype(np.float32)) for _ in range(3))
+    mx.eval(q, k, v)
+    grad = mx.grad(lambda q, k, v: emulator.attention(q, k, v, mask="causal").sum(), argnums=(0, 1, 2))
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    grads = grad(q, k, v)
+    mx.eval(grads)
+    extra = mx.get_peak_memory() - before
+    assert extra < 4 * 2**20, f"{extra / 2**20:.1f} MiB"
 
 
 def test_forcing_the_matrix_kernel_on_another_head_dim_is_refused(emulator):

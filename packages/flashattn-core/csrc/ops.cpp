@@ -249,9 +249,13 @@ bool any_tracer(const std::vector<mx::array>& arrays) {
 }
 
 // A GPU kernel launch (MLX's custom-kernel primitives have no gradient)
-// with our recomputing vjp attached, counted under `backend`. forward takes
-// {q, k, v[, mask]}.
+// with a vjp attached, counted under `backend`: the fused backward when
+// there is one (Metal), else attention_vjp's recomputation. forward takes
+// {q, k, v[, mask]}; fused takes them, the output and its cotangent and gives
+// dQ, dK, dV.
 using Forward = std::function<mx::array(const std::vector<mx::array>&)>;
+using Fused = std::function<std::vector<mx::array>(const std::vector<mx::array>&, const mx::array&,
+                                                   const mx::array&)>;
 
 mx::array with_attention_vjp(
     const Forward& forward,
@@ -262,21 +266,43 @@ mx::array with_attention_vjp(
     float scale,
     MaskKind mask_kind,
     mx::Stream stream,
-    const char* backend) {
+    const char* backend,
+    const Fused& fused = nullptr) {
   auto fwd = [forward](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{forward(in)};
   };
   auto backward = [=](const std::vector<mx::array>& primals,
                       const std::vector<mx::array>& cotangents,
                       const std::vector<mx::array>& outputs) {
-    std::vector<int> argnums(primals.size());
-    for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
-    count_gradient(backend);
-    return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream);
+    if (!fused) {
+      std::vector<int> argnums(primals.size());
+      for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
+      count_gradient(backend);
+      return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream);
+    }
+    count_gradient(nullptr);
+    auto grads = fused(primals, outputs[0], cotangents[0]);
+    if (primals.size() > 3) {
+      // custom_vjp asks for every input's cotangent; an additive mask's is dS
+      // itself (L x S), recomputed, and evaluated only if used (MLX is lazy).
+      grads.push_back(mask_kind == MaskKind::additive
+          ? attention_vjp(primals, cotangents, {3}, outputs, scale, mask_kind, stream)[0]
+          : mx::zeros_like(primals[3], stream));
+    }
+    return grads;
   };
   std::vector<mx::array> in = {queries, keys, values};
   if (has_mask_array(mask_kind)) in.push_back(*mask_arr);
   return mx::custom_vjp(fwd, backward)(in)[0];
+}
+
+// The Metal backward through `launch` (an Apple GPU's or the emulator's).
+Fused metal_backward(float scale, MaskKind mask_kind, mx::Stream stream, metal::Launcher launch) {
+  return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
+    std::optional<mx::array> m;
+    if (has_mask_array(mask_kind)) m = in[3];
+    return metal::flash_attention_backward(in[0], in[1], in[2], scale, mask_kind, m, out, d_out, stream, launch);
+  };
 }
 
 // Whether dtype asks for float32 attention over float16 / bfloat16 inputs;
@@ -338,8 +364,12 @@ mx::array flash_attention(
       auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
       return metal::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, launch);
     };
-    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream,
-                              backend == Backend::cuda ? "cuda" : "metal");
+    if (backend == Backend::cuda) {
+      return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream, "cuda");
+    }
+    auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
+    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream, "metal",
+                              metal_backward(softmax_scale, mask_kind, stream, launch));
   }
 
   std::vector<mx::array> inputs = {queries, keys, values};
@@ -379,7 +409,8 @@ mx::array flash_attention_metal_emulated(
     return metal::flash_attention(
         in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, metal::emulated_launcher(emulation, stream), choice);
   };
-  return with_attention_vjp(forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, stream, "metal");
+  return with_attention_vjp(forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, stream, "metal",
+                            metal_backward(c.scale, c.mask_kind, stream, metal::emulated_launcher(emulation, stream)));
 }
 
 bool FlashAttention::is_equivalent(const mx::Primitive& other) const {

@@ -5,6 +5,8 @@
 //       flash_rows when one split suffices
 //   E in {64, 80, 96, 128}: flash_mma (SIMD-group matrices)
 //   everything else: flash_rows
+//   gradients: flash_backward_rows (dQ and each row's statistics), then
+//       flash_backward_keys (dK, dV)
 //
 // Every array reaches a kernel flat, row-contiguous and with at least 8
 // elements: MLX passes smaller inputs in the constant address space, which
@@ -99,6 +101,13 @@ std::vector<Instance> instances() {
       out.push_back({"flash_decode", {{"T", t}, {"EPT", ept}}, attention_inputs, {"float", "float"}});
     }
     out.push_back({"flash_merge", {{"T", t}}, {"float", "float", "int32_t"}, {T}});
+    for (int ept : kEpts) {
+      std::vector<std::string> rows_inputs = attention_inputs, keys_inputs = attention_inputs;
+      rows_inputs.insert(rows_inputs.end(), {T, T});          // o, d_out
+      keys_inputs.insert(keys_inputs.end(), {T, "float"});    // d_out, stats
+      out.push_back({"flash_backward_rows", {{"T", t}, {"EPT", ept}}, rows_inputs, {T, "float"}});
+      out.push_back({"flash_backward_keys", {{"T", t}, {"EPT", ept}}, keys_inputs, {T, T}});
+    }
     for (int E : kMatrixDims) {
       out.push_back({"flash_mma", {{"T", t}, {"E", E}}, attention_inputs, {T}});
     }
@@ -106,31 +115,32 @@ std::vector<Instance> instances() {
   return out;
 }
 
-mx::array flash_attention(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    float scale,
-    MaskKind mask_kind,
-    const std::optional<mx::array>& mask,
-    mx::Stream s,
-    const Launcher& launch,
-    Choice choice) {
+namespace {
+
+// What every launch of a call reads besides Q, K and V: the parameters, and
+// the mask as float32 additive terms in its own layout (or a dummy).
+struct Setup {
+  std::vector<int32_t> p;
+  mx::array mask_data;
+  mx::array mask_base;
+  int64_t batch;
+};
+
+Setup setup(const mx::array& q, const mx::array& k, float scale, MaskKind mask_kind,
+            const std::optional<mx::array>& mask, mx::Stream s) {
   const int nd = q.ndim();
-  const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
-  const int ratio = H_q / H_kv;
-
   std::vector<int32_t> p(kParamCount, 0);
-  p[kHeadsQ] = H_q;
-  p[kHeadsKV] = H_kv;
-  p[kL] = L;
-  p[kS] = S;
-  p[kE] = E;
+  p[kHeadsQ] = q.shape(-3);
+  p[kHeadsKV] = k.shape(-3);
+  p[kL] = q.shape(-2);
+  p[kS] = k.shape(-2);
+  p[kE] = q.shape(-1);
   p[kMaskKind] = static_cast<int>(mask_kind);
   p[kScaleLog2] = std::bit_cast<int32_t>(scale * kLog2e);
-  p[kRowsTotal] = checked_int(batch * H_q * L, "query rows");
+  p[kScale] = std::bit_cast<int32_t>(scale);
+  p[kRowsTotal] = checked_int(batch * q.shape(-3) * q.shape(-2), "query rows");
 
   mx::array mask_data = mx::zeros({kMinElements}, mx::float32, s);
   std::vector<int64_t> mask_base(kMinElements, 0);
@@ -146,8 +156,29 @@ mx::array flash_attention(
     p[kMaskRowStride] = layout.row_stride;
     p[kMaskColStride] = layout.col_stride;
   }
-  const mx::array base(mask_base.data(), {static_cast<int>(mask_base.size())}, mx::int64);
+  mx::array base(mask_base.data(), {static_cast<int>(mask_base.size())}, mx::int64);
+  return {std::move(p), std::move(mask_data), std::move(base), batch};
+}
 
+}  // namespace
+
+mx::array flash_attention(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    MaskKind mask_kind,
+    const std::optional<mx::array>& mask,
+    mx::Stream s,
+    const Launcher& launch,
+    Choice choice) {
+  const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
+  const int ratio = H_q / H_kv;
+  Setup c = setup(q, k, scale, mask_kind, mask, s);
+  std::vector<int32_t>& p = c.p;
+  const int64_t batch = c.batch;
+  const mx::array& mask_data = c.mask_data;
+  const mx::array& base = c.mask_base;
   const int ept = elements_per_thread(E);
   const int rows_max = rows_per_threadgroup(ept);
   const int group_rows = checked_int(int64_t(ratio) * L, "query rows per KV head");
@@ -214,6 +245,55 @@ mx::array flash_attention(
   const mx::array params(p.data(), {kParamCount}, mx::int32);
   return launch({"flash_merge", {{"T", q.dtype()}}, {parts[0], parts[1], params}, {q.shape()}, {q.dtype()},
                  {checked_int(32 * rows, "query rows"), 1, 1}, {32, 1, 1}})[0];
+}
+
+std::vector<mx::array> flash_attention_backward(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    MaskKind mask_kind,
+    const std::optional<mx::array>& mask,
+    const mx::array& o,
+    const mx::array& d_out,
+    mx::Stream s,
+    const Launcher& launch) {
+  const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
+  Setup c = setup(q, k, scale, mask_kind, mask, s);
+  const int ept = elements_per_thread(E);
+  const int rows_max = backward_rows_per_threadgroup(ept);
+  const int group_rows = checked_int(int64_t(H_q / H_kv) * L, "query rows per KV head");
+  const int tg_rows = std::min(rows_max, group_rows);
+  const int heads = checked_int(c.batch * H_kv, "heads");
+  const TemplateArgs args = {{"T", q.dtype()}, {"EPT", ept}};
+  auto flat = [&](const mx::array& x) { return flat_at_least_8(x, s); };
+
+  // Rows: the same threadgroups as flash_rows (row_task), every key one split.
+  c.p[kRowsPerGroup] = tg_rows;
+  c.p[kKeysPerSplit] = S;
+  c.p[kSplits] = 1;
+  const int64_t rows = c.p[kRowsTotal];
+  auto dq_stats = launch({"flash_backward_rows", args,
+                          {flat(q), flat(k), flat(v), c.mask_data, c.mask_base,
+                           mx::array(c.p.data(), {kParamCount}, mx::int32), flat(mx::astype(o, q.dtype(), s)),
+                           flat(mx::astype(d_out, q.dtype(), s))},
+                          {q.shape(), {checked_int(std::max<int64_t>(2 * rows, kMinElements), "query rows")}},
+                          {q.dtype(), mx::float32},
+                          {ceil_div(group_rows, tg_rows) * 32 * tg_rows, heads, 1},
+                          {32 * tg_rows, 1, 1}});
+
+  // Keys: a SIMD group per key, rows_max keys a threadgroup.
+  const int tg_keys = std::min(rows_max, S);
+  c.p[kRowsPerGroup] = tg_keys;
+  auto dk_dv = launch({"flash_backward_keys", args,
+                       {flat(q), flat(k), flat(v), c.mask_data, c.mask_base,
+                        mx::array(c.p.data(), {kParamCount}, mx::int32), flat(mx::astype(d_out, q.dtype(), s)),
+                        dq_stats[1]},
+                       {k.shape(), v.shape()},
+                       {k.dtype(), v.dtype()},
+                       {ceil_div(S, tg_keys) * 32 * tg_keys, heads, 1},
+                       {32 * tg_keys, 1, 1}});
+  return {dq_stats[0], dk_dv[0], dk_dv[1]};
 }
 
 }  // namespace flashattn::metal

@@ -52,6 +52,21 @@ mx::array flash_attention(
     const Launcher& launch,
     Choice choice = {});
 
+// dQ, dK and dV of that call (FlashAttention-2's backward in two launches,
+// flash_backward_rows then flash_backward_keys; backward.metal): o is the
+// call's output, d_out its cotangent. Never builds an L x S array.
+std::vector<mx::array> flash_attention_backward(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    MaskKind mask_kind,
+    const std::optional<mx::array>& mask,
+    const mx::array& o,
+    const mx::array& d_out,
+    mx::Stream stream,
+    const Launcher& launch);
+
 // "flash_rows<float16_t, 4>": a kernel with its template arguments, as the
 // emulator names its instances.
 std::string instance_name(const std::string& kernel, const TemplateArgs& args);

@@ -51,6 +51,31 @@ const std::vector<MetalKernel>& metal_kernels() {
                       thread_index_in_threadgroup, o_tile, kv_tile, s_tile, alpha_tile,
                       hidden_tile, flags);
 )"},
+      {"flash_backward_rows",
+       {"q", "k", "v", "mask", "mask_base", "params", "o", "d_out"},
+       {"dq", "stats"},
+       R"(
+  threadgroup float q_tile[fa::backward_rows_per_threadgroup(EPT) * 32 * EPT];
+  threadgroup float do_tile[fa::backward_rows_per_threadgroup(EPT) * 32 * EPT];
+  threadgroup float ds_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
+  threadgroup uchar hidden_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
+  fa::flash_backward_rows<T, EPT>(q, k, v, mask, mask_base, params, o, d_out, dq, stats,
+                                  threadgroup_position_in_grid, simdgroup_index_in_threadgroup,
+                                  thread_index_in_simdgroup, q_tile, do_tile, ds_tile, hidden_tile);
+)"},
+      {"flash_backward_keys",
+       {"q", "k", "v", "mask", "mask_base", "params", "d_out", "stats"},
+       {"dk", "dv"},
+       R"(
+  threadgroup float k_tile[fa::backward_rows_per_threadgroup(EPT) * 32 * EPT];
+  threadgroup float v_tile[fa::backward_rows_per_threadgroup(EPT) * 32 * EPT];
+  threadgroup float p_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
+  threadgroup float ds_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
+  threadgroup uchar hidden_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
+  fa::flash_backward_keys<T, EPT>(q, k, v, mask, mask_base, params, d_out, stats, dk, dv,
+                                  threadgroup_position_in_grid, simdgroup_index_in_threadgroup,
+                                  thread_index_in_simdgroup, k_tile, v_tile, p_tile, ds_tile, hidden_tile);
+)"},
   };
   return kernels;
 }

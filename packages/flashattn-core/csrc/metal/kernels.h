@@ -17,7 +17,8 @@ struct MetalKernel {
   std::string body;
 };
 
-// kernels/common.metal, rows.metal and mma.metal, concatenated.
+// kernels/params.h, common.metal, rows.metal, mma.metal and backward.metal,
+// concatenated.
 const std::string& metal_source();
 
 const std::vector<MetalKernel>& metal_kernels();

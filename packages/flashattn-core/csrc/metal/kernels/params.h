@@ -24,6 +24,7 @@ enum Param : int {
   kScaleLog2 = 10,   // softmax scale x log2(e), as float bits
   kRowsTotal = 11,   // B x H_q x L: slots of the split partials
   kSplits = 12,
+  kScale = 13,       // the softmax scale itself, as float bits (the backward's dQ, dK)
   kParamCount = 16,
 };
 
@@ -34,6 +35,13 @@ enum MaskKind : int { kMaskNone = 0, kMaskCausal = 1, kMaskAdditive = 3 };
 // (EPT <= 4 head-dim elements per lane), 16 beyond (E <= 256).
 constexpr int rows_per_threadgroup(int EPT) {
   return EPT <= 4 ? 32 : 16;
+}
+
+// The backward kernels: rows (or keys) per threadgroup, a SIMD group each,
+// half the forward's: each SIMD group stages two vectors of E floats (q and
+// dO, or k and v), and Apple GPUs have 32 KiB of threadgroup memory.
+constexpr int backward_rows_per_threadgroup(int EPT) {
+  return EPT <= 4 ? 16 : 8;
 }
 
 // flash_mma: Br = 32 query rows in 4 SIMD groups (128 threads), Bc keys a tile.
