@@ -32,7 +32,7 @@ void row_dots(const void* d_out, const void* out, int64_t rows, int E, float* D)
 
 std::vector<BackwardItem> plan_backward(const AttentionProblem& p) {
   std::vector<BackwardItem> items;
-  const int64_t offset = int64_t(p.S) - p.L;
+  const int64_t offset = causal_offset(p.L, p.S);
   const bool causal = p.mask_kind == MaskKind::causal;
   for (int64_t g = 0; g < p.batch * p.H_kv; ++g) {
     for (int64_t c0 = 0; c0 < p.S; c0 += Bc) {

@@ -11,6 +11,16 @@ namespace flashattn::cpu {
 
 enum class TileVisibility { hidden, partial, visible };
 
+// The offset of the rule: L query positions against S keys.
+inline int64_t causal_offset(int64_t L, int64_t S) {
+  return S - L;
+}
+
+// The last key query position l sees (negative when it sees none).
+inline int64_t causal_last_key(int64_t l, int64_t offset) {
+  return l + offset;
+}
+
 // Query positions [l_min, l_max] against keys [c0, c1).
 inline TileVisibility causal_visibility(
     int64_t l_min,
@@ -18,10 +28,10 @@ inline TileVisibility causal_visibility(
     int64_t c0,
     int64_t c1,
     int64_t offset) {
-  if (c0 > l_max + offset) {
+  if (c0 > causal_last_key(l_max, offset)) {
     return TileVisibility::hidden;
   }
-  if (c1 - 1 <= l_min + offset) {
+  if (c1 - 1 <= causal_last_key(l_min, offset)) {
     return TileVisibility::visible;
   }
   return TileVisibility::partial;
@@ -29,7 +39,7 @@ inline TileVisibility causal_visibility(
 
 // Keys [0, end) hold every key that query positions <= l_max may see.
 inline int causal_key_end(int64_t l_max, int64_t offset, int S) {
-  return int(std::clamp<int64_t>(l_max + offset + 1, 0, S));
+  return int(std::clamp<int64_t>(causal_last_key(l_max, offset) + 1, 0, S));
 }
 
 // The first of L query positions that sees key c (L when none does).

@@ -19,7 +19,7 @@ int row_tile_key_end(const AttentionProblem& p, int RB, int row_tile) {
   }
   int rows = p.q_kv_heads_ratio * p.L;
   int last_row = std::min((row_tile + 1) * RB, rows) - 1;
-  return causal_key_end(last_row / p.q_kv_heads_ratio, p.S - p.L, p.S);
+  return causal_key_end(last_row / p.q_kv_heads_ratio, causal_offset(p.L, p.S), p.S);
 }
 
 } // namespace

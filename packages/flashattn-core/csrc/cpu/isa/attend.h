@@ -120,7 +120,7 @@ struct Attend {
       if (p.mask_kind == MaskKind::boolean || p.mask_kind == MaskKind::additive) {
         s.mask_off[r] = p.mask.base[n] + l * p.mask.row_stride;
       }
-      s.limit[r] = float(l + (p.S - p.L)); // last key the causal mask shows
+      s.limit[r] = float(causal_last_key(l, causal_offset(p.L, p.S)));
     }
     l_first = first / ratio;
     l_last = (first + rows - 1) / ratio;
@@ -225,7 +225,7 @@ struct Attend {
     for (int i = 0; i < E * RB; ++i) {
       s.Ot[i] = 0.0f;
     }
-    const int64_t offset = p.S - p.L;
+    const int64_t offset = causal_offset(p.L, p.S);
     for (int64_t c0 = item.key_begin; c0 < item.key_end; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, item.key_end - c0));
       auto visibility = p.mask_kind == MaskKind::causal

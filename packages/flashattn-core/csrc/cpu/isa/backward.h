@@ -174,7 +174,7 @@ struct Backward {
     gemm_acc<W, MR, NR>(s.Q, Ep, s.K_t, Bc, s.P, Bc, rows, p.E, Bc);
     gemm_acc<W, MR, NR>(s.dO, Ep, s.V_t, Bc, s.dS, Bc, rows, p.E, Bc);
     const float qk_scale = p.scale * kLog2e;
-    const int64_t offset = int64_t(p.S) - p.L;
+    const int64_t offset = causal_offset(p.L, p.S);
     for (int r = 0; r < rows; ++r) { // padding rows stay 0 from the fills above
       float* P = s.P + r * Bc;
       float* dS = s.dS + r * Bc;
@@ -254,7 +254,7 @@ struct Backward {
     const int64_t b = g / p.H_kv, kv_head = g % p.H_kv;
     // Causal: the rows that see any key of the tile.
     const int64_t l_begin =
-        p.mask_kind == MaskKind::causal ? causal_first_row(c0, int64_t(p.S) - p.L, p.L) : 0;
+        p.mask_kind == MaskKind::causal ? causal_first_row(c0, causal_offset(p.L, p.S), p.L) : 0;
     for (int hh = 0; hh < ratio; ++hh) {
       const int64_t n = b * p.H_q + kv_head * ratio + hh;
       for (int64_t l0 = l_begin; l0 < p.L; l0 += Br) {
@@ -281,7 +281,7 @@ struct Backward {
     const int64_t g = b * p.H_kv + h / p.q_kv_heads_ratio;
     int64_t key_end = p.S;
     if (p.mask_kind == MaskKind::causal) {
-      key_end = causal_key_end(l0 + rows - 1, int64_t(p.S) - p.L, p.S);
+      key_end = causal_key_end(l0 + rows - 1, causal_offset(p.L, p.S), p.S);
     }
     for (int64_t c0 = 0; c0 < key_end; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, p.S - c0));

@@ -142,7 +142,7 @@ struct Decode {
         q[r][e] = to_float(row[e * p.q.col_stride]) * q_scale;
       }
       out_off[r] = (n * p.L + l) * p.E;
-      limit[r] = l + (p.S - p.L);
+      limit[r] = causal_last_key(l, causal_offset(p.L, p.S));
       m_i[r] = kNegInf;
       l_i[r] = 0.0f;
       for (int e = 0; e < p.E; ++e) {
@@ -380,7 +380,7 @@ struct Decode {
 
   void run() {
     load_rows();
-    const int64_t offset = p.S - p.L;
+    const int64_t offset = causal_offset(p.L, p.S);
     const int first = item.row_tile * plan.RB;
     const int64_t l_first = first / p.q_kv_heads_ratio;
     const int64_t l_last = (first + R - 1) / p.q_kv_heads_ratio;
