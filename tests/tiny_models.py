@@ -16,6 +16,13 @@ FAMILIES = {
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1e6,
         tie_word_embeddings=False,
     ),
+    # gpt-oss: attention sinks, and sliding-window layers (RotatingKVCache)
+    # alternating with full ones; a mixture of experts for the MLP.
+    "gpt_oss": dict(
+        model_type="gpt_oss", hidden_size=64, num_hidden_layers=2, intermediate_size=64, head_dim=16,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=8, rope_theta=1e4, layer_types=["sliding_attention", "full_attention"],
+    ),
     "llama": dict(
         model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
         num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=1e4,

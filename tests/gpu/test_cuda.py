@@ -655,3 +655,12 @@ def test_patch_routes_through_the_gpu_kernels():
     assert (stats["flash_calls"], stats["fallbacks"]) == (1, {})
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
     assert relative_error(out, np.array(ref.astype(mx.float32))) <= 2e-2
+
+
+def test_sinks_are_refused_on_the_gpu_with_their_reason():
+    from flashattn_core import UnsupportedError
+
+    q = mx.zeros((1, 4, 8, 64))
+    with pytest.raises(UnsupportedError, match="attention sinks run on the CPU only") as info:
+        flash_attention(q, q, q, sinks=mx.zeros((4,)), stream=mx.gpu)
+    assert info.value.reason == "attention_sinks"

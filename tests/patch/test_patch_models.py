@@ -95,17 +95,33 @@ def test_quantized_kv_cache_falls_back_and_is_counted(tokenizer):
     assert mlxlm_flash_patch.stats()["fallbacks"].get("quantized_kv_cache", 0) > 0
 
 
-def test_attention_sinks_fall_back():
+def test_attention_sinks_go_through_flash_attention():
     from mlx_lm.models import base
 
     q = mx.random.normal((1, 4, 3, 16))
     k = v = mx.random.normal((1, 2, 3, 16))
-    sinks = mx.zeros((4,))
+    sinks = mx.array([0.5, -1.0, 2.0, 0.0])
     expected = base.scaled_dot_product_attention(q, k, v, None, scale=0.25, mask=None, sinks=sinks)
     with mlxlm_flash_patch.patched():
         out = base.scaled_dot_product_attention(q, k, v, None, scale=0.25, mask=None, sinks=sinks)
-    assert mx.array_equal(out, expected)
-    assert mlxlm_flash_patch.stats()["fallbacks"] == {"attention_sinks": 1}
+    assert rel(out, expected) <= 1e-5
+    assert mlxlm_flash_patch.stats()["flash_calls"] == 1 and not mlxlm_flash_patch.stats()["fallbacks"]
+
+
+def test_gpt_oss_sinks_and_sliding_windows(tokenizer):
+    # Sinks on every layer; a sliding-window layer whose RotatingKVCache (8
+    # keys) wraps during the 24 generated tokens.
+    model, _ = tiny_model("gpt_oss", vocab_size=len(tokenizer))
+    prompt = "Lambda expressions and the assignment statement"
+    off_logits = logits(model, TOKENS)
+    off = generate(model, tokenizer, prompt, max_tokens=24)
+    with mlxlm_flash_patch.patched():
+        on_logits = logits(model, TOKENS)
+        on = generate(model, tokenizer, prompt, max_tokens=24)
+    assert rel(on_logits, off_logits) <= 1e-4
+    assert on == off and len(off) > 0
+    s = mlxlm_flash_patch.stats()
+    assert s["flash_calls"] > 0 and not s["fallbacks"]
 
 
 def test_head_dim_the_kernel_refuses_falls_back():

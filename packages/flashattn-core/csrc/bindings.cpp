@@ -141,10 +141,11 @@ NB_MODULE(_ext, m) {
          std::optional<float> scale,
          const MaskArg& mask,
          std::optional<mx::Dtype> dtype,
+         std::optional<mx::array> sinks,
          mx::StreamOrDevice stream) {
         auto [mode, mask_arr] = split_mask(mask);
         return flashattn::flash_attention(
-            queries, keys, values, scale, mode, mask_arr, stream, dtype);
+            queries, keys, values, scale, mode, mask_arr, stream, dtype, sinks);
       },
       "queries"_a,
       "keys"_a,
@@ -153,12 +154,14 @@ NB_MODULE(_ext, m) {
       "scale"_a = nb::none(),
       "mask"_a = nb::none(),
       "dtype"_a = nb::none(),
+      "sinks"_a = nb::none(),
       "stream"_a = nb::none(),
       nb::sig(
           "def flash_attention(queries: mlx.core.array, keys: mlx.core.array, "
           "values: mlx.core.array, *, scale: float | None = None, "
           "mask: str | mlx.core.array | None = None, "
           "dtype: mlx.core.Dtype | None = None, "
+          "sinks: mlx.core.array | None = None, "
           "stream: mlx.core.Stream | mlx.core.Device | None = None) "
           "-> mlx.core.array"),
       R"(FlashAttention-2: softmax(scale * Q K^T + mask) V without the L x S matrix.
@@ -176,6 +179,11 @@ Args:
         with ``float16`` / ``bfloat16`` inputs: attention in float32 and a
         float32 result, as if the inputs had been cast to float32 first (on
         CUDA the tensor-core decode reads the 16-bit inputs as they are).
+    sinks (array, optional): ``(H_q,)``, one logit per query head that joins
+        every row's softmax denominator and adds no value, as MLX's
+        ``scaled_dot_product_attention(..., sinks=)``; differentiable. CPU
+        only so far (elsewhere an ``UnsupportedError`` with reason
+        ``"attention_sinks"``).
     stream (Stream or Device, optional): where to run.
 
 Returns:

@@ -22,9 +22,10 @@ enum class MaskKind { none, causal, boolean, additive };
 
 // Why a call was refused, decided where it is checked: callers that fall back
 // (mlxlm-flash-patch) count by it instead of reading the message.
-enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel };
+enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel, sinks };
 
-// "unsupported_input", "unsupported_head_dim", ..., "no_gpu_kernel".
+// "unsupported_input", "unsupported_head_dim", ..., "no_gpu_kernel",
+// "attention_sinks".
 const char* reason_name(Reason reason);
 
 // The error every check throws: a std::invalid_argument (Python ValueError)
@@ -57,7 +58,9 @@ class Unsupported : public std::invalid_argument {
  * to (B..., H_q, L, S)). dtype: unset or the queries' dtype, or float32 with
  * float16 / bfloat16 inputs: attention in float32 and a float32 result, as if
  * the inputs had been cast to float32 first (on CUDA the 16-bit decode does
- * it without the casts' copies). Bad input throws Unsupported.
+ * it without the casts' copies). sinks: one logit per query head (H_q,) that
+ * joins every row's softmax denominator and adds no value (MLX's SDPA
+ * `sinks`); on the CPU. Bad input throws Unsupported.
  */
 mx::array flash_attention(
     const mx::array& queries,
@@ -67,7 +70,8 @@ mx::array flash_attention(
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     mx::StreamOrDevice s = {},
-    std::optional<mx::Dtype> dtype = std::nullopt);
+    std::optional<mx::Dtype> dtype = std::nullopt,
+    std::optional<mx::array> sinks = std::nullopt);
 
 // Gradients of softmax(scale Q K^T + mask) V with respect to the primals
 // {queries, keys, values[, mask]} named in argnums, by recomputation through
@@ -147,8 +151,10 @@ class FlashAttention : public mx::Primitive {
  */
 class FlashAttentionVJP : public mx::Primitive {
  public:
-  FlashAttentionVJP(mx::Stream stream, float scale, MaskKind mask_kind)
-      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+  // with_lse_grad: a last input holds the cotangent of the forward's
+  // log-sum-exp output (attention sinks read it), which joins dS.
+  FlashAttentionVJP(mx::Stream stream, float scale, MaskKind mask_kind, bool with_lse_grad = false)
+      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind), with_lse_grad_(with_lse_grad) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -161,6 +167,7 @@ class FlashAttentionVJP : public mx::Primitive {
  private:
   float scale_;
   MaskKind mask_kind_;
+  bool with_lse_grad_;
 };
 
 } // namespace flashattn

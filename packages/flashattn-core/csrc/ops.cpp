@@ -30,6 +30,7 @@ const char* reason_name(Reason reason) {
     case Reason::dtype: return "unsupported_dtype";
     case Reason::mask: return "unsupported_mask";
     case Reason::no_gpu_kernel: return "no_gpu_kernel";
+    case Reason::sinks: return "attention_sinks";
     case Reason::input: break;
   }
   return "unsupported_input";
@@ -305,6 +306,34 @@ Fused metal_backward(float scale, MaskKind mask_kind, mx::Stream stream, metal::
   };
 }
 
+// Attention sinks: one float logit per query head.
+void check_sinks(const mx::array& sinks, const mx::array& queries, Backend backend) {
+  const int H_q = queries.shape(-3);
+  if (sinks.ndim() != 1 || sinks.shape(0) != H_q) {
+    fail(Reason::input, "sinks must have shape (H_q,) = (" + std::to_string(H_q) + ",), one logit per query head; got " +
+        shape_str(sinks.shape()));
+  }
+  if (!is_supported_float(sinks.dtype())) {
+    fail(Reason::input, "sinks must be float32, float16 or bfloat16; got " + dtype_str(sinks.dtype()));
+  }
+  if (backend != Backend::cpu) {
+    fail(Reason::sinks, "attention sinks run on the CPU only so far; use stream=mx.cpu");
+  }
+}
+
+// softmax over the keys and a sink: with the row's (natural) log-sum-exp
+// lse, out = sum_j e^(s_j) v_j / (e^lse + e^sink) = o x sigmoid(lse - sink),
+// o the attention without it. lse2 is the forward's, in the log2 domain
+// (+inf for a row that sees no key: its o is 0 either way).
+mx::array with_sinks(const mx::array& o, const mx::array& lse2, const mx::array& sinks, mx::Stream s) {
+  const auto f32 = mx::float32;
+  const int H_q = sinks.shape(0);
+  auto sink = mx::reshape(mx::astype(sinks, f32, s), {H_q, 1}, s);
+  auto lse = mx::multiply(lse2, mx::array(0.6931471805599453f, f32), s);  // ln 2
+  auto keep = mx::expand_dims(mx::sigmoid(mx::subtract(lse, sink, s), s), -1, s);
+  return mx::astype(mx::multiply(mx::astype(o, f32, s), keep, s), o.dtype(), s);
+}
+
 // Whether dtype asks for float32 attention over float16 / bfloat16 inputs;
 // any dtype but the inputs' own or float32 is refused.
 bool widens(const mx::array& queries, std::optional<mx::Dtype> dtype) {
@@ -326,10 +355,12 @@ mx::array flash_attention(
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     mx::StreamOrDevice s,
-    std::optional<mx::Dtype> dtype) {
+    std::optional<mx::Dtype> dtype,
+    std::optional<mx::array> sinks) {
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   const bool widen = widens(queries, dtype);
   Backend backend = backend_for(requested_device(s));
+  if (sinks) check_sinks(*sinks, queries, backend);
   auto stream = mx::to_stream(s);
 
   // Empty problems are defined without running a kernel: no queries give an
@@ -352,7 +383,8 @@ mx::array flash_attention(
     // Elsewhere float32 attention over 16-bit inputs is the float32 path on
     // cast inputs.
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, stream); };
-    return flash_attention(f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s);
+    return flash_attention(f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s, std::nullopt,
+                           sinks);
   }
   if (backend != Backend::cpu) {
     auto forward = [=](const std::vector<mx::array>& in) {
@@ -379,14 +411,16 @@ mx::array flash_attention(
   }
   // Under a transformation a gradient may be asked for: the forward then also
   // keeps each row's log-sum-exp for the fused backward (L floats a head).
-  const bool with_lse = any_tracer(inputs);
+  // Sinks read it always.
+  const bool with_lse = sinks || any_tracer(inputs);
   auto primitive = std::make_shared<FlashAttention>(stream, softmax_scale, mask_kind, with_lse);
   if (!with_lse) {
     return mx::array(queries.shape(), queries.dtype(), std::move(primitive), std::move(inputs));
   }
   auto shapes = primitive->output_shapes(inputs);
-  return mx::array::make_arrays(
-      std::move(shapes), {queries.dtype(), mx::float32}, std::move(primitive), std::move(inputs))[0];
+  auto outputs = mx::array::make_arrays(
+      std::move(shapes), {queries.dtype(), mx::float32}, std::move(primitive), std::move(inputs));
+  return sinks ? with_sinks(outputs[0], outputs[1], *sinks, stream) : outputs[0];
 }
 
 mx::array flash_attention_metal_emulated(
@@ -430,7 +464,7 @@ void FlashAttention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::arr
 
 bool FlashAttentionVJP::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const FlashAttentionVJP&>(other);
-  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_;
+  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && with_lse_grad_ == o.with_lse_grad_;
 }
 
 void FlashAttentionVJP::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

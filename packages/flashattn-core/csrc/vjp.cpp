@@ -7,7 +7,9 @@
 // With P = softmax(scale Q K^T + mask) over visible keys and O = P V:
 //   dV = P^T dO         dP = dO V^T         D = rowsum(dO * O)
 //   dS = P * (dP - D)   dQ = scale dS K     dK = scale dS^T Q
-// An additive mask receives dS; a boolean one has no gradient.
+// An additive mask receives dS; a boolean one has no gradient. A cotangent g
+// of the forward's log-sum-exp output (log2 domain; attention sinks use it)
+// adds g p / ln 2 to dS, that is, D becomes D - g log2(e).
 
 #include <algorithm>
 #include <limits>
@@ -121,6 +123,12 @@ std::vector<mx::array> attention_vjp(
   auto O = mx::reshape(mx::astype(outputs[0], f32, s), grouped(q, H_kv), s);
   auto dP = mx::matmul(dO, mx::swapaxes(vg, -1, -2, s), s);
   auto D = mx::sum(mx::multiply(dO, O, s), -1, true, s);
+  if (cotangents.size() > 1) {
+    auto shape = grouped(q, H_kv);
+    shape.back() = 1;
+    auto d_lse = mx::reshape(mx::astype(cotangents[1], f32, s), shape, s);
+    D = mx::subtract(D, mx::multiply(d_lse, mx::array(1.4426950408889634f, f32), s), s);
+  }
   auto dS = mx::multiply(P, mx::subtract(dP, D, s), s);
   auto scale = mx::array(scale_, f32);
 
@@ -167,10 +175,12 @@ std::vector<mx::array> FlashAttention::vjp(
   inputs.push_back(outputs[0]);
   inputs.push_back(mx::contiguous(mx::astype(cotangents[0], q.dtype(), s), false, s));
   inputs.push_back(outputs[1]);
+  const bool lse_grad = cotangents.size() > 1;
+  if (lse_grad) inputs.push_back(mx::contiguous(mx::astype(cotangents[1], mx::float32, s), false, s));
   auto grads = mx::array::make_arrays(
       {q.shape(), primals[1].shape(), primals[2].shape()},
       {q.dtype(), q.dtype(), q.dtype()},
-      std::make_shared<FlashAttentionVJP>(s, scale_, mask_kind_),
+      std::make_shared<FlashAttentionVJP>(s, scale_, mask_kind_, lse_grad),
       std::move(inputs));
   std::vector<mx::array> out;
   for (int arg : argnums) {

@@ -80,6 +80,9 @@ void run_backward(BackwardProblem bp) {
   } else {
     row_dots<mx::bfloat16_t>(bp.d_out, p.out, rows, p.E, D.data());
   }
+  if (bp.d_lse) {
+    for (int64_t i = 0; i < rows; ++i) D[i] -= bp.d_lse[i] * 1.4426950408889634f;  // see vjp.cpp
+  }
   bp.D = D.data();
 
   const std::vector<BackwardItem> items = plan_backward(p);
@@ -100,16 +103,18 @@ void run_backward(BackwardProblem bp) {
 
 namespace flashattn {
 
-// inputs: queries, keys, values[, mask], out, d_out, lse; outputs: dq, dk, dv.
+// inputs: queries, keys, values[, mask], out, d_out, lse[, d_lse]; outputs:
+// dq, dk, dv.
 void FlashAttentionVJP::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& encoder = cpu::start_encoding(stream(), inputs, outputs);
-  const size_t n = inputs.size();
-  std::vector<mx::array> primals(inputs.begin(), inputs.end() - 3);
+  const size_t n = inputs.size() - (with_lse_grad_ ? 1 : 0);
+  std::vector<mx::array> primals(inputs.begin(), inputs.begin() + (n - 3));
   mx::array out = inputs[n - 3];
   cpu::BackwardProblem bp;
   bp.fwd = cpu::describe_problem(primals, out, scale_, mask_kind_);
   bp.d_out = inputs[n - 2].data<void>();
   bp.lse = inputs[n - 1].data<float>();
+  if (with_lse_grad_) bp.d_lse = inputs[n].data<float>();
   bp.dq = outputs[0].data<void>();
   bp.dk = outputs[1].data<void>();
   bp.dv = outputs[2].data<void>();

@@ -21,6 +21,7 @@ struct BackwardProblem {
   const void* d_out = nullptr; // dO, row contiguous (B..., H_q, L, E), fwd.dtype
   const float* lse = nullptr; // the forward's, row contiguous (B..., H_q, L)
   const float* D = nullptr; // rowsum(dO * O), same layout
+  const float* d_lse = nullptr; // optional: the cotangent of lse, same layout (folded into D)
   void *dq = nullptr, *dk = nullptr, *dv = nullptr; // row contiguous, fwd.dtype
 };
 

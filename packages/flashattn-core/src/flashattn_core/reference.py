@@ -52,8 +52,10 @@ def mask_terms(mask, shape) -> tuple[np.ndarray, np.ndarray | float]:
     return ~np.isneginf(additive), additive
 
 
-def attention_reference(queries, keys, values, *, scale=None, mask=None) -> np.ndarray:
-    """softmax(scale * Q K^T + mask) V in float64; rows with no visible key are 0."""
+def attention_reference(queries, keys, values, *, scale=None, mask=None, sinks=None) -> np.ndarray:
+    """softmax(scale * Q K^T + mask) V in float64; rows with no visible key are 0.
+    sinks: (H_q,) logits that join every row's softmax denominator and add no
+    value (MLX's SDPA ``sinks``)."""
     q, k, v = to_float64(queries), to_float64(keys), to_float64(values)
     *batch, H_q, L, E = q.shape
     H_kv, S = k.shape[-3], k.shape[-2]
@@ -73,9 +75,14 @@ def attention_reference(queries, keys, values, *, scale=None, mask=None) -> np.n
         scores = np.where(visible.reshape(grouped), scores + additive, -np.inf)
 
         m = np.max(scores, axis=-1, keepdims=True)
+        if sinks is not None:
+            sink = to_float64(sinks).reshape(H_kv, ratio, 1, 1)
+            m = np.maximum(m, sink)
         m = np.where(np.isneginf(m), 0.0, m)  # rows with no visible key
         p = np.exp(scores - m)
     l = np.sum(p, axis=-1, keepdims=True)
+    if sinks is not None:
+        l = l + np.exp(sink - m)
     if np.isfinite(v).all():
         o = p @ vg
     else:

@@ -30,12 +30,11 @@ def make_attention(original, precision: str):
         if hasattr(cache, "bits"):
             count_fallback("quantized_kv_cache", "keys/values are packed tuples")
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
-        if sinks is not None:
-            count_fallback("attention_sinks")
-            return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         out_dtype = queries.dtype
         try:
-            out = flash_attention(queries, keys, values, scale=scale, mask=mask, dtype=dtype)
+            # Sinks (gpt-oss) run on the CPU; elsewhere the kernel refuses them
+            # with reason "attention_sinks", counted below.
+            out = flash_attention(queries, keys, values, scale=scale, mask=mask, dtype=dtype, sinks=sinks)
         except (ValueError, TypeError) as error:
             # Validation happens before anything is computed: nothing is lost.
             # The check that refused the call names the reason; a wrong Python
