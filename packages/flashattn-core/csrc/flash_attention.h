@@ -20,6 +20,10 @@ namespace mx = mlx::core;
 
 enum class MaskKind { none, causal, boolean, additive };
 
+// Scores are kept in the log2 domain (exp2 is the cheap exponential): scale
+// and mask terms are multiplied by log2(e), and so is the log-sum-exp.
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 // Why a call was refused, decided where it is checked: callers that fall back
 // (mlxlm-flash-patch) count by it instead of reading the message.
 enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel, sinks };

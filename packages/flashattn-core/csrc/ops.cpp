@@ -329,7 +329,7 @@ mx::array with_sinks(const mx::array& o, const mx::array& lse2, const mx::array&
   const auto f32 = mx::float32;
   const int H_q = sinks.shape(0);
   auto sink = mx::reshape(mx::astype(sinks, f32, s), {H_q, 1}, s);
-  auto lse = mx::multiply(lse2, mx::array(0.6931471805599453f, f32), s);  // ln 2
+  auto lse = mx::divide(lse2, mx::array(kLog2e, f32), s);
   auto keep = mx::expand_dims(mx::sigmoid(mx::subtract(lse, sink, s), s), -1, s);
   return mx::astype(mx::multiply(mx::astype(o, f32, s), keep, s), o.dtype(), s);
 }

@@ -127,7 +127,7 @@ std::vector<mx::array> attention_vjp(
     auto shape = grouped(q, H_kv);
     shape.back() = 1;
     auto d_lse = mx::reshape(mx::astype(cotangents[1], f32, s), shape, s);
-    D = mx::subtract(D, mx::multiply(d_lse, mx::array(1.4426950408889634f, f32), s), s);
+    D = mx::subtract(D, mx::multiply(d_lse, mx::array(kLog2e, f32), s), s);
   }
   auto dS = mx::multiply(P, mx::subtract(dP, D, s), s);
   auto scale = mx::array(scale_, f32);

@@ -81,7 +81,7 @@ void run_backward(BackwardProblem bp) {
     row_dots<mx::bfloat16_t>(bp.d_out, p.out, rows, p.E, D.data());
   }
   if (bp.d_lse) {
-    for (int64_t i = 0; i < rows; ++i) D[i] -= bp.d_lse[i] * 1.4426950408889634f;  // see vjp.cpp
+    for (int64_t i = 0; i < rows; ++i) D[i] -= bp.d_lse[i] * kLog2e;  // see vjp.cpp
   }
   bp.D = D.data();
 

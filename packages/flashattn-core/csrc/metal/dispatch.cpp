@@ -30,7 +30,6 @@ namespace flashattn::metal {
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMinElements = 8;
 
 using namespace fa;  // Param, MaskKind and the tile sizes (kernels/params.h)
@@ -267,6 +266,7 @@ std::vector<mx::array> flash_attention_backward(
   const int heads = checked_int(c.batch * H_kv, "heads");
   const TemplateArgs args = {{"T", q.dtype()}, {"EPT", ept}};
   auto flat = [&](const mx::array& x) { return flat_at_least_8(x, s); };
+  const mx::array qf = flat(q), kf = flat(k), vf = flat(v), d_out_f = flat(mx::astype(d_out, q.dtype(), s));
 
   // Rows: the same threadgroups as flash_rows (row_task), every key one split.
   c.p[kRowsPerGroup] = tg_rows;
@@ -274,9 +274,8 @@ std::vector<mx::array> flash_attention_backward(
   c.p[kSplits] = 1;
   const int64_t rows = c.p[kRowsTotal];
   auto dq_stats = launch({"flash_backward_rows", args,
-                          {flat(q), flat(k), flat(v), c.mask_data, c.mask_base,
-                           mx::array(c.p.data(), {kParamCount}, mx::int32), flat(mx::astype(o, q.dtype(), s)),
-                           flat(mx::astype(d_out, q.dtype(), s))},
+                          {qf, kf, vf, c.mask_data, c.mask_base, mx::array(c.p.data(), {kParamCount}, mx::int32),
+                           flat(mx::astype(o, q.dtype(), s)), d_out_f},
                           {q.shape(), {checked_int(std::max<int64_t>(2 * rows, kMinElements), "query rows")}},
                           {q.dtype(), mx::float32},
                           {ceil_div(group_rows, tg_rows) * 32 * tg_rows, heads, 1},
@@ -286,9 +285,8 @@ std::vector<mx::array> flash_attention_backward(
   const int tg_keys = std::min(rows_max, S);
   c.p[kRowsPerGroup] = tg_keys;
   auto dk_dv = launch({"flash_backward_keys", args,
-                       {flat(q), flat(k), flat(v), c.mask_data, c.mask_base,
-                        mx::array(c.p.data(), {kParamCount}, mx::int32), flat(mx::astype(d_out, q.dtype(), s)),
-                        dq_stats[1]},
+                       {qf, kf, vf, c.mask_data, c.mask_base, mx::array(c.p.data(), {kParamCount}, mx::int32),
+                        d_out_f, dq_stats[1]},
                        {k.shape(), v.shape()},
                        {k.dtype(), v.dtype()},
                        {ceil_div(S, tg_keys) * 32 * tg_keys, heads, 1},

@@ -42,7 +42,6 @@ struct Attend {
   using S = Simd<W>;
   using vf = typename S::vf;
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  static constexpr float kLog2e = 1.4426950408889634f;
 
   const AttentionProblem& p;
   WorkPlan& plan;

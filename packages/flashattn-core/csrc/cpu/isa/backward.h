@@ -100,7 +100,6 @@ struct Backward {
   static constexpr int MR = 4, NR = W >= 16 ? 4 : 2;
   static constexpr int Br = kBackwardRows;
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  static constexpr float kLog2e = 1.4426950408889634f;
   using S = Simd<W>;
 
   const BackwardProblem& bp;

@@ -112,7 +112,6 @@ struct Ahead {
 template <int R, typename T>
 struct Decode {
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  static constexpr float kLog2e = 1.4426950408889634f;
 
   const AttentionProblem& p;
   WorkPlan& plan;
