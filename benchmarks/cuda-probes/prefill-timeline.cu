@@ -1,7 +1,6 @@
 // Block timeline of the Hopper 16-bit prefill kernel (prefill_f16_wg.cu),
-// standalone (no MLX), at E = 128 and at E = 64 (with cp.async copies: the
-// shipped kernel copies by TMA; the schedule is the same): each block records its SM and its start and
-// end (clock64 and %globaltimer, thread 0, written straight to global memory
+// standalone (no MLX), at E = 128 and at E = 64: each block records its SM
+// and its start and end (clock64 and %globaltimer, thread 0, written straight to global memory
 // so that no register stays live across the kernel). Printed per launch
 // shape: the span, how busy the SMs were, the gaps between blocks on one SM,
 // how long the SMs that finished first sat idle (the tail), and block
@@ -44,20 +43,21 @@ __device__ __forceinline__ int sm_id() {
 // F32: the float32 attention over 16-bit inputs (fa_prefill_wg32_*: no
 // overlap, a float32 output).
 template <int E, int G, int ITEMS, bool F32 = false>
-using Shape = fa::WhShape<G, 128, !F32, true, ITEMS>;
+using Shape = fa::WhShape<G, 128, !F32, ITEMS>;
 
 template <int E, int G, int ITEMS, bool F32 = false>
 __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k, const T* v, const void* mask,
                                                 const int64_t* mask_base, void* out, int H_q, int H_kv, int L, int S,
                                                 int mask_kind, int mask_rs, int mask_cs, float scale_log2,
                                                 int slices, int split_from, int splits, FA_LAYOUT_PARAMS,
-                                                void* scratch, unsigned long long tag) {
+                                                const void* map_template, void* scratch, unsigned long long tag) {
   const int b = blockIdx.x + gridDim.x * blockIdx.y;
   if (threadIdx.x == 0) g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
   using TO = std::conditional_t<F32, float, T>;
   fa::prefill_wg<T, E, Shape<E, G, ITEMS, F32>, F32>(q, k, v, mask, mask_base, static_cast<TO*>(out), H_q, H_kv, L,
                                                      S, mask_kind, mask_rs, mask_cs, scale_log2, slices, split_from,
-                                                     splits, FA_LAYOUT, nullptr, scratch, tag);
+                                                     splits, FA_LAYOUT, static_cast<const fa::MapTemplate*>(map_template),
+                                                     scratch, tag);
   __syncthreads();
   if (threadIdx.x == 0) {
     Record& r = g_records[blockIdx.x + gridDim.x * blockIdx.y];
@@ -94,7 +94,15 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   const int blocks = grid.x * grid.y;
   CHECK(cudaMalloc(&drec, blocks * sizeof(Record)));
   CHECK(cudaMemcpyToSymbol(g_records, &drec, sizeof(drec)));
-  void* scratch = nullptr;  // the maps' slots (unused: cp.async copies), then the pieces' tickets and states
+  // The TMA copies' map template, then scratch: the maps' slots, the pieces' tickets and states.
+  unsigned char* templ = nullptr;
+  {
+    alignas(64) unsigned char host[128];
+    probe::map_template<T>(host);
+    CHECK(cudaMalloc(&templ, 128));
+    CHECK(cudaMemcpy(templ, host, 128, cudaMemcpyHostToDevice));
+  }
+  void* scratch = nullptr;
   const size_t scratch_bytes = fa::wg_shapes::kMapSlots * fa::wg_shapes::kMapSlotBytes +
       (split ? fa::wg_shapes::split_scratch_bytes(units - split_from, splits, E, G) : 0);
   CHECK(cudaMalloc(&scratch, scratch_bytes));
@@ -108,7 +116,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
         timed<E, G, ITEMS, F32><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, 0,
                                                     scale_log2, ITEMS == 2 || split ? H_q : 0, split_from, splits,
                                                     H_q * L * E, L * E, E, H_kv * S * E, S * E, E, H_kv * S * E,
-                                                    S * E, E, scratch, tag++);
+                                                    S * E, E, templ, scratch, tag++);
       },
       reps);
   std::vector<Record> rec(blocks);  // the last launch's
@@ -169,6 +177,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaFree(dout));
   CHECK(cudaFree(drec));
   CHECK(cudaFree(scratch));
+  CHECK(cudaFree(templ));
 }
 
 int main() {

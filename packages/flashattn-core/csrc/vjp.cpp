@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 
+#include "cpu/causal.h"
 #include "flash_attention.h"
 
 namespace flashattn {
@@ -94,7 +95,8 @@ std::vector<mx::array> attention_vjp(
   if (mask_kind_ == MaskKind::causal) {
     auto rows = mx::reshape(mx::arange(L, mx::int32, s), {L, 1}, s);
     auto cols = mx::reshape(mx::arange(S, mx::int32, s), {1, S}, s);
-    visible = mx::less_equal(cols, mx::add(rows, mx::array(S - L), s), s);
+    const int offset = static_cast<int>(cpu::causal_offset(L, S));
+    visible = mx::less_equal(cols, mx::add(rows, mx::array(offset), s), s);
   } else if (mask_kind_ == MaskKind::boolean || mask_kind_ == MaskKind::additive) {
     // The mask may come in its own (broadcastable) shape.
     mx::Shape target(q.shape().begin(), q.shape().end() - 1);

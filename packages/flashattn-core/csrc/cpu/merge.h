@@ -40,16 +40,9 @@ void merge_partials(const AttentionProblem& p, WorkPlan& plan, int64_t tile) {
         o[e] += w * part.o(e, r);
       }
     }
-    float inv = l == 0.0f ? 0.0f : 1.0f / l;
     int64_t l_pos = (first + r) / ratio;
     int64_t n = b * p.H_q + g * ratio + (first + r) % ratio;
-    T* dst = out + (n * p.L + l_pos) * E;
-    for (int e = 0; e < E; ++e) {
-      dst[e] = static_cast<T>(o[e] * inv);
-    }
-    if (p.lse) {
-      p.lse[n * p.L + l_pos] = row_lse(m, l);
-    }
+    store_row(out + (n * p.L + l_pos) * E, o, 1, E, m, l, p.lse ? p.lse + n * p.L + l_pos : nullptr);
   }
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace flashattn::cpu {
@@ -20,8 +21,25 @@ inline float softmax_base(float m) {
   return m == -std::numeric_limits<float>::infinity() ? 0.0f : m;
 }
 
+// 1 / l for a row's output: 0 for a row that saw no visible key (l = 0),
+// whose output is zeros, never NaN.
+inline float inverse_sum(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
+
 inline float row_lse(float m, float l) {
   return l == 0.0f ? std::numeric_limits<float>::infinity() : m + std::log2(l);
+}
+
+// A row's output O = o / l to dst (o's element e at o[e * stride]), and its
+// log-sum-exp to *lse when the forward keeps it (lse not null).
+template <typename T>
+inline void store_row(T* dst, const float* o, int64_t stride, int E, float m, float l, float* lse) {
+  const float inv = inverse_sum(l);
+  for (int e = 0; e < E; ++e) {
+    dst[e] = static_cast<T>(o[e * stride] * inv);
+  }
+  if (lse) {
+    *lse = row_lse(m, l);
+  }
 }
 
 } // namespace flashattn::cpu

@@ -423,7 +423,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   namespace ws = fa::wg_shapes;
   const std::string wg_kernel = (d.widen ? "fa_prefill_wg32_" : "fa_prefill_wg_") + d.dt + "_" + std::to_string(d.E);
   // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
-  const bool needs_maps = dtype != mx::float32 && ws::kF16Tma;
+  const bool needs_maps = dtype != mx::float32;
   const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
   const bool wg = (!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index);
   WgLaunch wg_launch;

@@ -289,14 +289,8 @@ struct Attend {
   void store_output() {
     T* out = static_cast<T*>(p.out);
     for (int r = 0; r < rows; ++r) {
-      float inv = s.l_i[r] == 0.0f ? 0.0f : 1.0f / s.l_i[r];
-      T* o = out + s.out_off[r];
-      for (int e = 0; e < p.E; ++e) {
-        o[e] = static_cast<T>(s.Ot[e * RB + r] * inv);
-      }
-      if (p.lse) {
-        p.lse[s.out_off[r] / p.E] = row_lse(s.m_i[r], s.l_i[r]);
-      }
+      store_row(out + s.out_off[r], s.Ot + r, RB, p.E, s.m_i[r], s.l_i[r],
+                p.lse ? p.lse + s.out_off[r] / p.E : nullptr);
     }
   }
 

@@ -421,13 +421,7 @@ struct Decode {
   void store_output() {
     T* out = static_cast<T*>(p.out);
     for (int r = 0; r < R; ++r) {
-      const float inv = l_i[r] == 0.0f ? 0.0f : 1.0f / l_i[r];
-      for (int e = 0; e < p.E; ++e) {
-        out[out_off[r] + e] = static_cast<T>(o[r][e] * inv);
-      }
-      if (p.lse) {
-        p.lse[out_off[r] / p.E] = row_lse(m_i[r], l_i[r]);
-      }
+      store_row(out + out_off[r], o[r], 1, p.E, m_i[r], l_i[r], p.lse ? p.lse + out_off[r] / p.E : nullptr);
     }
   }
 

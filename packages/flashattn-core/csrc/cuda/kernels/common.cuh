@@ -11,14 +11,10 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "causal.h"
+
 #define FA_NEG_INF (-__int_as_float(0x7f800000))
 #define FA_LOG2E 1.4426950408889634f
-
-// A point of a probe's timeline (a probe that includes a kernel may define it
-// to record the time there); nothing in the extension's kernels.
-#ifndef FA_MARK
-#define FA_MARK(i)
-#endif
 
 namespace fa {
 
@@ -66,12 +62,18 @@ struct Layout {
   fa::Layout{{q_sb, q_sh, q_sr}, {k_sb, k_sh, k_sr}, {v_sb, v_sh, v_sr}}
 
 // The mask's contribution to one score, in the log2 domain: -inf hides.
+// Every kernel asks it, and only it, which keys a row sees.
 struct Mask {
   int kind;
   const void* data;
   const int64_t* base;  // per (batch x query head)
   int row_stride, col_stride;
-  int offset;           // S - L, for causal
+  int offset;           // causal_offset(L, S)
+
+  __device__ __forceinline__ Mask(int kind_, const void* data_, const int64_t* base_, int row_stride_,
+                                  int col_stride_, int L, int S)
+      : kind(kind_), data(data_), base(base_), row_stride(row_stride_), col_stride(col_stride_),
+        offset(causal_offset(L, S)) {}
 
   __device__ __forceinline__ int64_t row_base(int64_t n, int l) const {
     return base[n] + (int64_t)l * row_stride;
@@ -85,16 +87,24 @@ struct Mask {
     return a == FA_NEG_INF ? FA_NEG_INF : a * FA_LOG2E;
   }
   __device__ __forceinline__ bool is_array() const { return kind == kBool || kind == kAdditive; }
+  // Whether the causal rule (if this mask is causal) hides key c from row r.
+  __device__ __forceinline__ bool causal_hides(int r, int c) const {
+    return kind == kCausal && fa::causal_hides(r, c, offset);
+  }
+  // The end of the keys row r may see, from `end` (S or a split's end) on.
+  __device__ __forceinline__ int key_end(int r, int end) const {
+    return kind == kCausal ? min(end, r + offset + 1) : end;
+  }
   // Whether key c is hidden from row r (of L rows, S keys); rb = row_base(n, r),
   // read only for an array mask and a row and key that exist.
   __device__ __forceinline__ bool hides(int64_t rb, int r, int c, int L, int S) const {
-    if (r >= L || c >= S || (kind == kCausal && c > r + offset)) return true;
+    if (r >= L || c >= S || causal_hides(r, c)) return true;
     return is_array() && term(rb, c) == FA_NEG_INF;
   }
   // Whether some key of the tile [c0, c0 + bc) may be hidden from some row
   // from `first` on (S keys).
   __device__ __forceinline__ bool tile_hides(int c0, int bc, int first, int S) const {
-    return c0 + bc > S || is_array() || (kind == kCausal && c0 + bc - 1 > first + offset);
+    return c0 + bc > S || is_array() || causal_hides(first, c0 + bc - 1);
   }
 };
 

@@ -103,7 +103,6 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
   constexpr int kVRows = 8;
   using V16 = Vec16<T>;
   __shared__ DecodeSmem<T, E> sm;
-  FA_MARK(0);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
   // grid.y: KV heads x row blocks (a group's rows, kMaxRows at a time).
   const int ratio = H_q / H_kv, rows_per_group = ratio * L;
@@ -114,8 +113,8 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
   const T* k_head = k + lay.k.at(b, g, 0);
   const T* v_head = v + lay.v.at(b, g, 0);
   const int64_t ks = lay.k.sr, vs = lay.v.sr;
-  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
-  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+  const bool array_mask = mask.is_array();
   // Row r of the block, r0 + r of the group: query head g * ratio + (r0 + r) / L,
   // position (r0 + r) % L.
   auto head = [&](int r) { return g * ratio + (r0 + r) / L; };
@@ -183,7 +182,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     for (int r = 0; r < kMaxRows; ++r) {
       if (r >= R) break;
       const int l = pos(r);
-      bool hidden = c >= c_end || (mask_kind == kCausal && c > l + S - L);
+      bool hidden = c >= c_end || mask.causal_hides(l, c);
       if (!hidden && array_mask) {
         const float t = mask.term(mask.row_base(row_n(r), l), c);
         hidden = t == FA_NEG_INF;
@@ -193,14 +192,12 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
       float mx = s[r];
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float m_new = fmaxf(m_i[r], mx);
-      const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
-      const float alpha = exp2f(m_i[r] - m_use);
+      float m_use;
+      const float alpha = online_rescale<false>(m_i[r], mx, m_use);
       const float p = exp2f(s[r] - m_use);
       sm.p[w][r][lane] = p;
       const float sum = warp_sum(p);
       l_i[r] = l_i[r] * alpha + sum;
-      m_i[r] = m_new;
 #pragma unroll
       for (int i = 0; i < EL; ++i) o[r][i] *= alpha;
     }
@@ -234,7 +231,6 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     __syncwarp();
   }
 
-  FA_MARK(1);
   // Combine the 4 warps: m = max, weights 2^(m_w - m).
   __syncthreads();  // every warp is done with the queries: their space holds o now
 #pragma unroll
@@ -245,7 +241,6 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
     for (int i = 0; i < EL; ++i) sm.o[w][r][EL * lane + i] = o[r][i];
   }
   __syncthreads();
-  FA_MARK(2);
   finish_decode_block<E, kDecMergeBatch>(sm.o, sm.m, sm.l, R, [&](int r) { return row_n(r) * L + pos(r); }, out, o_part, ml_part,
                       (int64_t)gridDim.z * H_q * L, fused);
 }

@@ -7,6 +7,7 @@
 
 #pragma once
 
+#include "combine.cuh"
 #include "common.cuh"
 #include "partials.h"
 #include "ticket.cuh"
@@ -18,7 +19,7 @@ struct SameColumn {
   __device__ __forceinline__ int operator()(int, int e) const { return e; }
 };
 
-// m = max over warps, weights 2^(m_w - m). row_of(r): row r's index among
+// The warps' states merged (combine.cuh). row_of(r): row r's index among
 // the batch x H_q x L output rows (rows_total of them); col_of(r, e): the
 // column of o[w][r] that holds dim e.
 template <int W, int ROWS, int E, typename T, typename RowOf, typename ColOf>
@@ -31,18 +32,18 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
     float m_max = FA_NEG_INF;
 #pragma unroll
     for (int w = 0; w < W; ++w) m_max = fmaxf(m_max, m[w][r]);
-    const float m_use = m_max == FA_NEG_INF ? 0.0f : m_max;
+    const float base = exp_base(m_max);
     float l_sum = 0.0f, acc = 0.0f;
     const int col = col_of(r, e);
 #pragma unroll
     for (int w = 0; w < W; ++w) {
-      const float wgt = exp2f(m[w][r] - m_use);
+      const float wgt = merge_weight(m[w][r], base);
       l_sum += wgt * l[w][r];
       acc += wgt * o[w][r][col];
     }
     const int64_t row = row_of(r);
     if (o_part == nullptr) {
-      out[row * E + e] = from_f<T>(l_sum == 0.0f ? 0.0f : acc / l_sum);
+      out[row * E + e] = from_f<T>(acc * inverse_sum(l_sum));
     } else {
       const int64_t slot = (int64_t)split * rows_total + row;
       o_part[slot * E + e] = acc;
@@ -66,8 +67,8 @@ constexpr int kFusedMaxRows = 16;     // rows of one decode block
 
 // The merge in shares, each merged by one of the blocks that take the
 // group's last tickets. In one block the merge is a chain of batches of
-// loads, each ~1.8 us from issue to use on an H200; in shares of one batch
-// each, the chain is one batch long. The block with the last ticket merges
+// loads, each a round trip to L2; in shares of one batch each, the chain
+// is one batch long. The block with the last ticket merges
 // share 0; the block with the ticket `behind` places before it, for
 // behind < shares, waits for the last ticket and merges share `behind`. A
 // helper waits at most kHelperWaitCycles; then it marks its share given up
@@ -124,12 +125,11 @@ __device__ __forceinline__ void arm_group_ticket(float* ml_part, int64_t rows_to
 // so it covers the block's writes) and the add acquires the writes of every
 // block that took one before. The other threads read those after the
 // barrier below, which orders them after thread 0's acquire (the pattern of
-// CUTLASS's semaphores; a fence in every thread took ~0.6 us). The same
+// CUTLASS's semaphores; a fence in every thread cost more). The same
 // thread armed the word first.
 __device__ __forceinline__ unsigned long long take_group_ticket(float* ml_part, int64_t rows_total) {
   __shared__ unsigned long long before;
   __syncthreads();  // the block's partials are written
-  FA_MARK(6);
   if (threadIdx.x == 0) {
     unsigned long long was;
     asm volatile("atom.add.acq_rel.gpu.u64 %0, [%1], 1;"
@@ -138,7 +138,6 @@ __device__ __forceinline__ unsigned long long take_group_ticket(float* ml_part, 
                  : "memory");
     before = was;
   }
-  FA_MARK(7);
   __syncthreads();
   return before;
 }
@@ -257,20 +256,19 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float m_use = m == FA_NEG_INF ? 0.0f : m;
+    const float base = exp_base(m);
     float l_sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int s = lane + 32 * j;
-      const float wgt = exp2f(ml[j].x - m_use);
+      const float wgt = merge_weight(ml[j].x, base);
       if (s < splits) weight[r][s] = wgt;
       l_sum += wgt * ml[j].y;
     }
     l_sum = warp_sum(l_sum);
-    if (lane == 0) inv_l[r] = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+    if (lane == 0) inv_l[r] = inverse_sum(l_sum);
   }
   __syncthreads();
-  FA_MARK(9);
   for (int base = 0; base < items; base += span) {
     const int i = base + first_i, part = first_part;
     const bool active = i < items && part < parts;
@@ -315,11 +313,10 @@ __device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E]
                                                     float* o_part, float* ml_part, int64_t rows_total,
                                                     bool fused, ColOf col_of = {}) {
   combine_decode_warps(o, m, l, R, row_of, col_of, out, o_part, ml_part, blockIdx.x, rows_total);
-  FA_MARK(3);
   if (!fused) return;
   // Shares only where one block would need more than one batch of loads:
-  // a helper starts ~1 us after the last ticket (its wait's round trip), so
-  // at one batch a share costs more than it saves.
+  // a helper starts a round trip after the last ticket (its wait's), so at
+  // one batch a share costs more than it saves.
   const int splits = gridDim.x, shares = min(kMergeShares, merge_batches<E, kBatch>(R));
   const unsigned long long word = take_group_ticket(ml_part, rows_total);
   const int behind = splits - 1 - static_cast<int>(word & kTicketCount);  // 0: the last ticket
@@ -335,9 +332,7 @@ __device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E]
   while (todo != 0u) {
     const int share = __ffs(todo) - 1;
     todo &= todo - 1u;
-    FA_MARK(4);
     merge_group<E, kBatch>(o_part, ml_part, R, row_of, out, rows_total, share, shares);
-    FA_MARK(5);
   }
 }
 

@@ -104,7 +104,6 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
   constexpr int KC = 2048 / E;  // keys per chunk: what the registers hold
   constexpr int NT = KC / 8, KB = E / 32, KS = KC / 16, DB = E / 64, NO = 8 * DB;
   __shared__ MmaDecodeSmem<E, W> sm;
-  FA_MARK(0);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int ratio = H_q / H_kv, R = ratio * L;  // R <= 16 (the dispatch's condition)
   const int split = blockIdx.x, kvh = blockIdx.y;
@@ -174,8 +173,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
           }
         }
       }
-      // Online softmax (mma.cuh): keys past the split's end and rows past R hidden.
-      const Mask none{kNone, nullptr, nullptr, 0, 0, 0};
+      // Online softmax (softmax.cuh): keys past the split's end and rows past R hidden.
+      const Mask none{kNone, nullptr, nullptr, 0, 0, 0, 0};
       softmax_step<NT, NO>(sc, o, m_i, l_i, none, 0, g, R, c_end, c0, scale_log2, c0 + KC > c_end, lane);
 
       // O += P V: P of keys 16 s .. 16 s + 15 as the A operand (pairs of
@@ -208,7 +207,6 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
     }
   }
 
-  FA_MARK(1);
   if constexpr (kF32 && PSplit<T>::kScale != 1.0f) {
 #pragma unroll
     for (int i = 0; i < NO; ++i)
@@ -232,7 +230,6 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
         sm.o[w][r][MmaDecodeColumn{}(r, e)] = o[8 * db + i][c];
       }
   __syncthreads();
-  FA_MARK(2);
 
   auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
   finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,

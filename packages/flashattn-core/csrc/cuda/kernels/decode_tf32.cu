@@ -123,10 +123,8 @@ __device__ __forceinline__ void softmax_row(float (&s)[NT][2], float (&o)[NO][2]
   for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][0], s[nt][1]));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_new = fmaxf(m_i, mx * mul);
-  const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;  // nothing seen yet: exp2(-inf) = 0
-  const float alpha = fast_exp2(m_i - m_use);
-  m_i = m_new;
+  float m_use;
+  const float alpha = online_rescale<true>(m_i, mx * mul, m_use);
   float sum = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -154,7 +152,6 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
   constexpr int KC = 1024 / E;  // keys per chunk: what the registers hold
   constexpr int NT = KC / 8, QB = E / 16, VB = E / 32, NO = 4 * VB;
   __shared__ Tf32DecodeSmem<E, W> sm;
-  FA_MARK(0);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int ratio = H_q / H_kv, R = ratio * L;  // R <= 8 (the dispatch's condition)
   const int split = blockIdx.x, kvh = blockIdx.y;
@@ -241,7 +238,6 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
     }
   }
 
-  FA_MARK(1);
   // This warp's row g into shared memory (l summed over the quad).
   l_i += __shfl_xor_sync(0xffffffffu, l_i, 1);
   l_i += __shfl_xor_sync(0xffffffffu, l_i, 2);
@@ -256,7 +252,6 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
         sm.o[w][g][Tf32DecodeColumn{}(g, e)] = o[4 * vb + i][c];
       }
   __syncthreads();
-  FA_MARK(2);
 
   auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
   finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, (int64_t)gridDim.z * H_q * L, fused,

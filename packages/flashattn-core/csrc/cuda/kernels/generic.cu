@@ -9,6 +9,7 @@
 //
 //   grid.x: query rows (B x H_q x L) / warps per block; grid.y: key splits
 
+#include "combine.cuh"
 #include "generic_walk.cuh"
 #include "merge_shapes.h"
 #include "unit.cuh"
@@ -35,10 +36,10 @@ __device__ __forceinline__ void generic_attend(
     qv[i] = e < E ? to_f(q_row[e]) * scale_log2 : 0.0f;
     o[i] = 0.0f;
   }
-  Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   int c_begin = split * keys_per_split;
   int c_end = min(S, c_begin + keys_per_split);
-  if (mask_kind == kCausal) c_end = min(c_end, l + S - L + 1);
+  c_end = mask.key_end(l, c_end);
   const bool masked = mask.is_array();
   const int64_t rb = masked ? mask.row_base(n, l) : 0;
 
@@ -99,7 +100,7 @@ __device__ __forceinline__ void generic_attend(
     }
   } else {
     // Rows that saw no visible key (l = 0) are zeros, never NaN.
-    float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+    const float inv = inverse_sum(l_sum);
 #pragma unroll
     for (int i = 0; i < EPT; ++i) {
       int e = lane + 32 * i;
@@ -123,7 +124,7 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scrat
   return x;
 }
 
-// out = sum_s 2^(m_s - m) o_s / sum_s 2^(m_s - m) l_s, m = max_s m_s.
+// The splits' partials merged (combine.cuh).
 // One block per query row: the split weights go to shared memory once, then
 // the threads take the head dim (merge_shapes.h).
 template <typename T>
@@ -140,11 +141,11 @@ __device__ __forceinline__ void merge_splits(
   float m = FA_NEG_INF;
   for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, ml_part[((int64_t)s * rows + row) * 2]);
   m = block_reduce(m, true, scratch);
-  const float m_use = m == FA_NEG_INF ? 0.0f : m;
+  const float base = exp_base(m);
   float l_sum = 0.0f;
   for (int s = threadIdx.x; s < splits; s += blockDim.x) {
     const int64_t slot = (int64_t)s * rows + row;
-    const float wgt = exp2f(ml_part[slot * 2] - m_use);
+    const float wgt = merge_weight(ml_part[slot * 2], base);
     weight[s] = wgt;
     l_sum += wgt * ml_part[slot * 2 + 1];
   }
@@ -168,7 +169,7 @@ __device__ __forceinline__ void merge_splits(
 #pragma unroll
   for (int i = 0; i < kMaxEL; ++i) part[w][lane + 32 * i] = acc[i];
   __syncthreads();
-  const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+  const float inv = inverse_sum(l_sum);
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     float sum = 0.0f;
 #pragma unroll

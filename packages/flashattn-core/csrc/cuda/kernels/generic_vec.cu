@@ -12,6 +12,7 @@
 //
 //   grid.x: query rows (B x H_q x L) / warps per block; grid.y: key splits
 
+#include "combine.cuh"
 #include "generic_walk.cuh"
 #include "unit.cuh"
 
@@ -48,10 +49,10 @@ __device__ __forceinline__ void generic_attend_vec(
 #pragma unroll
     for (int i = 0; i < VE; ++i) qv[i] = elem(qu, i) * scale_log2, o[i] = 0.0f;
   }
-  Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int c_begin = split * keys_per_split;
   int c_end = min(S, c_begin + keys_per_split);
-  if (mask_kind == kCausal) c_end = min(c_end, l + S - L + 1);
+  c_end = mask.key_end(l, c_end);
   const bool masked = mask.is_array();
   const int64_t rb = masked ? mask.row_base(n, l) : 0;
 
@@ -89,13 +90,10 @@ __device__ __forceinline__ void generic_attend_vec(
 #pragma unroll
   for (int off = LK; off < 32; off <<= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, off), l2 = __shfl_xor_sync(0xffffffffu, l_sum, off);
-    const float m_new = fmaxf(m, m2);
-    const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
-    const float a = exp2f(m - m_use), c = exp2f(m2 - m_use);
-    l_sum = l_sum * a + l2 * c;
+    float a, c;
+    merge_pair(m, l_sum, m2, l2, a, c);
 #pragma unroll
     for (int i = 0; i < VE; ++i) o[i] = o[i] * a + __shfl_xor_sync(0xffffffffu, o[i], off) * c;
-    m = m_new;
   }
 
   const int64_t slot = (int64_t)split * rows + row;

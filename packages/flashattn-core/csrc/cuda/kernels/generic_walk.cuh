@@ -4,7 +4,7 @@
 
 #pragma once
 
-#include "common.cuh"
+#include "softmax.cuh"
 
 namespace fa {
 
@@ -48,8 +48,8 @@ __device__ __forceinline__ void add_key_group(float (&s)[G], bool (&seen)[G], co
     s[j] += add[j];
     if (seen[j]) m_new = fmaxf(m_new, s[j]);
   }
-  const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;
-  const float alpha = exp2f(m - m_use);
+  float m_use;
+  const float alpha = online_rescale<false>(m, m_new, m_use);
   l_sum *= alpha;
 #pragma unroll
   for (int i = 0; i < N; ++i) o[i] *= alpha;
@@ -61,7 +61,6 @@ __device__ __forceinline__ void add_key_group(float (&s)[G], bool (&seen)[G], co
 #pragma unroll
     for (int i = 0; i < N; ++i) o[i] += p * value(j, i);
   }
-  m = m_new;
 }
 
 }  // namespace fa

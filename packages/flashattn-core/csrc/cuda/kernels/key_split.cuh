@@ -18,6 +18,7 @@
 
 #pragma once
 
+#include "combine.cuh"
 #include "mma.cuh"
 #include "pingpong.cuh"
 #include "ticket.cuh"
@@ -72,11 +73,8 @@ struct KeySplit {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const float m_p = __ldcg(other + (NO * 4 + rr) * kThreads), l_p = __ldcg(other + (NO * 4 + 2 + rr) * kThreads);
-        const float m_new = fmaxf(m_i[rr], m_p);
-        const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;  // neither saw a key: exp2(-inf) = 0
-        const float a = fast_exp2(m_i[rr] - m_use), b = fast_exp2(m_p - m_use);
-        m_i[rr] = m_new;
-        l_i[rr] = l_i[rr] * a + l_p * b;
+        float a, b;
+        merge_pair<true>(m_i[rr], l_i[rr], m_p, l_p, a, b);
 #pragma unroll
         for (int eb = 0; eb < NO; ++eb)
 #pragma unroll

@@ -1,5 +1,6 @@
 // Tensor-core building blocks (sm_80 and up, as PTX): shared-memory copies,
-// ldmatrix, mma.sync, and the online-softmax step on mma accumulators.
+// ldmatrix, mma.sync, and the output rows of mma accumulators (the
+// online-softmax step on them is softmax.cuh's).
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 / m16n8k8), with g = lane / 4 and
 // t = lane % 4: a C tile (16 x 8) holds rows g and g + 8, columns 2t, 2t + 1.
@@ -8,8 +9,8 @@
 
 #include <type_traits>
 
-#include "causal.h"
 #include "common.cuh"
+#include "softmax.cuh"
 
 namespace fa {
 
@@ -188,130 +189,6 @@ struct PrefillBlock {
   }
 };
 
-// 2^x on the special-function unit alone. Subnormal results flush to 0, which
-// exp2f spends three more instructions per call to avoid; a probability below
-// 2^-126 changes no float32 sum it joins.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Masks the scores of one warp's 16 rows x NB*8 keys (accumulator layout),
-// scales them into the log2 domain, and runs the online-softmax step:
-// s becomes P, m_i / l_i are updated, and each row's rescale factor for o
-// is left in alpha (softmax_step below applies it at once; a caller whose o
-// is still being written by a product in flight, prefill_f16_wg.cu, applies
-// it with rescale_rows once the product is done). Row ra = first row + g,
-// rb = ra + 8 (positions in the sequence); keys from c0. Rows at or past L
-// (the last tile's padding) are fully hidden: their mask rows do not exist.
-// PairedKeys: the accumulator's columns 2t, 2t + 1 of
-// each 8-key block hold keys t, t + 4 (K's rows permuted so that P is already
-// in the A-operand layout of the P V product: prefill_tf32_wg.cu).
-template <int NB, bool PairedKeys = false>
-__device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)[2], float* m_i, float* l_i,
-                                               const Mask& mask, int64_t n, int ra, int L, int S, int c0,
-                                               float scale_log2, bool need_mask, int lane) {
-  const int t = lane & 3;
-  if (need_mask) {
-    const bool array_mask = mask.kind == kBool || mask.kind == kAdditive;
-    int64_t rb_a = 0, rb_b = 0;
-    if (array_mask) {
-      rb_a = ra < L ? mask.row_base(n, ra) : 0;
-      rb_b = ra + 8 < L ? mask.row_base(n, ra + 8) : 0;
-    }
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = c0 + nb * 8 + (PairedKeys ? t + 4 * (i & 1) : 2 * t + (i & 1));
-        const int r = ra + (i >> 1) * 8;
-        float term = 0.0f;
-        if (c >= S || r >= L || (mask.kind == kCausal && c > r + mask.offset)) {
-          term = FA_NEG_INF;
-        } else if (array_mask) {
-          term = mask.term(i >> 1 ? rb_b : rb_a, c);
-        }
-        s[nb][i] = term == FA_NEG_INF ? FA_NEG_INF : s[nb][i] * scale_log2 + term;
-      }
-    }
-  }
-  // Unmasked tiles (most of them) keep the raw scores when the scale is
-  // positive: the largest raw score times scale * log2(e) is the largest
-  // scaled one, and each exponent becomes one fused multiply-add.
-  float mul = 1.0f;
-  if (!need_mask) {
-    if (scale_log2 > 0.0f) {
-      mul = scale_log2;
-    } else {
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[nb][i] *= scale_log2;
-    }
-  }
-  // A row's maximum and sum over this thread's 2 NB scores run in C
-  // independent chains: one chain of 2 NB dependent instructions waits out
-  // each one's latency.
-  constexpr int C = 2 * NB < 4 ? 2 * NB : 4;
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float part[C];
-#pragma unroll
-    for (int k = 0; k < 2 * NB; ++k) {
-      const float x = s[k >> 1][2 * rr + (k & 1)];
-      part[k % C] = k < C ? x : fmaxf(part[k % C], x);
-    }
-#pragma unroll
-    for (int w = 1; w < C; w *= 2)
-#pragma unroll
-      for (int k = 0; k + w < C; k += 2 * w) part[k] = fmaxf(part[k], part[k + w]);
-    float mx = part[0];
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_i[rr], mx * mul);
-    const float m_use = m_new == FA_NEG_INF ? 0.0f : m_new;  // nothing seen yet: exp2(-inf) = 0
-    alpha[rr] = fast_exp2(m_i[rr] - m_use);
-    m_i[rr] = m_new;
-#pragma unroll
-    for (int k = 0; k < 2 * NB; ++k) {
-      float& x = s[k >> 1][2 * rr + (k & 1)];
-      x = fast_exp2(fmaf(x, mul, -m_use));
-      part[k % C] = k < C ? x : part[k % C] + x;
-    }
-#pragma unroll
-    for (int w = 1; w < C; w *= 2)
-#pragma unroll
-      for (int k = 0; k + w < C; k += 2 * w) part[k] += part[k + w];
-    l_i[rr] = l_i[rr] * alpha[rr] + part[0];  // this thread's part; the quad sums at the end
-  }
-}
-
-// o's rows (accumulator layout) times their factors. Past the first tiles a
-// row's maximum rarely moves (alpha = 1 exactly): the warp skips the rescale
-// when none of its rows' did.
-template <int NO>
-__device__ __forceinline__ void rescale_rows(float (&o)[NO][4], const float (&alpha)[2]) {
-  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int eb = 0; eb < NO; ++eb) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[eb][i] *= alpha[i >> 1];
-    }
-  }
-}
-
-// The whole step: softmax_scores, then o (NO accumulator tiles) rescaled.
-template <int NB, int NO, bool PairedKeys = false>
-__device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4], float* m_i,
-                                             float* l_i, const Mask& mask, int64_t n, int ra,
-                                             int L, int S, int c0, float scale_log2,
-                                             bool need_mask, int lane) {
-  float alpha[2];
-  softmax_scores<NB, PairedKeys>(s, alpha, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
-  rescale_rows(o, alpha);
-}
-
 // O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l
 // summed over the quad that shares a row. Rows that saw no visible key
 // (l = 0) are zeros; rows past L (the last tile's padding) are not written.
@@ -322,8 +199,8 @@ __device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[NO][4
 // eb the quad transposes its 4 x 4 pairs (two butterfly stages over lanes
 // t ^ 1 and t ^ 2, two shuffles each) so that thread t holds the 8 columns
 // of eb0 + t and stores them in one 16-byte store, instead of four 4-byte
-// stores that fill half a sector each (a block's epilogue, both warpgroups
-// storing at once, took ~3-5K cycles at E = 128).
+// stores that fill half a sector each, which queued in the epilogue of a
+// block whose warpgroups store at once.
 template <typename T, int NO>
 __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float* l_i, T* out,
                                            int64_t n, int L, int E, int ra, int t) {
@@ -332,7 +209,7 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
     float l_sum = l_i[rr];
     l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
     l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
-    const float inv = l_sum == 0.0f ? 0.0f : 1.0f / l_sum;
+    const float inv = inverse_sum(l_sum);
     const int r = ra + rr * 8;
     T* dst = out + (n * (int64_t)L + r) * E;
     constexpr int kGrouped = sizeof(T) == 2 ? NO / 4 * 4 : 0;  // blocks stored 16 bytes a thread

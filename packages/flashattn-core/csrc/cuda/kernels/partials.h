@@ -8,7 +8,7 @@
 // o partials (splits x rows x E floats), from the next 16-byte boundary
 // their m / l (splits x rows x 2), then the tickets. (The generic kernel's
 // split form keeps o and m / l in two arrays of their own: in one array its
-// merge measured 3x slower, the same code and bytes.)
+// merge measured slower, the same code and bytes; docs/cuda.md.)
 
 #pragma once
 

@@ -77,8 +77,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   const T* q_head = q + lay.q.at(blk.b, blk.h, 0);
   const T* k_head = k + lay.k.at(blk.b, blk.g, 0);
   const T* v_head = v + lay.v.at(blk.b, blk.g, 0);
-  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
-  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+  const bool array_mask = mask.is_array();
 
   constexpr bool kQInRegs = E <= 128;
   const int n_tiles = (kv_end + kBc - 1) / kBc;
@@ -132,8 +132,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
         mma16816<T>(s[2 * nb2 + 1], a, bk[2], bk[3]);
       }
     }
-    const bool partial_causal = mask_kind == kCausal && c0 + kBc - 1 > l0 + (S - L);
-    const bool need_mask = c0 + kBc > S || partial_causal || array_mask;
+    const bool need_mask = mask.tile_hides(c0, kBc, l0, S);
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
 
     if (need_mask && tile_has_nonfinite<T, E>(sv, count, tid)) {
@@ -157,7 +156,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
         const int64_t rbase = array_mask ? mask.row_base(n, r) : 0;
         for (int c = 0; c < count; ++c) {
           const int key = c0 + c;
-          if (mask_kind == kCausal && key > r + mask.offset) continue;
+          if (mask.causal_hides(r, key)) continue;
           if (array_mask && mask.term(rbase, key) == FA_NEG_INF) continue;
           const float p = to_f(p_stage[(g + rr * 8) * kBc + c]);
 #pragma unroll

@@ -17,18 +17,17 @@
 // MN-major B operand of P V (the keys are its K, its rows stay as stored).
 // Per tile and consumer warpgroup:
 //   1. S = Q K^T: E / 16 wgmma of 64 x Bc x 16, both operands in shared memory;
-//   2. online softmax on the accumulators (mma.cuh), as prefill_f16.cu;
+//   2. online softmax on the accumulators (softmax.cuh), as prefill_f16.cu;
 //   3. O += P V: Bc / 16 wgmma of 64 x E x 16, P from registers (its accumulator
 //      layout is already wgmma's A layout), V from shared memory.
 // The consumers run skewed (pingpong.cuh): they take turns to issue Q K^T,
 // so one's softmax runs while the others' products do. With OVERLAP a
 // warpgroup also issues step 3 of the previous tile with step 1 and runs
 // step 2 while it is in flight (up to wg_shapes.h's
-// kF16SoftmaxUnderPvMaxE). A tile's buffer has a full barrier (every copying
-// thread's copies have landed: cp.async arrives on it by itself) and an
+// kF16SoftmaxUnderPvMaxE). A tile's buffer has a full barrier (its copies
+// have landed: the producer's TMA copies complete it by their bytes) and an
 // empty one (every consumer thread is done with the tile) instead of a
-// block-wide barrier per tile. Without a producer (WhShape's PRODUCER, for
-// probes) every warpgroup copies and computes.
+// block-wide barrier per tile.
 
 #include <algorithm>
 
@@ -46,33 +45,28 @@ constexpr int kWhRows = wg_shapes::kRowsPerGroup;
 // G warpgroups per block, key/value tiles of BC keys (wg_shapes.h).
 // OVERLAP: a warpgroup issues tile j's Q K^T together with tile j - 1's P V
 // and runs tile j's softmax while that P V is in flight.
-// PRODUCER: one more warpgroup does every key/value copy, and the G
-// consumer warpgroups take its registers (setmaxnreg).
-// ITEMS (2 needs PRODUCER): a block may take many row tiles, when the
+// One more warpgroup, the producer, does every key/value copy (one thread,
+// with the Tensor Memory Accelerator: tma.cuh), and the G consumer
+// warpgroups take its registers (setmaxnreg).
+// ITEMS: 2 lets a block take many row tiles, when the
 // planner launches one block per SM (prefill_wg's `slices` > 0): the
 // producer loads a tile's Q and first key/value tiles while the consumers
 // finish the one before, instead of the SM idling between blocks. (The name
 // is from when a block took two: p and row_tiles - 1 - p.)
-// TMA (needs PRODUCER): one producer thread copies each tile with the Tensor
-// Memory Accelerator (tma.cuh) instead of 128 threads with cp.async.
-template <int G, int BC, bool OVERLAP, bool PRODUCER = false, int ITEMS = 1, bool TMA = false>
+template <int G, int BC, bool OVERLAP, int ITEMS = 1>
 struct WhShape {
-  static_assert(ITEMS == 1 || (ITEMS == 2 && PRODUCER), "several row tiles a block need the producer");
-  static_assert(!TMA || PRODUCER, "TMA copies come from the producer");
-  static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + PRODUCER), kItems = ITEMS;
-  static constexpr bool kOverlap = OVERLAP, kProducer = PRODUCER, kTma = TMA;
+  static_assert(ITEMS == 1 || ITEMS == 2, "one row tile a block, or many (2)");
+  static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + 1), kItems = ITEMS;
+  static constexpr bool kOverlap = OVERLAP;
   // Registers per thread after setmaxnreg. The launch (one block per SM)
-  // gives every thread kLaunchRegs; the producer keeps 32, or 48 with two
-  // consumers (less spilled: 24 with one row tile a block, 40 with two),
-  // and the consumers share what it frees (multiples of 8, at most 240).
-  // Asking for more than the block holds would hang the consumers'
+  // gives every thread kLaunchRegs; the producer keeps 24 (one thread
+  // copies), and the consumers share what it frees (multiples of 8, at most
+  // 240). Asking for more than the block holds would hang the consumers'
   // setmaxnreg.inc.
   static constexpr int kLaunchRegs = std::min(65536 / kThreads / 8 * 8, 248);
-  // With TMA the producer keeps 24 (one thread copies): at E = 128 the two
-  // consumers get 240 instead of 224.
-  static constexpr int kProducerRegs = TMA ? 24 : G >= 3 ? 32 : 48;
+  static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = std::min((kLaunchRegs * (G + 1) - kProducerRegs) / G / 8 * 8, 240);
-  static_assert(!PRODUCER || 128 * (kProducerRegs + G * kConsumerRegs) <= 128 * (G + 1) * kLaunchRegs,
+  static_assert(128 * (kProducerRegs + G * kConsumerRegs) <= 128 * (G + 1) * kLaunchRegs,
                 "setmaxnreg: the consumers ask for more registers than the producer frees");
 };
 
@@ -130,12 +124,6 @@ struct TileCopy {
   }
 };
 
-// This thread's arrival on bar once its cp.async copies so far have landed
-// (counted in the barrier's expected arrivals: .noinc).
-__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-
 // kF32: float32 attention over the 16-bit inputs (fa_prefill_wg32_*), the
 // output float32: the scores are float32-exact already (16-bit products are
 // exact in float32 and accumulate in float32), and P goes into P V as
@@ -151,12 +139,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
                                            const MapTemplate* map_template = nullptr,
                                            void* map_slots = nullptr, unsigned long long tag = 0) {
   constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
-  constexpr bool kProducer = Shape::kProducer;
-  constexpr int kConsumers = kProducer ? kWhThreads - 128 : kWhThreads, G = kConsumers / 128;
-  constexpr bool kTma = Shape::kTma;
-  // Threads that copy K and V: arrivals on a full barrier (with TMA, the
-  // producer thread's expect_tx; the bytes complete it).
-  constexpr int kCopiers = kTma ? 1 : kProducer ? 128 : kWhThreads;
+  constexpr int kConsumers = kWhThreads - 128, G = kConsumers / 128;
+  // Arrivals on a full barrier: the producer thread's expect_tx (the bytes
+  // complete it).
+  constexpr int kCopiers = 1;
   // EP: the head dim as stored (wg_shapes.h's f16_stored_e); the columns E..
   // of Q, K and V are zero there. Q K^T takes E / 16 steps, P V has N = E.
   constexpr int EP = wg_shapes::f16_stored_e(E);
@@ -197,7 +183,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   const int P = gridDim.x, bx = blockIdx.x;
   auto position = [&](int i) { return int64_t(i) * P + (i % 2 == 0 ? bx : P - 1 - bx); };
   const int n_items = units == 0 ? 1 : int(units / P) + (position(int(units / P)) < units ? 1 : 0);
-  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   // This block's piece of its row tile (split launches), -1 for a whole tile.
   const int64_t split_at = split ? int64_t(blockIdx.x) - split_from : -1;
   const int piece = split_at < 0 ? -1 : int(split_at % splits);
@@ -249,120 +235,83 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     mbar_init(&sm.q_full, kCopiers);
     mbar_init(&sm.q_empty, kConsumers);
   }
-  if constexpr (kTma) fence_mbar_init();
-  const TileCopy<T, EP, kWhBc, kTma ? 128 : kCopiers, E> copy_kv(tid % (kTma ? 128 : kCopiers));
-  // Tile j into its buffer once every consumer is done with the block's
-  // tile three before it there.
-  auto load_tile = [&](int j) {
-    const int gj = it0 + j, b = gj % kWhBuffers, c = key0(j);
-    if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
-    copy_kv(sm.k[b], k_head, lay.k.sr, c, S - c);
-    copy_kv(sm.v[b], v_head, lay.v.sr, c, S - c);
-    cp_async_arrive(&sm.full[b]);
-  };
-  if constexpr (!kProducer) {
-    const TileCopy<T, EP, kWhBr, kWhThreads, E> copy_q(tid);
-    copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
-    cp_async_commit();
-    __syncthreads();  // the barriers are initialised
-    if (n_tiles > 0) load_tile(0);
-    cp_async_wait<0>();  // Q has landed (tile 0 arrives on its barrier)
-    fence_proxy_async();
-    __syncthreads();
-  } else {
-    __syncthreads();  // the barriers are initialised
-    if (wg == G) {  // the producer: each item's Q once the consumers are done with the last, then its tiles
-      setmaxnreg_dec<Shape::kProducerRegs>();
-      if constexpr (kTma) {
-        // Tensor maps of Q, K and V (4-d: head dim, rows, heads, batch); a
-        // box is 64 columns (128 bytes: the swizzle's row) of a tile's rows
-        // (at E = 80 / 96 the second box's columns past E come zero-filled,
-        // and count in its bytes).
-        // Made by the producer's first warp once per SM and call
-        // (tma_call_maps), staged in a value buffer not yet loaded. Item 0's
-        // Q and first key/value tile are copied by the consumers meanwhile
-        // (below): the producer only arrives for them. (Making the maps takes
-        // ~1-3 us, which calls of one wave of blocks otherwise wait out.)
-        if (tid % 128 >= 32) return;
-        if (tid % 128 == 0) {
-          mbar_arrive(&sm.q_full);
-          if (n_tiles > 0) mbar_arrive(&sm.full[0]);
-        }
-        const int batch = units == 0 && !split ? int(gridDim.z) : slices / H_q;
-        auto fields = [&](const void* base, const Rows& r, uint32_t rows, uint32_t heads) {
-          // A stride of 0 (an axis of size 1) as if the axis were packed.
-          const uint64_t sr = r.sr != 0 ? uint64_t(r.sr) * sizeof(T) : E * sizeof(T);
-          const uint64_t sh = r.sh != 0 ? uint64_t(r.sh) * sizeof(T) : sr * rows;
-          const uint64_t sb = r.sb != 0 ? uint64_t(r.sb) * sizeof(T) : sh * heads;
-          return MapFields{base, {uint32_t(E), rows, heads, uint32_t(batch)}, {sr, sh, sb}, 0};
-        };
-        unsigned char* staging = reinterpret_cast<unsigned char*>(sm.v[kWhBuffers - 1]);
-        MapFields f[3] = {fields(q, lay.q, L, H_q), fields(k, lay.k, S, H_kv), fields(v, lay.v, S, H_kv)};
-        f[0].box_rows = kWhBr;
-        f[1].box_rows = f[2].box_rows = kWhBc;
-        const unsigned char* maps =
-            tma_call_maps<3, wg_shapes::kMapSlots, wg_shapes::kMapSlotBytes>(map_slots, tag, *map_template, staging, f,
-                                                                             units > 0);
-        const void *map_q = maps, *map_k = maps + 128, *map_v = maps + 256;
-        if (tid % 128 != 0) return;
-        tma_prefetch_map(map_q);
-        tma_prefetch_map(map_k);
-        tma_prefetch_map(map_v);
-        constexpr uint32_t kQBytes = kWhBr * EP * sizeof(T), kKvBytes = 2 * kWhBc * EP * sizeof(T);
-        for (int i = 0; i < n_items; ++i) {
-          if (i > 0) {
-            begin_item(i);
-            mbar_wait(&sm.q_empty, (i - 1) & 1);
-          }
-          if (i > 0) {
-            mbar_arrive_expect_tx(&sm.q_full, kQBytes);
-#pragma unroll
-            for (int cb = 0; cb < EP / 64; ++cb)
-              tma_load_4d(sm.q + cb * kWhBr * 64, map_q, &sm.q_full, cb * 64, l0, blk.h, int(blk.b));
-          }
-          for (int j = i == 0 ? 1 : 0; j < n_tiles; ++j) {
-            const int gj = it0 + j, b = gj % kWhBuffers;
-            if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
-            mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
-#pragma unroll
-            for (int cb = 0; cb < EP / 64; ++cb) {
-              tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
-              tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
-            }
-          }
-          it0 += n_tiles;
-        }
-        return;
-      }
-      const TileCopy<T, EP, kWhBr, 128, E> copy_q(tid % 128);
-      for (int i = 0; i < n_items; ++i) {
-        if (i > 0) {
-          begin_item(i);
-          mbar_wait(&sm.q_empty, (i - 1) & 1);
-        }
-        copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
-        cp_async_arrive(&sm.q_full);
-        for (int j = 0; j < n_tiles; ++j) load_tile(j);
-        it0 += n_tiles;
-      }
-      cp_async_wait_all();  // nothing may be in flight at exit
-      return;
+  fence_mbar_init();
+  __syncthreads();  // the barriers are initialised
+  if (wg == G) {  // the producer: each item's Q once the consumers are done with the last, then its tiles
+    setmaxnreg_dec<Shape::kProducerRegs>();
+    // Tensor maps of Q, K and V (4-d: head dim, rows, heads, batch); a
+    // box is 64 columns (128 bytes: the swizzle's row) of a tile's rows
+    // (at E = 80 / 96 the second box's columns past E come zero-filled,
+    // and count in its bytes).
+    // Made by the producer's first warp once per SM and call
+    // (tma_call_maps), staged in a value buffer not yet loaded. Item 0's
+    // Q and first key/value tile are copied by the consumers meanwhile
+    // (below): the producer only arrives for them, so that calls of one wave
+    // of blocks do not wait out the making of the maps.
+    if (tid % 128 >= 32) return;
+    if (tid % 128 == 0) {
+      mbar_arrive(&sm.q_full);
+      if (n_tiles > 0) mbar_arrive(&sm.full[0]);
     }
-    setmaxnreg_inc<Shape::kConsumerRegs>();
-    if constexpr (kTma) {  // item 0's Q and first tile, while the producer makes the maps (above)
-      const TileCopy<T, EP, kWhBr, kConsumers, E> copy_q(tid);
-      copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
-      if (n_tiles > 0) {
-        const TileCopy<T, EP, kWhBc, kConsumers, E> copy_tile(tid);
-        copy_tile(sm.k[0], k_head, lay.k.sr, key0(0), S - key0(0));
-        copy_tile(sm.v[0], v_head, lay.v.sr, key0(0), S - key0(0));
+    const int batch = units == 0 && !split ? int(gridDim.z) : slices / H_q;
+    auto fields = [&](const void* base, const Rows& r, uint32_t rows, uint32_t heads) {
+      // A stride of 0 (an axis of size 1) as if the axis were packed.
+      const uint64_t sr = r.sr != 0 ? uint64_t(r.sr) * sizeof(T) : E * sizeof(T);
+      const uint64_t sh = r.sh != 0 ? uint64_t(r.sh) * sizeof(T) : sr * rows;
+      const uint64_t sb = r.sb != 0 ? uint64_t(r.sb) * sizeof(T) : sh * heads;
+      return MapFields{base, {uint32_t(E), rows, heads, uint32_t(batch)}, {sr, sh, sb}, 0};
+    };
+    unsigned char* staging = reinterpret_cast<unsigned char*>(sm.v[kWhBuffers - 1]);
+    MapFields f[3] = {fields(q, lay.q, L, H_q), fields(k, lay.k, S, H_kv), fields(v, lay.v, S, H_kv)};
+    f[0].box_rows = kWhBr;
+    f[1].box_rows = f[2].box_rows = kWhBc;
+    const unsigned char* maps =
+        tma_call_maps<3, wg_shapes::kMapSlots, wg_shapes::kMapSlotBytes>(map_slots, tag, *map_template, staging, f,
+                                                                         units > 0);
+    const void *map_q = maps, *map_k = maps + 128, *map_v = maps + 256;
+    if (tid % 128 != 0) return;
+    tma_prefetch_map(map_q);
+    tma_prefetch_map(map_k);
+    tma_prefetch_map(map_v);
+    constexpr uint32_t kQBytes = kWhBr * EP * sizeof(T), kKvBytes = 2 * kWhBc * EP * sizeof(T);
+    for (int i = 0; i < n_items; ++i) {
+      if (i > 0) {
+        begin_item(i);
+        mbar_wait(&sm.q_empty, (i - 1) & 1);
       }
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async();
-      named_sync(2 + G, kConsumers);
+      if (i > 0) {
+        mbar_arrive_expect_tx(&sm.q_full, kQBytes);
+#pragma unroll
+        for (int cb = 0; cb < EP / 64; ++cb)
+          tma_load_4d(sm.q + cb * kWhBr * 64, map_q, &sm.q_full, cb * 64, l0, blk.h, int(blk.b));
+      }
+      for (int j = i == 0 ? 1 : 0; j < n_tiles; ++j) {
+        const int gj = it0 + j, b = gj % kWhBuffers;
+        if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
+        mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
+#pragma unroll
+        for (int cb = 0; cb < EP / 64; ++cb) {
+          tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
+          tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
+        }
+      }
+      it0 += n_tiles;
     }
+    return;
   }
+  setmaxnreg_inc<Shape::kConsumerRegs>();
+  // The consumers copy item 0's Q and first tile while the producer makes the maps.
+  const TileCopy<T, EP, kWhBr, kConsumers, E> copy_q(tid);
+  copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
+  if (n_tiles > 0) {
+    const TileCopy<T, EP, kWhBc, kConsumers, E> copy_tile(tid);
+    copy_tile(sm.k[0], k_head, lay.k.sr, key0(0), S - key0(0));
+    copy_tile(sm.v[0], v_head, lay.v.sr, key0(0), S - key0(0));
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_sync(2 + G, kConsumers);
 
   const WgDesc d_q(wgmma_desc_sw128(sm.q + wg * kWhRows * 64, 16, 1024));
   const WgDesc d_k(wgmma_desc_sw128(sm.k[0], 16, 1024));
@@ -392,13 +341,12 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   float s[NB][4];                   // scores, then P (float)
   uint32_t p[kTerms][NK][4];        // P as P V's A operand (kF32: its terms)
   auto wait_tile = [&](int j) {
-    mbar_wait(&sm.full[buf(j)], ((it0 + j) / kWhBuffers) & 1);  // tile j has landed
-    if constexpr (!kTma) fence_proxy_async();                   // and is visible to wgmma (TMA's are)
+    mbar_wait(&sm.full[buf(j)], ((it0 + j) / kWhBuffers) & 1);  // tile j has landed (visible to wgmma: TMA)
   };
   // The tile's buffer offset from lane 0, as wg above: ptxas then builds the
   // K and V descriptors in uniform registers (UIADD3) instead of moving each
-  // one over from ordinary registers (R2UR) right before its wgmma (E = 128:
-  // 102 -> 27 R2UR in the kernel), which the wgmma would wait on.
+  // one over from ordinary registers (R2UR) right before its wgmma, which
+  // the wgmma would wait on.
   auto buf_offset = [&](int j) { return uint32_t(__shfl_sync(0xffffffffu, buf(j) * kStepBuf, 0)); };
   auto issue_qk = [&](int j) {  // s = Q K_j^T (over the E columns: the rest are zero)
     const uint32_t b_off = buf_offset(j);
@@ -442,16 +390,16 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // some value is not finite (block-wide: every thread must ask).
   auto rare = [&](int j) {
     if (!mask.tile_hides(key0(j), kWhBc, l0, S)) return false;
-    // 16 bytes a load, the exponent bits tested as integers (a scalar load
-    // and conversion per element took ~2K cycles on every causal diagonal tile).
+    // 16 bytes a load, the exponent bits tested as integers: this runs on
+    // every causal diagonal tile, where a scalar load and conversion per
+    // element cost more than the tile's softmax.
     bool bad = false;
     const uint4* sv = reinterpret_cast<const uint4*>(sm.v[buf(j)]);
     for (int idx = tid; idx < kWhBc * EP / 8; idx += kConsumers) {
       const uint4 x = sv[idx];
       bad |= pair_nonfinite<T>(x.x) | pair_nonfinite<T>(x.y) | pair_nonfinite<T>(x.z) | pair_nonfinite<T>(x.w);
     }
-    if constexpr (kProducer) return named_or(1 + G, kConsumers, bad);
-    return __syncthreads_or(bad) != 0;
+    return named_or(1 + G, kConsumers, bad);
   };
   // Its P V in plain float32 over visible keys only (0 x NaN would leak a
   // hidden value), P as P V would take it; P of key c sits with quad thread
@@ -515,10 +463,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   int done = 0;  // tiles of the items before
   for (int i = 0; i < n_items; ++i) {
     if (i > 0) begin_item(i);
-    if constexpr (kProducer) {
-      mbar_wait(&sm.q_full, i & 1);  // the item's Q has landed
-      if constexpr (!kTma) fence_proxy_async();
-    }
+    mbar_wait(&sm.q_full, i & 1);  // the item's Q has landed
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)
 #pragma unroll
@@ -571,7 +516,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       };
       for (int j = 0; j < n_tiles; ++j) {
         wait_tile(j);
-        if (!kProducer && j + 1 < n_tiles) load_tile(j + 1);
         if (j == 0) {
           step(j, std::integral_constant<int, 0>());
         } else if (rare(j - 1)) {
@@ -580,7 +524,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           step(j, std::integral_constant<int, 1>());
         }
       }
-      if constexpr (kProducer) mbar_arrive(&sm.q_empty);  // every Q K^T of the item is done
+      mbar_arrive(&sm.q_empty);  // every Q K^T of the item is done
       if (n_tiles > 0) {  // the last tile's P V
         pv_now(n_tiles - 1);
         mbar_arrive(&sm.empty[buf(n_tiles - 1)]);
@@ -588,7 +532,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     } else {
       for (int j = 0; j < n_tiles; ++j) {
         wait_tile(j);
-        if (!kProducer && j + 1 < n_tiles) load_tile(j + 1);
         turns.wait();
         issue_qk(j);
         wgmma_commit();
@@ -600,7 +543,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         pv_now(j);
         mbar_arrive(&sm.empty[buf(j)]);  // this thread's products have read the tile
       }
-      if constexpr (kProducer) mbar_arrive(&sm.q_empty);
+      mbar_arrive(&sm.q_empty);
     }
 
     if constexpr (kPScale != 1.0f) {
@@ -632,8 +575,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 // splits (the last row tiles' keys split: key_split.cuh), which also
 // needs the split scratch past the maps' (wg_shapes.h's
 // split_scratch_bytes); threads and dynamic shared memory as wg_shapes.h
-// says. With TMA copies (wg_shapes.h's kF16Tma) it also takes scratch for
-// the maps (kMapSlots x kMapSlotBytes) as a second output, and, as the last
+// says. It also takes scratch for the TMA copies' tensor maps (kMapSlots x kMapSlotBytes) as a second output, and, as the last
 // arguments, the call's tag (two 24-bit halves) and the tensor-map
 // template (32 words, made by the planner); strides must not be negative.
 #if !defined(FA_E)
@@ -665,9 +607,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #define FA_WG_FAMILY fa_prefill_wg_
 #endif
 using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E),
-                                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32), fa::wg_shapes::kF16Producer,
-                                fa::wg_shapes::f16_items(FA_E), fa::wg_shapes::kF16Tma>;
-static_assert(fa::wg_shapes::kF16Tma, "the unit's arguments are those of the TMA copies");
+                                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32), fa::wg_shapes::f16_items(FA_E)>;
 static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E), WhUnitShape>) ==
                   fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW),
               "the planner's shared memory");

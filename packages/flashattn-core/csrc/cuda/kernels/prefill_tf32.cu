@@ -97,8 +97,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   const int l0 = blk.l0, kv_end = blk.kv_end;
   const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
   const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
-  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
-  const bool array_mask = mask_kind == kBool || mask_kind == kAdditive;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
 
   load_tile32<E, LDQ, kBr32>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kBr32, L - l0), tid);
   cp_async_commit();
@@ -106,9 +105,8 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   const int ra = l0 + w * 16 + g;
   // The warp's query fragments (A operand: rows g, g + 8; columns 8 kk + t,
   // + 4). split_tf32_query costs more than split_tf32: for E = 64 they are
-  // split once and kept in registers (a third less time than splitting them
-  // per key tile); at E = 128 the registers spill and the block ran ~20%
-  // slower than splitting per tile, so larger E split per tile.
+  // split once and kept in registers, which beat splitting them per key
+  // tile; at E = 128 the registers spill, so larger E split per tile.
   constexpr bool kQInRegs = E <= 64;
   uint32_t qh[kQInRegs ? E / 8 : 1][4], ql[kQInRegs ? E / 8 : 1][4];
   const float* qw = sm.q + (w * 16) * LDQ;
@@ -166,8 +164,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
       load_tile32<E, LDV, kBc32>(v_tile, v_head, lay.v.sr, c0, count, tid);
       cp_async_commit();
     }
-    const bool partial_causal = mask_kind == kCausal && c0 + kBc32 - 1 > l0 + (S - L);
-    const bool need_mask = c0 + kBc32 > S || partial_causal || array_mask;
+    const bool need_mask = mask.tile_hides(c0, kBc32, l0, S);
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
     if constexpr (Smem::SHARED_KV) {
       cp_async_wait_all();

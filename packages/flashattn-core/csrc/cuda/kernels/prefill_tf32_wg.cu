@@ -19,7 +19,7 @@
 //      the head dim, rows in paired order), V transposed (K-major along the
 //      keys, as wgmma's B operand of P V must be); the tile after it is
 //      loaded from global memory;
-//   3. online softmax on the accumulators (mma.cuh), then O += P V: P split
+//   3. online softmax on the accumulators (softmax.cuh), then O += P V: P split
 //      in registers (A operand), V^T from shared memory.
 // The two warpgroups run skewed (pingpong.cuh): they take turns to issue
 // their products, so one's softmax runs while the other's products do; the
@@ -199,7 +199,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   const int l0 = blk.l0, kv_end = blk.kv_end;
   const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
   const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
-  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, S - L};
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   auto masked = [&](int c0, int first) { return mask.tile_hides(c0, kWgBc, first, S); };
 
   const int tiles = (kv_end + kWgBc - 1) / kWgBc;

@@ -42,7 +42,7 @@ __device__ __forceinline__ void tma_prefetch_map(const void* map) {
 // where the copies read them (TMA reads maps from global or parameter memory,
 // and MLX's custom-kernel API passes no 128-byte argument; a template in an
 // array of MLX's sat in managed memory, which the host's writes to other
-// small arrays in its page moved back and forth: ~5 us a call). N maps at
+// small arrays in its page moved back and forth on every call). N maps at
 // once, so that their latencies overlap: map i to global_maps + 128 i,
 // staged in shared memory at staging + 128 i (128-aligned). The whole warp
 // calls it; lane 0's fields count.
@@ -102,8 +102,8 @@ __device__ __forceinline__ void tma_make_maps(unsigned char* global_maps, const 
 // MLX hands out uninitialised for each call): the first block of a call on
 // an SM makes them (tma_make_maps) and then sets the slot's tag to the
 // call's (a number the host never repeats); later blocks there find the tag
-// and only fence. (Made by every block they cost ~1.5 us before its first
-// copy.) With `make` the block makes them without looking (a launch of at
+// and only fence (made by every block, they delay its first copy). With
+// `make` the block makes them without looking (a launch of at
 // most one block per SM: reading the tag is a round trip to memory, and a
 // second block on an SM would only write the same maps again). Slots
 // kSlotBytes apart: N maps, then the tag. The whole warp calls it.

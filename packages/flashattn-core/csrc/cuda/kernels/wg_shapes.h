@@ -21,9 +21,9 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // tile and two for Q. Three consumers at E = 64 and two at E = 128, each
 // with the producer and the overlap, were the fastest of the shapes measured
 // on an H200 (benchmarks/cuda-probes/prefill-probe-f16.cu). The producer
-// keeps 32 registers (48 with two consumers) and gives the rest to the
-// consumers (160 each for three, 224 for two): with two the overlap fits at
-// E = 128, which four warpgroups of 128 registers could not.
+// keeps 24 registers (one thread copies, with TMA) and gives the rest to the
+// consumers: with two the overlap fits at E = 128, which four warpgroups of
+// 128 registers could not.
 // f32: the float32 attention over 16-bit inputs (fa_prefill_wg32_*), whose P
 // is 2 or 3 A operands (mma.cuh's PSplit) instead of one and whose every
 // tile's P V goes into a fresh accumulator (prefill_f16_wg.cu: accuracy):
@@ -52,22 +52,18 @@ constexpr bool f16_overlap(int, bool f32 = false) { return !f32; }
 // flight. The source asks for it with OVERLAP, but ptxas put the wait for that
 // P V at the top of the softmax's basic block (the SASS: wait, then the 64
 // exponentials) unless a branch ends the block after the softmax. The branch
-// made qwen05b causal 8K ~6% faster on an H200 and gained nothing at
-// E = 128 (its two consumers' products keep the tensor cores as busy either
-// way), which keeps the early wait.
+// pays at E = 64 (docs/cuda.md) and gained nothing at E = 128 (its two
+// consumers' products keep the tensor cores as busy either way), which
+// keeps the early wait.
 constexpr int kF16SoftmaxUnderPvMaxE = 64;  // E up to this
-constexpr bool kF16Producer = true;
-// The producer copies with the Tensor Memory Accelerator (one thread, one
-// instruction a 64-column box) instead of 128 threads' cp.async: ~1% faster
-// on an H200, with the tensor maps made on the device once per SM and call
-// (tma.cuh).
-constexpr bool kF16Tma = true;
 constexpr int f16_bc(int) { return 128; }
 constexpr int f16_rows(int E, bool f32 = false, bool narrow = false) {
   return kRowsPerGroup * f16_groups(E, f32, narrow);
 }
+// The consumers and the producer warpgroup, which copies every tile with the
+// Tensor Memory Accelerator (tma.cuh).
 constexpr int f16_threads(int E, bool f32 = false, bool narrow = false) {
-  return 128 * (f16_groups(E, f32, narrow) + (kF16Producer ? 1 : 0));
+  return 128 * (f16_groups(E, f32, narrow) + 1);
 }
 constexpr int kF16Buffers = 3;
 // Row tiles per block (prefill_f16_wg.cu's ITEMS): 2 lets a block take
@@ -77,11 +73,11 @@ constexpr int kF16Buffers = 3;
 // kF16ScheduleMinTiles row tiles (all slices) keep the GPU busy: the
 // producer loads a row tile while the consumers finish the one before, and
 // the snake evens out the blocks' work. At E = 64 the three consumers have
-// no registers for several tiles (they spill and ran 20-30% slower), so a
-// block there takes one row tile.
+// no registers for several tiles (they spill, and ran slower), so a block
+// there takes one row tile.
 constexpr int f16_items(int E) { return E <= 64 ? 1 : 2; }
 constexpr long long kF16ScheduleMinTiles = 512;
-// With TMA copies (prefill_f16_wg.cu) the blocks make their tensor maps (Q,
+// The blocks' TMA copies (prefill_f16_wg.cu) take tensor maps (Q,
 // K, V: 128 bytes each) once per SM and call, in the SM's slot of scratch
 // memory (the maps, then an 8-byte tag); GPUs with more SMs share slots.
 constexpr int kMapSlots = 256, kMapSlotBytes = 512;

@@ -74,7 +74,7 @@ void flash_backward_rows(
   }
   l = simd_sum(l);
   // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0.
-  const float lse = l == 0.0f ? INFINITY : (m == -INFINITY ? 0.0f : m) + log2(l);
+  const float lse = l == 0.0f ? INFINITY : exp_base(m) + log2(l);
 
   float acc[EPT];
   for (int a = 0; a < EPT; ++a) acc[a] = 0.0f;
@@ -140,8 +140,7 @@ void flash_backward_keys(
   }
   simdgroup_barrier(mem_flags::mem_threadgroup);
 
-  // Causal: key c is seen by rows row >= c - (S - L) of every query head.
-  const int row_begin = params[kMaskKind] == kMaskCausal ? max(0, c - (S - L)) : 0;
+  const int row_begin = params[kMaskKind] == kMaskCausal ? causal_first_row(c, L, S) : 0;
   float dk_acc[EPT], dv_acc[EPT];
   for (int a = 0; a < EPT; ++a) dk_acc[a] = dv_acc[a] = 0.0f;
   for (int h = 0; h < ratio; ++h) {

@@ -62,6 +62,15 @@ inline int causal_key_end(int row_end, int L, int S) {
   return min(S, row_end + S - L);
 }
 
+// The first row that sees key c: rows from it on see it.
+inline int causal_first_row(int c, int L, int S) {
+  return max(0, c - (S - L));
+}
+
+// What a row's exponents subtract: its running max m, or 0 while it has seen
+// no visible key (m = -inf), so that exp2(-inf - base) is 0, never NaN.
+inline float exp_base(float m) { return m == -INFINITY ? 0.0f : m; }
+
 // One step of the online softmax for a row: m_i is the running max, the tile
 // brings m_tile (the max of its visible scores, NaN excluded). Returns the
 // factor alpha that rescales the row's earlier l_i and o_i, and sets m_use,
@@ -69,11 +78,15 @@ inline int causal_key_end(int row_end, int L, int S) {
 // seen no visible key, so that exp2(-inf - m_use) stays 0, never NaN).
 inline float online_softmax_step(thread float& m_i, float m_tile, thread float& m_use) {
   const float m_new = max(m_i, m_tile);
-  m_use = m_new == -INFINITY ? 0.0f : m_new;
+  m_use = exp_base(m_new);
   const float alpha = exp2(m_i - m_use);
   m_i = m_new;
   return alpha;
 }
+
+// 1 / l for a row's output: 0 for a row that saw no visible key (l = 0),
+// whose output is zeros, never NaN.
+inline float inverse_sum(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
 
 // The split merge (FlashDecoding): out = sum_s 2^(m_s - m) o_s / sum_s
 // 2^(m_s - m) l_s with m = max_s m_s, over the partials (o_s, m_s, l_s) the
@@ -87,7 +100,7 @@ void flash_merge(
   const int64_t rows = params[kRowsTotal];
   float m = -INFINITY;
   for (int s = 0; s < splits; ++s) m = max(m, ml_part[2 * (s * rows + row)]);
-  const float m_use = m == -INFINITY ? 0.0f : m;
+  const float m_use = exp_base(m);
   float l = 0.0f;
   float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // E <= 256
   for (int s = 0; s < splits; ++s) {
@@ -99,7 +112,7 @@ void flash_merge(
       if (e < E) acc[i] += w * o_part[slot * E + e];
     }
   }
-  const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+  const float inv = inverse_sum(l);
   for (int i = 0; i < 8; ++i) {
     const int e = int(lane) + 32 * i;
     if (e < E) store(out, int64_t(row) * E + e, acc[i] * inv);

@@ -154,7 +154,7 @@ void flash_mma(
   float inv[8];
   for (int r = 0; r < 8; ++r) {
     const float l = simd_sum(l_i[r]);
-    inv[r] = l == 0.0f ? 0.0f : 1.0f / l;
+    inv[r] = inverse_sum(l);
   }
   for (int i = int(lane); i < 8 * E; i += 32) {
     const int r = i / E, row = row0 + int(sg) * 8 + r;

@@ -131,7 +131,7 @@ void flash_rows(
       p_tile + sg * 32);
   if (!t.valid) return;
   const int L = params[kL], E = params[kE];
-  const float inv = st.l == 0.0f ? 0.0f : 1.0f / st.l;  // no visible key: zeros
+  const float inv = inverse_sum(st.l);
   device T* o = out + (t.n_q * L + t.row) * E;
   for (int i = 0; i < EPT; ++i) {
     const int e = int(lane) + 32 * i;
