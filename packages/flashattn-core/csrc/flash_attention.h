@@ -102,6 +102,20 @@ void count_gradient(const char* recomputed_reason); // nullptr: fused
 GradientCounts gradient_counts();
 void reset_gradient_counts();
 
+// One call as the operation hands it to a GPU backend (cuda/dispatch.h,
+// metal/dispatch.h): inputs already validated, L and S non-zero, mask set
+// for boolean and additive masks only. It refers to the caller's arrays, so
+// it lives no longer than the call it is built for.
+struct AttentionCall {
+  const mx::array& q;
+  const mx::array& k;
+  const mx::array& v;
+  float scale;
+  MaskKind mask_kind;
+  const std::optional<mx::array>& mask;
+  mx::Stream stream;
+};
+
 ///////////////////////////////////////////////////////////////////////////////
 // Primitive
 ///////////////////////////////////////////////////////////////////////////////

@@ -302,7 +302,7 @@ Fused metal_backward(float scale, MaskKind mask_kind, mx::Stream stream, metal::
   return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = in[3];
-    return metal::flash_attention_backward(in[0], in[1], in[2], scale, mask_kind, m, out, d_out, stream, launch);
+    return metal::flash_attention_backward({in[0], in[1], in[2], scale, mask_kind, m, stream}, out, d_out, launch);
   };
 }
 
@@ -377,7 +377,7 @@ mx::array flash_attention(
     // the graph (mlx-lm's generation calls this once per layer and token).
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = mask_arr;
-    return cuda::flash_attention(queries, keys, values, softmax_scale, mask_kind, m, stream, widen);
+    return cuda::flash_attention({queries, keys, values, softmax_scale, mask_kind, m, stream}, widen);
   }
   if (widen) {
     // Elsewhere float32 attention over 16-bit inputs is the float32 path on
@@ -390,11 +390,12 @@ mx::array flash_attention(
     auto forward = [=](const std::vector<mx::array>& in) {
       std::optional<mx::array> m;
       if (has_mask_array(mask_kind)) m = in[3];
+      const AttentionCall attention{in[0], in[1], in[2], softmax_scale, mask_kind, m, stream};
       if (backend == Backend::cuda) {
-        return cuda::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream);
+        return cuda::flash_attention(attention);
       }
       auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
-      return metal::flash_attention(in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, launch);
+      return metal::flash_attention(attention, launch);
     };
     if (backend == Backend::cuda) {
       return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream, "cuda");
@@ -440,8 +441,8 @@ mx::array flash_attention_metal_emulated(
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m;
     if (has_mask_array(c.mask_kind)) m = in[3];
-    return metal::flash_attention(
-        in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, metal::emulated_launcher(emulation, stream), choice);
+    return metal::flash_attention({in[0], in[1], in[2], c.scale, c.mask_kind, m, stream},
+                                  metal::emulated_launcher(emulation, stream), choice);
   };
   return with_attention_vjp(forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, stream, "metal",
                             metal_backward(c.scale, c.mask_kind, stream, metal::emulated_launcher(emulation, stream)));

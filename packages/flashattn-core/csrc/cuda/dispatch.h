@@ -5,8 +5,6 @@
 
 #pragma once
 
-#include <optional>
-
 #include "../flash_attention.h"
 
 namespace flashattn::cuda {
@@ -14,18 +12,9 @@ namespace flashattn::cuda {
 // Whether this build embedded CUDA kernels (nvcc was present).
 bool kernels_available();
 
-// Inputs already validated by the operation; L and S are non-zero. widen:
-// float32 attention over float16 / bfloat16 inputs, a float32 result (the
-// tensor-core decode reads the 16-bit inputs; every other call runs the
-// float32 kernels on cast inputs).
-mx::array flash_attention(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    float scale,
-    MaskKind mask_kind,
-    const std::optional<mx::array>& mask,
-    mx::Stream stream,
-    bool widen = false);
+// widen: float32 attention over float16 / bfloat16 inputs, a float32 result
+// (the kernels that plan.cpp lists read the 16-bit inputs in place; other
+// calls run the float32 kernels on cast inputs).
+mx::array flash_attention(const AttentionCall& call, bool widen = false);
 
 }  // namespace flashattn::cuda

@@ -3,7 +3,8 @@
 //
 // MLX's custom-kernel primitive copies the module it is given on every call
 // and hashes it on every launch (the loaded module's name is the kernel's
-// name and that hash), ~0.2 us a KB: 3-8 us a call for our 10-40 KB modules.
+// name and that hash): host time on every call, in proportion to the
+// module's size (docs/cuda.md).
 // Before it loads a module from those bytes, though, MLX looks for one of
 // that name in its PTX cache directory (MLX_PTX_CACHE_DIR, or
 // <temp>/mlx/<version>/ptx). So each module is written there once, under a

@@ -201,11 +201,11 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   };
   const size_t n = outputs.size();
   if (run.fused) {
-    // The fused decode's one output is the second to last (dispatch.cpp): the
+    // The fused decode's one output is the second to last (plan.cpp): the
     // attention output at its start, then the partials. Each output costs
     // MLX's custom-kernel path host time on every call, and decode calls are
-    // short. The last output, the generic
-    // kernel's m / l, is left a view of it too (nothing reads it).
+    // short. The last output, the generic kernel's m / l, is left a view of
+    // it too (nothing reads it).
     std::vector<mx::array> blob = {outputs[n - 2]};
     launch(run.attend, scalars, in, blob, copy, s);
     for (size_t i : {size_t{0}, n - 1}) {
@@ -226,7 +226,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     launch(run.attend, scalars, in, out, copy, s);
     return;
   }
-  // Split, then merged: the partials are the last two outputs (dispatch.cpp);
+  // Split, then merged: the partials are the last two outputs (plan.cpp);
   // an output between is the tensor maps' scratch of plan.aligned, when this
   // is plan.any's generic split.
   leave_unused(1, n - 2);

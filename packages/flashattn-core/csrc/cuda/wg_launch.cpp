@@ -1,8 +1,7 @@
 // The wgmma prefill's launch model (wg_launch.h).
 //
 // Why: a launch of a little more than a whole number of waves leaves SMs
-// idle: mlx-lm's prefill chunk at qwen05b, 2048 rows against 8192 keys, is
-// 154 three-consumer blocks on an H200's 132 SMs, busy 64% of the time. Two
+// idle (mlx-lm's prefill chunks at qwen05b, for one: docs/cuda.md). Two
 // answers, both modelled here:
 // - two consumers a block (row tiles of 128: more blocks, though a key tile
 //   costs more cycles a row), for launches of one to four waves of
@@ -44,10 +43,8 @@ double fixed_cycles(const WgProblem& p) { return p.E > 64 ? 11000 : 3000; }
 // (each ~55-70 KB from L2 through one SM).
 constexpr double kPieceCycles = 1500, kMergeCyclesPerPiece = 900, kMergeCycles = 1000;
 constexpr int kMaxSplits = 16;
-// The pieces' states at most: scratch of the call, freed with it (mlx-lm's
-// 2048-row chunk at qwen05b has a 3.5 MiB output and, in eight pieces of
-// its last 22 row tiles, 9.3 MiB of states; `hd128`'s 200 rows against a
-// long cache, 1.6 MiB and, in two pieces, 8.5 MiB).
+// The pieces' states at most: scratch of the call, freed with it, a few
+// times the output of the calls the splits are for (docs/cuda.md).
 constexpr int64_t kMaxStateBytes = int64_t(16) << 20;
 
 struct Shape {

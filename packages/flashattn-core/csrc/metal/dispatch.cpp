@@ -125,8 +125,9 @@ struct Setup {
   int64_t batch;
 };
 
-Setup setup(const mx::array& q, const mx::array& k, float scale, MaskKind mask_kind,
-            const std::optional<mx::array>& mask, mx::Stream s) {
+Setup setup(const AttentionCall& call) {
+  const mx::array &q = call.q, &k = call.k;
+  const mx::Stream s = call.stream;
   const int nd = q.ndim();
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
@@ -136,17 +137,17 @@ Setup setup(const mx::array& q, const mx::array& k, float scale, MaskKind mask_k
   p[kL] = q.shape(-2);
   p[kS] = k.shape(-2);
   p[kE] = q.shape(-1);
-  p[kMaskKind] = static_cast<int>(mask_kind);
-  p[kScaleLog2] = std::bit_cast<int32_t>(scale * kLog2e);
-  p[kScale] = std::bit_cast<int32_t>(scale);
+  p[kMaskKind] = static_cast<int>(call.mask_kind);
+  p[kScaleLog2] = std::bit_cast<int32_t>(call.scale * kLog2e);
+  p[kScale] = std::bit_cast<int32_t>(call.scale);
   p[kRowsTotal] = checked_int(batch * q.shape(-3) * q.shape(-2), "query rows");
 
   mx::array mask_data = mx::zeros({kMinElements}, mx::float32, s);
   std::vector<int64_t> mask_base(kMinElements, 0);
-  if (mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive) {
-    const mx::array additive = mask_kind == MaskKind::boolean
-        ? mx::where(*mask, mx::array(0.0f), mx::array(-std::numeric_limits<float>::infinity()), s)
-        : mx::astype(*mask, mx::float32, s);
+  if (call.mask_kind == MaskKind::boolean || call.mask_kind == MaskKind::additive) {
+    const mx::array additive = call.mask_kind == MaskKind::boolean
+        ? mx::where(*call.mask, mx::array(0.0f), mx::array(-std::numeric_limits<float>::infinity()), s)
+        : mx::astype(*call.mask, mx::float32, s);
     MaskLayout layout = mask_layout(q, additive, s);
     mask_data = flat_at_least_8(layout.data, s);
     mask_base = layout.base;
@@ -161,19 +162,12 @@ Setup setup(const mx::array& q, const mx::array& k, float scale, MaskKind mask_k
 
 }  // namespace
 
-mx::array flash_attention(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    float scale,
-    MaskKind mask_kind,
-    const std::optional<mx::array>& mask,
-    mx::Stream s,
-    const Launcher& launch,
-    Choice choice) {
+mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice) {
+  const mx::array &q = call.q, &k = call.k, &v = call.v;
+  const mx::Stream s = call.stream;
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
   const int ratio = H_q / H_kv;
-  Setup c = setup(q, k, scale, mask_kind, mask, s);
+  Setup c = setup(call);
   std::vector<int32_t>& p = c.p;
   const int64_t batch = c.batch;
   const mx::array& mask_data = c.mask_data;
@@ -247,18 +241,11 @@ mx::array flash_attention(
 }
 
 std::vector<mx::array> flash_attention_backward(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    float scale,
-    MaskKind mask_kind,
-    const std::optional<mx::array>& mask,
-    const mx::array& o,
-    const mx::array& d_out,
-    mx::Stream s,
-    const Launcher& launch) {
+    const AttentionCall& call, const mx::array& o, const mx::array& d_out, const Launcher& launch) {
+  const mx::array &q = call.q, &k = call.k, &v = call.v;
+  const mx::Stream s = call.stream;
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
-  Setup c = setup(q, k, scale, mask_kind, mask, s);
+  Setup c = setup(call);
   const int ept = elements_per_thread(E);
   const int rows_max = backward_rows_per_threadgroup(ept);
   const int group_rows = checked_int(int64_t(H_q / H_kv) * L, "query rows per KV head");

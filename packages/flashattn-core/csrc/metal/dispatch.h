@@ -40,32 +40,13 @@ struct Choice {
   int splits = 0;
 };
 
-// Inputs already validated by the operation; L and S are non-zero.
-mx::array flash_attention(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    float scale,
-    MaskKind mask_kind,
-    const std::optional<mx::array>& mask,
-    mx::Stream stream,
-    const Launcher& launch,
-    Choice choice = {});
+mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice = {});
 
 // dQ, dK and dV of that call (FlashAttention-2's backward in two launches,
 // flash_backward_rows then flash_backward_keys; backward.metal): o is the
 // call's output, d_out its cotangent. Never builds an L x S array.
 std::vector<mx::array> flash_attention_backward(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    float scale,
-    MaskKind mask_kind,
-    const std::optional<mx::array>& mask,
-    const mx::array& o,
-    const mx::array& d_out,
-    mx::Stream stream,
-    const Launcher& launch);
+    const AttentionCall& call, const mx::array& o, const mx::array& d_out, const Launcher& launch);
 
 // "flash_rows<float16_t, 4>": a kernel with its template arguments, as the
 // emulator names its instances.

@@ -17,32 +17,31 @@
 // tiles launch first. A tile that hides some keys whose values hold NaN or
 // Inf takes a scalar P V over visible keys only (0 x NaN would leak them).
 
+#include "f16_shapes.h"
 #include "mma.cuh"
 #include "unit.cuh"
 
 namespace fa {
 
-constexpr int kBc = 64;
-
-template <int E>
-__host__ __device__ constexpr int prefill_warps() {
-  return E <= 64 ? 8 : 4;
-}
+constexpr int kBc = f16_shapes::kBc;
 
 template <typename T, int E>
 struct PrefillSmem {
-  static constexpr int kWarps = prefill_warps<E>(), kBr = 16 * kWarps;
-  static constexpr int LD = E + 8;  // elements per padded row
+  static constexpr int kBr = f16_shapes::rows(E), THREADS = f16_shapes::threads(E);
+  static constexpr int LD = f16_shapes::ld(E);  // elements per padded row
   T q[kBr * LD];
   T k[2][kBc * LD];  // after S = Q K^T, also P's staging on the rare non-finite path
   T v[2][kBc * LD];
 };
+static_assert(sizeof(PrefillSmem<unsigned short, 64>) == f16_shapes::smem_bytes(64) &&
+                  sizeof(PrefillSmem<unsigned short, 256>) == f16_shapes::smem_bytes(256),
+              "f16_shapes.h sizes the shared memory the planner asks for");
 
 // rows x E elements from src rows first.., rows past count zero-filled.
 template <typename T, int E>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int first, int rows, int count,
                                           int tid) {
-  constexpr int LD = E + 8, CHUNKS = E / 8, THREADS = prefill_warps<E>() * 32;
+  constexpr int LD = PrefillSmem<T, E>::LD, CHUNKS = E / 8, THREADS = PrefillSmem<T, E>::THREADS;
   for (int idx = tid; idx < rows * CHUNKS; idx += THREADS) {
     const int r = idx / CHUNKS, c8 = idx % CHUNKS;
     const bool valid = r < count;
@@ -52,7 +51,7 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
 
 template <typename T, int E>
 __device__ __forceinline__ bool tile_has_nonfinite(const T* tile, int count, int tid) {
-  constexpr int LD = E + 8, THREADS = prefill_warps<E>() * 32;
+  constexpr int LD = PrefillSmem<T, E>::LD, THREADS = PrefillSmem<T, E>::THREADS;
   bool bad = false;
   for (int idx = tid; idx < count * E; idx += THREADS) {
     bad |= !isfinite(to_f(tile[(idx / E) * LD + idx % E]));
@@ -66,7 +65,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
                                         const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                         int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                         int mask_cs, float scale_log2, Layout lay) {
-  constexpr int LD = E + 8, KS = E / 16, NB = kBc / 8, NO = E / 8;
+  constexpr int LD = PrefillSmem<T, E>::LD, KS = E / 16, NB = kBc / 8, NO = E / 8;
   constexpr int kBr = PrefillSmem<T, E>::kBr;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrefillSmem<T, E>*>(smem_raw);
@@ -197,14 +196,14 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 }  // namespace fa
 
 // fa_prefill_<dtype>_<E>: grid (row tiles x threads, H_q, batch), 32 x
-// prefill_warps<E>() threads, dynamic shared memory sizeof(PrefillSmem).
+// f16_shapes::warps(E) threads, dynamic shared memory sizeof(PrefillSmem).
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
 #if FA_DTYPE == 0
 #error "prefill_f16.cu takes float16 or bfloat16; float32 has prefill_tf32.cu"
 #endif
-extern "C" __global__ void __launch_bounds__(fa::prefill_warps<FA_E>() * 32) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(fa::PrefillSmem<FA_T, FA_E>::THREADS) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {

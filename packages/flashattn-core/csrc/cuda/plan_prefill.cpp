@@ -1,0 +1,172 @@
+// The tensor-core prefills' launches: on Hopper the wgmma kernels
+// (prefill_f16_wg.cu, prefill_tf32_wg.cu; the 16-bit one shaped by the
+// launch model, wg_launch.h), elsewhere the mma.sync ones (prefill_f16.cu,
+// prefill_tf32.cu), each where its block fits the GPU's shared memory.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/driver.h"
+#include "cuda/kernel_images.h"
+#include "cuda/kernels/f16_shapes.h"
+#include "cuda/kernels/tf32_shapes.h"
+#include "cuda/kernels/wg_shapes.h"
+#include "cuda/planner.h"
+#include "cuda/wg_launch.h"
+
+namespace flashattn::cuda {
+
+namespace {
+
+int prefill_rows(mx::Dtype t, int E) {
+  return t == mx::float32 ? fa::tf32_shapes::rows(E) : fa::f16_shapes::rows(E);
+}
+
+int prefill_threads(mx::Dtype t, int E) {
+  return t == mx::float32 ? fa::tf32_shapes::threads(E) : fa::f16_shapes::threads(E);
+}
+
+int prefill_smem_bytes(mx::Dtype t, int E) {
+  return t == mx::float32 ? fa::tf32_shapes::smem_bytes(E) : fa::f16_shapes::smem_bytes(E);
+}
+
+bool has_prefill_kernel(int E) {
+  return E == 64 || E == 80 || E == 96 || E == 128 || E == 256;
+}
+
+// Shared memory a block may have on the device: what it says, or, when the
+// driver cannot say, the least of any GPU the kernels are built for (sm_86
+// and sm_89's 99 KB). The mma.sync prefills at 16 bits and E = 256 (165 KB)
+// and at float32 and E = 128 (100 KB) take more: where they do not fit, the
+// generic kernel runs instead of a launch that fails.
+int shared_memory_limit(int device_index) {
+  constexpr int kLeastOptIn = 99 * 1024;
+  const int limit = max_shared_memory_per_block(device_index);
+  return limit > 0 ? limit : kLeastOptIn;
+}
+
+// The tensor-map template of the 16-bit wgmma kernels (tma.cuh) as 32
+// launch arguments, made once per dtype; empty without tensor maps.
+const std::vector<int>& map_template(mx::Dtype t) {
+  static std::mutex mutex;
+  static std::map<bool, std::vector<int>> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  const bool float16 = t == mx::float16;
+  auto it = made.find(float16);
+  if (it == made.end()) {
+    std::vector<int> words;
+    if (const auto map = tensor_map_template(float16)) {
+      for (uint32_t w : *map) words.push_back(static_cast<int>(w));
+    }
+    it = made.emplace(float16, std::move(words)).first;
+  }
+  return it->second;
+}
+
+// FLASHATTN_CUDA_NARROW=1 or 0 (tests, probes): two consumers at E = 64 for
+// every 16-bit prefill the wgmma kernels take a row tile a block, or for
+// none. FLASHATTN_CUDA_SPLITS=n > 1: the second half of those launches' row
+// tiles in n key pieces each (key_split.cuh); 0 or 1: no splits. Unset (-1),
+// the launch model decides (wg_launch.h).
+int forced(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return -1;
+  try {
+    return std::max(0, std::stoi(v));
+  } catch (const std::exception&) {
+    throw std::invalid_argument(std::string(name) + " must be a non-negative integer; got '" + v + "'");
+  }
+}
+int forced_narrow() {
+  static const int value = forced("FLASHATTN_CUDA_NARROW");
+  return value;
+}
+int forced_splits() {
+  static const int value = forced("FLASHATTN_CUDA_SPLITS");
+  return value;
+}
+
+}  // namespace
+
+std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
+  if (d.L < kMinPrefillL || !has_prefill_kernel(d.E) || d.batch > 65535 || d.H_q > 65535) {
+    return std::nullopt;
+  }
+  std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
+  int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
+  if (smem > shared_memory_limit(device_index)) return std::nullopt;  // it would not launch: the generic kernel
+  // Hopper: the wgmma kernels (only sm_90a images exist: find_image finds none elsewhere).
+  // Widened, the 16-bit one's float32 variant (fa_prefill_wg32_) or none.
+  namespace ws = fa::wg_shapes;
+  const std::string wg_kernel = (d.widen ? "fa_prefill_wg32_" : "fa_prefill_wg_") + d.dt + "_" + std::to_string(d.E);
+  // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
+  const bool needs_maps = dtype != mx::float32;
+  const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
+  const bool wg = (!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index);
+  WgLaunch wg_launch;
+  std::optional<std::tuple<int, int, int>> grid;
+  int schedule_slices = 0;
+  int64_t split_bytes = 0;
+  if (wg) {
+    kernel = wg_kernel;
+    if (dtype == mx::float32) {
+      rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
+    } else {
+      const std::string wg2_kernel = "fa_prefill_wg2_" + d.dt + "_64";
+      const int sms = multiprocessors(device_index);
+      const int64_t slices = d.batch * d.H_q;
+      const int wide_rows = ws::f16_rows(d.E, d.widen);
+      const int64_t wide_units = slices * ((d.L + wide_rows - 1) / wide_rows);
+      // Scheduled (prefill_f16_wg.cu, E = 128): one block per SM takes a
+      // share of all row tiles, when there are enough of them; otherwise a
+      // row tile a block, shaped by the launch model.
+      const bool scheduled = ws::f16_items(d.E) == 2 && sms > 0 && wide_units >= ws::kF16ScheduleMinTiles &&
+                             slices <= std::numeric_limits<int>::max();
+      if (!scheduled) {
+        const WgProblem problem{slices, d.L, d.S, d.E, d.kind == static_cast<int>(MaskKind::causal), d.widen};
+        wg_launch = plan_wg_launch(problem, sms, find_image(wg2_kernel, device_index) != nullptr, forced_narrow(),
+                                   forced_splits());
+      }
+      if (wg_launch.narrow) kernel = wg2_kernel;
+      rows = ws::f16_rows(d.E, d.widen, wg_launch.narrow), threads = ws::f16_threads(d.E, d.widen, wg_launch.narrow),
+      smem = ws::f16_smem_bytes(d.E, d.widen, wg_launch.narrow);
+      const int64_t units = slices * ((d.L + rows - 1) / rows);
+      if (scheduled) {
+        schedule_slices = static_cast<int>(slices);
+        grid = {static_cast<int>(std::min<int64_t>(units, sms)) * threads, 1, 1};
+      } else if (wg_launch.splits > 1) {
+        schedule_slices = static_cast<int>(slices);
+        grid = {static_cast<int>(wg_launch.blocks) * threads, 1, 1};
+        split_bytes = ws::split_scratch_bytes(units - wg_launch.split_from, wg_launch.splits, d.E,
+                                              ws::f16_groups(d.E, d.widen, wg_launch.narrow));
+      }
+    }
+  } else if (d.widen) {
+    return std::nullopt;
+  }
+  const int tiles = (d.L + rows - 1) / rows;
+  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
+  if (!grid) grid = {tiles * threads, d.H_q, static_cast<int>(d.batch)};
+  if (wg && dtype != mx::float32) {
+    // The 16-bit kernels' slices (the scheduled or split launch's; 0 for a
+    // grid of row tiles x heads x batch) and key splits (wg_launch.h).
+    const bool split = wg_launch.splits > 1;
+    scalars.insert(scalars.end(), {schedule_slices, split ? static_cast<int>(wg_launch.split_from) : 0,
+                                   split ? wg_launch.splits : 0});
+  }
+  Step attend{kernel, scalars, *grid, {threads, 1, 1}, smem};
+  Launches out{attend, std::nullopt, 0, wg ? maps : std::vector<int>{}};
+  out.split_bytes = split_bytes;
+  return out;
+}
+
+}  // namespace flashattn::cuda

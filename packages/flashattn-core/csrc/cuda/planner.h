@@ -1,0 +1,59 @@
+// The planner's parts: a call as the planner sees it (Dims), each kernel
+// family's launches (plan_decode.cpp, plan_prefill.cpp, plan_generic.cpp)
+// and the choice among them with the primitive's outputs (plan.cpp).
+
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuda/plan.h"
+
+namespace flashattn::cuda {
+
+// Threads of a generic or decode.cu block.
+inline constexpr int kThreads = 128;
+inline constexpr int kMinPrefillL = 9;  // below: the decode path
+
+// What the launches depend on, from the shapes.
+struct Dims {
+  int64_t batch;
+  int H_q, H_kv, L, S, E;
+  std::string dt;
+  int kind, mask_rs, mask_cs;
+  float scale_log2;
+  bool widen;  // float32 attention over 16-bit inputs, float32 output
+};
+
+// The decode launches, when decode takes the call; splits: the key splits chosen.
+std::optional<Launches> decode_launches(const Dims& d, int& splits);
+
+// The tensor-core prefill's launches, when one takes the call and fits the
+// GPU's shared memory.
+std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index);
+
+// The generic kernel's key splits when it is the planned kernel: as many as
+// keep the GPU busy when the rows are few.
+int generic_splits(const Dims& d);
+
+// The generic kernel: one warp per query row, any head dim, any strides.
+// Widened (16-bit inputs, float32 output) always in its split form, even
+// with one split: its partials are float32, and fa_merge_float32 writes a
+// float32 output. aligned: every row starts on a 16-byte boundary, so the
+// split form may take 16-byte loads (generic_vec.cu; the same partials).
+Launches generic_launches(const Dims& d, int splits, bool aligned = false);
+
+// A call's launches and its primitive's outputs (the attention output, then
+// scratch: the tensor maps', the partials).
+struct Planned {
+  Plan plan;
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+};
+
+// nullopt: a widened call that no kernel takes as it is (the caller casts).
+std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape& q_shape, int device_index);
+
+}  // namespace flashattn::cuda
