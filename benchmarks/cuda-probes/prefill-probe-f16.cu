@@ -15,7 +15,7 @@ using T = __nv_bfloat16;
 
 // Entry points for both head dims (the kernel files' own take FA_E's only).
 template <int E>
-__global__ void __launch_bounds__(fa::prefill_warps<E>() * 32) mma_kernel(
+__global__ void __launch_bounds__(fa::f16_shapes::warps(E) * 32) mma_kernel(
     const T* q, const T* k, const T* v, const void* mask, const int64_t* mask_base, T* out, int H_q, int H_kv,
     int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::prefill<T, E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
@@ -43,8 +43,8 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) wg_tma_kernel(
 // (Three tile buffers: 3 x 128 keys at E = 128 would not fit shared memory.)
 template <int E>
 std::vector<probe::Launch<T>> launches() {
-  std::vector<probe::Launch<T>> all = {{"mma.sync bf16", mma_kernel<E>, 16 * fa::prefill_warps<E>(),
-                                        32 * fa::prefill_warps<E>(), int(sizeof(fa::PrefillSmem<T, E>))},
+  std::vector<probe::Launch<T>> all = {{"mma.sync bf16", mma_kernel<E>, 16 * fa::f16_shapes::warps(E),
+                                        32 * fa::f16_shapes::warps(E), int(sizeof(fa::PrefillSmem<T, E>))},
                                        WGT(E, 2, 128, true, 2)};
   if (E == 64) {
     all.push_back(WGT(E, 3, 128, true, 1));

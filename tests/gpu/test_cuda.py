@@ -95,7 +95,7 @@ def test_prefill_chunk_in_row_tiles_of_128(mask, dtype):
 @pytest.mark.parametrize("mask", ["none", "causal", "bool_full", "additive_full"])
 def test_generic_decode_splits(S, dtype, heads, E, mask):
     # Head dims no decode kernel takes (Gemma's 256, Phi-2's 80, and 40), and
-    # E = 96 with one row a KV head (Phi-3-mini's decode: dispatch.cpp's
+    # E = 96 with one row a KV head (Phi-3-mini's decode: plan_decode.cpp's
     # decode_takes), go to the generic kernel: keys walked in groups
     # (generic.cu; with 16-byte loads, in 1-4 segments of a warp, where rows
     # start on 16-byte boundaries, as here: generic_vec.cu), split over blocks
@@ -343,7 +343,7 @@ PREFILL_CALL = Case(batch=(1,), heads=(8, 2), L=40, S=300, E=64, mask="bool_LS",
     ids=["S", "group", "batch", "L", "dtype", "scale", "widened", "mask_strides", "mask_kind", "mask_additive"],
 )
 def test_calls_alike_but_for_one_planned_value(base, other, kwargs):
-    # The planner keeps each thread's recent plans (dispatch.cpp, recent.h):
+    # The planner keeps each thread's recent plans (cuda/dispatch.cpp, recent.h):
     # calls that differ in one value their launches depend on, made in turn
     # and evaluated together, must each get their own answer.
     calls = [(base, {}), (other, kwargs)] * 2
@@ -510,7 +510,7 @@ def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype):
 def test_float32_over_16_bit_inputs_where_no_kernel_reads_them():
     # A prefill at E = 256: the wgmma prefill does not read 16-bit inputs for
     # float32 attention there, so the call runs the float32 kernels on cast
-    # inputs; the planner keeps that it does (dispatch.cpp's recent plans), so
+    # inputs; the planner keeps that it does (cuda/dispatch.cpp's recent plans), so
     # the second call takes the cached answer.
     case = Case(batch=(1,), heads=(8, 2), L=200, S=3000, E=256, mask="causal", dtype="bfloat16", layout="kv_cache")
     for seed in (0, 1):

@@ -1,6 +1,6 @@
 // The last few values made from keys, per thread: a model's layers repeat
 // one call (every layer of a decode step has the same shapes), so the
-// planner (dispatch.cpp) looks its launches up here before it makes them
+// planner (cuda/dispatch.cpp) looks its launches up here before it makes them
 // again (strings and vectors: about as much host time as the graph node
 // itself).
 

@@ -106,7 +106,7 @@ __device__ __forceinline__ FusedScratch fused_scratch(TO* out, int64_t rows_tota
 }
 
 // This block's group's ticket word: groups are (batch, grid.y) pairs in the
-// decode kernels, one word each past the m / l partials (dispatch.cpp sizes
+// decode kernels, one word each past the m / l partials (plan.cpp sizes
 // the scratch).
 __device__ __forceinline__ unsigned long long* group_ticket(float* ml_part, int64_t rows_total) {
   const int64_t group = (int64_t)blockIdx.z * gridDim.y + blockIdx.y;

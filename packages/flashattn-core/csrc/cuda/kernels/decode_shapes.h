@@ -1,5 +1,5 @@
 // Block shape of the tensor-core decodes (decode_mma.cu, decode_tf32.cu), in plain C++: the
-// kernel builds its blocks from it and the planner (dispatch.cpp) its
+// kernel builds its blocks from it and the planner (plan_decode.cpp) its
 // launches, so the two cannot disagree on threads.
 //
 // E = 64: 8 warps, each loading two chunks of 32 keys before computing them
@@ -22,7 +22,7 @@ constexpr bool mma_prefetch_next_pass(int E) { return E == 64; }
 // Whether the K / V loads ask L2 for the 256 bytes around them
 // (ld.global.nc.L2::256B).
 constexpr bool mma_fetch_256(int E) { return E == 64; }
-// Blocks a call's key splits aim at (dispatch.cpp): one an SM at E = 64,
+// Blocks a call's key splits aim at (plan_decode.cpp): one an SM at E = 64,
 // two at E = 128 (their merge then reads twice the partials, still faster).
 constexpr int mma_target_blocks(int E) { return E == 64 ? 128 : 256; }
 

@@ -1,6 +1,6 @@
 // The split merge's launch shape (generic.cu's fa_merge_<dtype>), in plain
 // C++: the kernel sizes its shared memory from it and the planner
-// (dispatch.cpp) its launches, so the two cannot disagree.
+// (plan_generic.cpp) its launches, so the two cannot disagree.
 
 #pragma once
 

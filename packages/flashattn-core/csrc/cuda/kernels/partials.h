@@ -1,5 +1,5 @@
 // Where the fused decode (decode_combine.cuh) keeps its scratch, in plain
-// C++: the kernels find it and the planner (dispatch.cpp) sizes it from the
+// C++: the kernels find it and the planner (plan_decode.cpp) sizes it from the
 // same functions.
 //
 // The fused decode launches with one output (each output costs MLX's

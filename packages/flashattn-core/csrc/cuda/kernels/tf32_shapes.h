@@ -1,5 +1,5 @@
 // Block shape of the float32 mma.sync prefill (prefill_tf32.cu), in plain
-// C++: the kernel builds its tiles from it and the planner (dispatch.cpp)
+// C++: the kernel builds its tiles from it and the planner (plan_prefill.cpp)
 // its launches and shared memory, so the two cannot disagree.
 //
 // E = 256 (Gemma's head dim) has a shape of its own: Q's 64 rows alone take

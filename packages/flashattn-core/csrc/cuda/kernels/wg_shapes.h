@@ -1,5 +1,5 @@
 // Block shapes of the Hopper (wgmma) prefill kernels, in plain C++: the
-// kernels build their tiles from them and the planner (dispatch.cpp) its
+// kernels build their tiles from them and the planner (plan_prefill.cpp) its
 // launches, so the two cannot disagree on rows, threads or shared memory.
 
 #pragma once
@@ -30,8 +30,8 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // two consumers and no overlap, where ptxas spills least (three consumers
 // or the overlap spilled hundreds of bytes to kilobytes).
 // narrow: two consumers at E = 64 as well (fa_prefill_wg2_*, row tiles of
-// 128), which the planner takes where three leave SMs idle (dispatch.cpp's
-// narrow_wins).
+// 128), which the planner takes where three leave SMs idle (plan_prefill.cpp,
+// wg_launch.cpp's launch model).
 // E = 80 and 96 run in the E = 128 kernel's tiles (f16_stored_e): the
 // copies leave the columns past E zero (TMA's fill past the tensor's end),
 // Q K^T takes E / 16 steps and P V is E columns wide (wgmma's N), reading
