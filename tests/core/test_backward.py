@@ -1,6 +1,7 @@
-"""The fused backward (FlashAttention-2 Algorithm 2) on the CPU: gradients of
-queries, keys and values against a float64 reference over the forward's
-covering matrix and against MLX's VJP of its own SDPA; its memory stays O(L)."""
+"""The fused backward (FlashAttention-2 Algorithm 2) on the CPU and, where
+MLX's CUDA backend has a GPU, on CUDA: gradients of queries, keys and values
+against a float64 reference over the forward's covering matrix and against
+MLX's VJP of its own SDPA; its memory stays O(L)."""
 
 import math
 
@@ -12,11 +13,21 @@ from attention_cases import MATRIX, TOLERANCE, Case, make_inputs
 from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
 from flashattn_core.reference import attention_gradients_reference, relative_error
 
+HAS_CUDA = mx.is_available(mx.gpu) and mx.cuda.is_available()
 
-@pytest.fixture(autouse=True)
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request):
+    """The backend whose fused backward runs: each test below runs on both."""
+    if request.param == "cuda" and not HAS_CUDA:
+        pytest.skip("needs MLX's CUDA backend and an NVIDIA GPU")
+    with mx.stream(mx.cpu if request.param == "cpu" else mx.gpu):
+        yield request.param
+
+
+@pytest.fixture
 def on_the_cpu():
-    """The fused backward here is the CPU's: on a GPU machine (scripts/cuda-check
-    runs tests/core there) the default device's backward would be MLX's recompute."""
+    """The CPU's own backward, whatever the default device."""
     with mx.stream(mx.cpu):
         yield
 
@@ -40,7 +51,7 @@ def gradient_error(g, ref, size):
 
 
 @pytest.mark.parametrize("case", MATRIX, ids=str)
-def test_matches_float64_reference(case):
+def test_matches_float64_reference(device, case):
     q, k, v, mask = make_inputs(case, seed=2)
     d_out = d_out_for(case, q)
     grads = vjp(q, k, v, mask, d_out)
@@ -60,7 +71,7 @@ SDPA_CASES = [
 
 
 @pytest.mark.parametrize("case", SDPA_CASES, ids=str)
-def test_matches_mlx_sdpa_vjp(case):
+def test_matches_mlx_sdpa_vjp(device, case):
     q, k, v, mask = make_inputs(case, seed=3)
     d_out = d_out_for(case, q)
     scale = 1 / math.sqrt(case.E)
@@ -70,7 +81,7 @@ def test_matches_mlx_sdpa_vjp(case):
         assert relative_error(g, np.array(ref, dtype=np.float64)) <= 2e-5, name
 
 
-def test_value_and_grad_under_compile_uses_the_saved_statistics():
+def test_value_and_grad_under_compile(device):
     case = Case(batch=(1,), heads=(4, 2), L=70, S=70, E=32, mask="causal")
     q, k, v, _ = make_inputs(case)
     loss = lambda q, k, v: flash_attention(q, k, v, mask="causal").square().sum()
@@ -83,7 +94,7 @@ def test_value_and_grad_under_compile_uses_the_saved_statistics():
         assert relative_error(g, ref) <= 2e-5
 
 
-def test_rows_and_keys_nobody_sees_get_zero_gradients():
+def test_rows_and_keys_nobody_sees_get_zero_gradients(device):
     # L > S causal: the first L - S rows see no key.
     case = Case(batch=(1,), heads=(2, 1), L=40, S=24, E=16, mask="causal")
     q, k, v, _ = make_inputs(case)
@@ -92,7 +103,7 @@ def test_rows_and_keys_nobody_sees_get_zero_gradients():
     assert not np.isnan(np.array(dq)).any() and np.abs(np.array(dk)).sum() > 0
 
 
-def test_gradient_memory_is_linear_in_sequence_length():
+def test_gradient_memory_is_linear_in_sequence_length(device):
     # One L x S float32 score matrix of a head here is 1 GiB; inputs,
     # outputs and gradients together are ~6 MiB.
     L = 16384
@@ -109,7 +120,7 @@ def test_gradient_memory_is_linear_in_sequence_length():
     assert all(not np.isnan(np.array(g)).any() for g in grads)
 
 
-def test_gradient_stats_say_which_backward_ran():
+def test_gradient_stats_say_which_backward_ran(on_the_cpu):
     case = Case(batch=(1,), heads=(4, 2), L=16, S=24, E=16)
     q, k, v, _ = make_inputs(case)
     bias = mx.zeros((16, 24))

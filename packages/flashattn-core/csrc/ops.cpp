@@ -250,8 +250,8 @@ bool any_tracer(const std::vector<mx::array>& arrays) {
 }
 
 // A GPU kernel launch (MLX's custom-kernel primitives have no gradient)
-// with a vjp attached, counted under `backend`: the fused backward when
-// there is one (Metal), else attention_vjp's recomputation. forward takes
+// with a vjp attached: the fused backward (CUDA, Metal), or attention_vjp's
+// recomputation counted under `backend` where there is none. forward takes
 // {q, k, v[, mask]}; fused takes them, the output and its cotangent and gives
 // dQ, dK, dV.
 using Forward = std::function<mx::array(const std::vector<mx::array>&)>;
@@ -303,6 +303,15 @@ Fused metal_backward(float scale, MaskKind mask_kind, mx::Stream stream, metal::
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = in[3];
     return metal::flash_attention_backward({in[0], in[1], in[2], scale, mask_kind, m, stream}, out, d_out, launch);
+  };
+}
+
+// The CUDA backward (cuda/backward.cpp).
+Fused cuda_backward(float scale, MaskKind mask_kind, mx::Stream stream) {
+  return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
+    std::optional<mx::array> m;
+    if (has_mask_array(mask_kind)) m = in[3];
+    return cuda::flash_attention_backward({in[0], in[1], in[2], scale, mask_kind, m, stream}, out, d_out);
   };
 }
 
@@ -398,7 +407,8 @@ mx::array flash_attention(
       return metal::flash_attention(attention, launch);
     };
     if (backend == Backend::cuda) {
-      return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream, "cuda");
+      return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream, "cuda",
+                                cuda_backward(softmax_scale, mask_kind, stream));
     }
     auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
     return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream, "metal",

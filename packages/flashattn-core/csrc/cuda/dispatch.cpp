@@ -16,41 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "cuda/mask_args.h"
 #include "cuda/planner.h"
 #include "cuda/primitive.h"
 #include "cuda/recent.h"
-#include "mask_layout.h"
 
 namespace flashattn::cuda {
 
 namespace {
-
-const char* dtype_name(mx::Dtype t) {
-  if (t == mx::float32) return "float32";
-  if (t == mx::float16) return "float16";
-  return "bfloat16";
-}
-
-// The mask as the kernels read it: (data, per-(b, h_q) base offsets, row
-// stride, column stride). Without an array mask the kernels never read
-// either pointer, so the queries stand in (no extra arrays, no extra work).
-struct MaskArgs {
-  mx::array data, base;
-  int row_stride = 0, col_stride = 0;
-};
-
-MaskArgs mask_args(const mx::array& q, MaskKind kind, const std::optional<mx::array>& mask, mx::Stream s) {
-  MaskArgs args{q, q};
-  if (kind != MaskKind::boolean && kind != MaskKind::additive) {
-    return args;
-  }
-  MaskLayout layout = mask_layout(q, kind == MaskKind::boolean ? *mask : mx::astype(*mask, mx::float32, s), s);
-  args.data = layout.data;
-  args.base = mx::array(layout.base.data(), {static_cast<int>(layout.base.size())}, mx::int64);
-  args.row_stride = layout.row_stride;
-  args.col_stride = layout.col_stride;
-  return args;
-}
 
 // What a call's planning depends on beyond Dims' derived values: the
 // queries' shape (the output's), the dtype and the device.

@@ -17,4 +17,9 @@ bool kernels_available();
 // calls run the float32 kernels on cast inputs).
 mx::array flash_attention(const AttentionCall& call, bool widen = false);
 
+// The fused backward (backward.cpp): dQ, dK and dV of `call` from its
+// output and the output's cotangent, never an L x S array.
+std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& out,
+                                                const mx::array& d_out);
+
 }  // namespace flashattn::cuda

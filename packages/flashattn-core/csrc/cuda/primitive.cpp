@@ -85,13 +85,6 @@ bool rows_aligned(const Rows& r, int64_t offset_bytes, int64_t itemsize) {
   return ok(offset_bytes) && ok(r.sb * itemsize) && ok(r.sh * itemsize) && ok(r.sr * itemsize);
 }
 
-// FLASHATTN_CUDA_POISON=1 (tests) fills outputs with NaN before the kernels
-// run, so an element a kernel forgets to write cannot pass.
-std::optional<float> init_value() {
-  static const bool poison = std::getenv("FLASHATTN_CUDA_POISON") != nullptr;
-  return poison ? std::optional<float>(std::nanf("")) : std::nullopt;
-}
-
 // A number no earlier call of this process had (48 bits, the fused decode's
 // tickets: decode_combine.cuh), as the two 24-bit launch arguments it takes.
 // Seeded at random so that no value another process left in recycled GPU
@@ -117,7 +110,7 @@ void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vec
   }
   auto run = [&](const ModuleSource& m) {
     auto node = mx::fast::precompiled_cuda_kernel(*m.name, *m.module, in, shapes, dtypes, scalars, step.grid,
-                                                  step.block, step.smem, init_value(), copy, s);
+                                                  step.block, step.smem, poison_value(), copy, s);
     node[0].primitive().eval_gpu(in, out);
   };
   const std::string& image = image_of(step.kernel, s);
@@ -149,6 +142,11 @@ void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vec
 }
 
 }  // namespace
+
+std::optional<float> poison_value() {
+  static const bool poison = std::getenv("FLASHATTN_CUDA_POISON") != nullptr;
+  return poison ? std::optional<float>(std::nanf("")) : std::nullopt;
+}
 
 void Attention::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error("flash_attention: the CUDA node ran on a CPU stream");

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "cuda/plan.h"
 #include "mlx/primitives.h"
@@ -32,5 +33,10 @@ class Attention : public mx::Primitive {
  private:
   std::shared_ptr<const Plan> plan_;
 };
+
+// FLASHATTN_CUDA_POISON=1 (tests): NaN, which every launch's outputs are
+// filled with before its kernel runs, so that an element a kernel forgets
+// to write cannot pass; otherwise nullopt.
+std::optional<float> poison_value();
 
 }  // namespace flashattn::cuda

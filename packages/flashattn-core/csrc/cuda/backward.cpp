@@ -1,0 +1,76 @@
+// The fused backward on MLX's CUDA backend (kernels/backward.cu): two
+// launches through MLX's custom-kernel API, ordered in MLX's graph by the
+// statistics the second reads: the rows pass (dQ, and each row's
+// log-sum-exp and D) and the keys pass (dK, dV; under GQA float32 sums of
+// the group's heads, cast to the inputs' dtype after). Both read their inputs
+// row-contiguous (MLX copies a strided view first: O(L) memory, like the
+// gradients themselves).
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/dispatch.h"
+#include "cuda/kernel_images.h"
+#include "cuda/kernels/backward_shapes.h"
+#include "cuda/mask_args.h"
+#include "cuda/primitive.h"
+#include "mlx/fast.h"
+
+namespace flashattn::cuda {
+
+namespace bs = fa::backward_shapes;
+
+std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& out,
+                                                const mx::array& d_out) {
+  const mx::array &q = call.q, &k = call.k, &v = call.v;
+  const mx::Stream s = call.stream;
+  const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
+  int64_t batch = 1;
+  for (int d = 0; d < q.ndim() - 3; ++d) batch *= q.shape(d);
+  const int EB = bs::bucket(E);
+  // Each launch's threads, as MLX counts them, in an int.
+  const int64_t row_blocks = (L + bs::kRows - 1) / bs::kRows * batch * H_q;
+  const int64_t key_blocks = (S + bs::kKeys - 1) / bs::kKeys * batch * H_q;
+  if (std::max(row_blocks, key_blocks) * bs::kThreads > std::numeric_limits<int>::max()) {
+    throw Unsupported(Reason::input, "flash_attention: too many query rows or keys for one CUDA backward launch");
+  }
+
+  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, s);
+  const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(batch * H_q),
+                                                     H_q,
+                                                     H_kv,
+                                                     L,
+                                                     S,
+                                                     E,
+                                                     static_cast<int>(call.mask_kind),
+                                                     m.row_stride,
+                                                     m.col_stride,
+                                                     call.scale * kLog2e,
+                                                     call.scale};
+  const std::string suffix = std::string(dtype_name(q.dtype())) + "_" + std::to_string(EB);
+  auto launch = [&](const std::string& kernel, const std::vector<mx::array>& inputs,
+                    const std::vector<mx::Shape>& shapes, const std::vector<mx::Dtype>& dtypes, int64_t blocks,
+                    int smem, std::optional<float> init) {
+    const std::string* image = find_image(kernel, s.device.index);
+    if (!image) throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
+    const std::tuple<int, int, int> grid{static_cast<int>(blocks) * bs::kThreads, 1, bs::col_blocks(EB)};
+    return mx::fast::precompiled_cuda_kernel(kernel, *image, inputs, shapes, dtypes, scalars, grid,
+                                             {bs::kThreads, 1, 1}, smem, init,
+                                             /* ensure_row_contiguous */ true, s);
+  };
+  const mx::array dO = mx::astype(d_out, q.dtype(), s);
+  auto rows = launch("fa_backward_rows_" + suffix, {q, k, v, out, dO, m.data, m.base},
+                     {q.shape(), {static_cast<int>(batch * H_q * L * 2)}}, {q.dtype(), mx::float32}, row_blocks,
+                     bs::rows_smem_bytes(EB), poison_value());
+  const bool group_sums = H_q != H_kv;  // the keys pass adds into float32 zeros
+  const mx::Dtype kv_dtype = group_sums ? mx::float32 : k.dtype();
+  auto keys = launch("fa_backward_keys_" + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
+                     {kv_dtype, kv_dtype}, key_blocks, bs::keys_smem_bytes(EB),
+                     group_sums ? std::optional<float>(0.0f) : poison_value());
+  return {rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)};
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,503 @@
+// FlashAttention-2's backward (Algorithm 2) on TF32 tensor cores
+// (mma.sync m16n8k8), for every dtype, mask and head dim up to 256. With
+// P = softmax(S), S = scale Q K^T + mask over the visible keys:
+//   dV = P^T dO    dP = dO V^T    D = rowsum(dO * O)    dS = P * (dP - D)
+//   dQ = scale dS K    dK = scale dS^T Q
+// Two passes, so that dQ and dK / dV each have one writer a block:
+//   fa_backward_rows: 4 warps x 16 query rows. A row's log-sum-exp (the
+//     forward kernels do not keep it: a first walk over the keys takes it
+//     again), D, and dQ; writes (lse, D) per row for
+//   fa_backward_keys: 4 warps x 16 keys against one query head's rows. dK
+//     and dV; under GQA each head of a group adds its share (float32
+//     atomics, K and V never repeated).
+// Both recompute P from the scores and the row's log-sum-exp; never an
+// L x S buffer.
+//
+// float32 inputs take the 3xTF32 split (hi*hi + hi*lo + lo*hi: float32
+// accuracy, mma.cuh); float16 and bfloat16 values are exact in TF32, so their
+// products take one term, with P and dS rounded to TF32 (10 bits, more than
+// either 16-bit type keeps). Inputs arrive row-contiguous.
+
+#include <type_traits>
+
+#include "backward_shapes.h"
+#include "mma.cuh"
+#include "unit.cuh"
+
+namespace fa {
+
+namespace bs = backward_shapes;
+
+// An input element as TF32 operand parts (lo = 0 without the split).
+template <bool kSplit>
+__device__ __forceinline__ void input_operand(float x, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit) {
+    split_tf32(x, hi, lo);
+  } else {
+    hi = __float_as_uint(x);
+    lo = 0;
+  }
+}
+// The same for the A side of a score product (split_tf32_query: an infinite
+// input meets a zero part without making NaN of x * inf).
+template <bool kSplit>
+__device__ __forceinline__ void query_operand(float x, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit) {
+    split_tf32_query(x, hi, lo);
+  } else {
+    hi = __float_as_uint(x);
+    lo = 0;
+  }
+}
+// A computed value (P or dS): split, or rounded to nearest TF32.
+template <bool kSplit>
+__device__ __forceinline__ void computed_operand(float x, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit) {
+    split_tf32(x, hi, lo);
+  } else {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    lo = 0;
+  }
+}
+
+template <bool kSplit>
+__device__ __forceinline__ void mma_terms(float* c, const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
+                                          uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+  if constexpr (kSplit) {
+    mma1688_tf32(c, al, bh0, bh1);
+    mma1688_tf32(c, ah, bl0, bl1);
+  }
+  mma1688_tf32(c, ah, bh0, bh1);
+}
+
+// ROWS rows of E elements from src (row-contiguous) into dst as float32
+// (row stride LD), zeros past `count` rows and past E columns. Returns
+// whether this thread saw a value that is not finite.
+template <typename T, int EB, int ROWS>
+__device__ __forceinline__ bool load_rows(float* dst, const T* src, int count, int E) {
+  bool bad = false;
+  for (int idx = threadIdx.x; idx < ROWS * EB; idx += bs::kThreads) {
+    const int r = idx / EB, e = idx % EB;
+    const float x = r < count && e < E ? to_f(src[(int64_t)r * E + e]) : 0.0f;
+    bad |= !isfinite(x);
+    dst[r * bs::ld(EB) + e] = x;
+  }
+  return bad;
+}
+
+// s = A B^T for the warp's 16 rows of A (a_rows) against NB x 8 rows of B
+// (b_rows), both in shared memory, inner dim EB.
+template <bool kSplit, int NB, int EB>
+__device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, const float* b_rows, int lane) {
+  constexpr int LD = bs::ld(EB);
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[nb][i] = 0.0f;
+#pragma unroll 2
+  for (int kk = 0; kk < EB / 8; ++kk) {
+    uint32_t ah[4], al[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) query_operand<kSplit>(a_rows[(g + (i & 1) * 8) * LD + kk * 8 + t + (i >> 1) * 4], ah[i], al[i]);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bh0, bl0, bh1, bl1;
+      input_operand<kSplit>(b_rows[(nb * 8 + g) * LD + kk * 8 + t], bh0, bl0);
+      input_operand<kSplit>(b_rows[(nb * 8 + g) * LD + kk * 8 + t + 4], bh1, bl1);
+      mma_terms<kSplit>(s[nb], ah, al, bh0, bh1, bl0, bl1);
+    }
+  }
+}
+
+// acc (16 x NO*8) += W X[:, col0 ..], W (16 x NB*8) in the accumulator
+// layout (P or dS: moved to the A layout by quad shuffles, as
+// prefill_tf32.cu moves P), X's NB*8 rows in shared memory. Each call's
+// products start from zero and join acc by a float32 add: a gradient sums
+// thousands of tiles (dK and dV every row of a GQA group), and chaining them
+// all through the tensor cores' accumulation cost float32 accuracy (dV of
+// 7 x 1000 rows: 5e-5 relative, against 2e-5 wanted).
+template <bool kSplit, int NB, int NO, int EB>
+__device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)[NB][4], const float* x_rows,
+                                           int col0, int lane) {
+  constexpr int LD = bs::ld(EB);
+  const int g = lane >> 2, t = lane & 3;
+  const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
+  uint32_t ah[NB][4], al[NB][4];
+#pragma unroll
+  for (int kb = 0; kb < NB; ++kb) {
+    float x[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[i] = __shfl_sync(0xffffffffu, w[kb][i], src1);
+      x[4 + i] = __shfl_sync(0xffffffffu, w[kb][i], src2);
+    }
+    const int odd = t & 1;
+    computed_operand<kSplit>(odd ? x[1] : x[0], ah[kb][0], al[kb][0]);  // row g, column t
+    computed_operand<kSplit>(odd ? x[3] : x[2], ah[kb][1], al[kb][1]);  // row g + 8
+    computed_operand<kSplit>(odd ? x[5] : x[4], ah[kb][2], al[kb][2]);  // row g, column t + 4
+    computed_operand<kSplit>(odd ? x[7] : x[6], ah[kb][3], al[kb][3]);
+  }
+  const float* xr = x_rows + col0 + g;
+#pragma unroll
+  for (int eb = 0; eb < NO; ++eb) {
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int kb = 0; kb < NB; ++kb) {
+      uint32_t bh0, bl0, bh1, bl1;
+      input_operand<kSplit>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
+      input_operand<kSplit>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
+      mma_terms<kSplit>(part, ah[kb], al[kb], bh0, bh1, bl0, bl1);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[eb][i] += part[i];
+  }
+}
+
+// accumulate for a tile of X that holds a value that is not finite: in
+// float32 FMA, skipping zero weights, so that a value a row (or key) cannot
+// see never meets its zero weight (0 x inf is NaN). Weight k of rows g,
+// g + 8 lies in lane 4 g + (k % 8) / 2. Rare: not unrolled over k.
+template <int NB, int NO, int EB>
+__device__ __forceinline__ void accumulate_guarded(float (&acc)[NO][4], const float (&w)[NB][4],
+                                                   const float* x_rows, int col0, int lane) {
+  constexpr int LD = bs::ld(EB);
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll 1
+  for (int k = 0; k < NB * 8; ++k) {
+    const int kb = k >> 3, odd = k & 1;
+    float wa = 0.0f, wb = 0.0f;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      if (b == kb) wa = odd ? w[b][1] : w[b][0], wb = odd ? w[b][3] : w[b][2];
+    }
+    const int src = 4 * g + ((k & 7) >> 1);
+    const float p[2] = {__shfl_sync(0xffffffffu, wa, src), __shfl_sync(0xffffffffu, wb, src)};
+    const float* xr = x_rows + k * LD + col0 + 2 * t;
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (p[i >> 1] != 0.0f) acc[eb][i] = fmaf(p[i >> 1], xr[eb * 8 + (i & 1)], acc[eb][i]);
+  }
+}
+
+template <int NO>
+__device__ __forceinline__ void zero(float (&acc)[NO][4]) {
+#pragma unroll
+  for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[eb][i] = 0.0f;
+}
+
+// acc's rows (accumulator layout: rows r0, r0 + 8 of this thread, columns
+// col0 + ...) times `mul` into dst (row-contiguous, E columns), rows < N.
+template <typename T, int NO>
+__device__ __forceinline__ void store_acc(const float (&acc)[NO][4], T* dst, int r0, int N, int E, int col0,
+                                          float mul, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
+      if (r < N && e < E) dst[(int64_t)r * E + e] = from_f<T>(acc[eb][i] * mul);
+    }
+}
+
+// The blocks of a pass: grid.x = tiles x slices (slice: batch x head, the
+// query head's), slice-minor, so that blocks start tile by tile in every
+// slice at once: the heaviest tiles under a causal mask (the last rows, the
+// first keys) are given the lowest tile index and start first. grid.z: the
+// gradient's column half.
+struct BackwardBlock {
+  int64_t slice;
+  int tile, col0;
+  __device__ BackwardBlock(int64_t slices, int EB)
+      : slice(blockIdx.x % slices), tile(int(blockIdx.x / slices)), col0(blockIdx.z * bs::out_cols(EB)) {}
+};
+
+template <typename T, int EB>
+__device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* __restrict__ k,
+                                              const T* __restrict__ v, const T* __restrict__ o,
+                                              const T* __restrict__ d_out, const void* mask_data,
+                                              const int64_t* __restrict__ mask_base, T* __restrict__ dq,
+                                              float* __restrict__ stats, int64_t slices, int H_q, int H_kv, int L,
+                                              int S, int E,
+                                              int mask_kind, int mask_rs, int mask_cs, float scale_log2,
+                                              float scale) {
+  constexpr bool kSplit = std::is_same<T, float>::value;
+  constexpr int LD = bs::ld(EB), BR = bs::kRows, BC = bs::key_tile(EB), NB = BC / 8, NO = bs::out_cols(EB) / 8;
+  extern __shared__ __align__(16) float smem[];
+  float* q_s = smem;
+  float* do_s = q_s + BR * LD;
+  float* k_s = do_s + BR * LD;
+  float* v_s = k_s + BC * LD;
+  __shared__ float d_s[BR];
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+
+  const int tiles = (L + BR - 1) / BR;
+  const BackwardBlock blk(slices, EB);
+  const int64_t n = blk.slice;  // b H_q + h
+  const int l0 = (tiles - 1 - blk.tile) * BR;  // the last rows first
+  const int64_t kv_slice = n / H_q * H_kv + n % H_q / (H_q / H_kv);
+  const T* k_head = k + kv_slice * S * E;
+  const T* v_head = v + kv_slice * S * E;
+  const int64_t first = n * L + l0;  // the block's first row, of all
+  const int count = min(BR, L - l0);
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+  const int kv_end = mask_kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
+
+  load_rows<T, EB, BR>(q_s, q + first * E, count, E);
+  load_rows<T, EB, BR>(do_s, d_out + first * E, count, E);
+  __syncthreads();
+  for (int r = w; r < BR; r += bs::kWarps) {
+    float d = 0.0f;
+    if (r < count) {
+      for (int e = lane; e < E; e += 32) d += do_s[r * LD + e] * to_f(o[(first + r) * E + e]);
+    }
+    d = warp_sum(d);
+    if (lane == 0) d_s[r] = d;
+  }
+  __syncthreads();
+
+  const int ra = l0 + w * 16 + g;
+  const float D[2] = {d_s[w * 16 + g], d_s[w * 16 + g + 8]};
+  const float* q_w = q_s + w * 16 * LD;
+  const float* do_w = do_s + w * 16 * LD;
+  int64_t rb[2] = {0, 0};
+  if (mask.is_array()) {
+    rb[0] = ra < L ? mask.row_base(n, ra) : 0;
+    rb[1] = ra + 8 < L ? mask.row_base(n, ra + 8) : 0;
+  }
+  // The tile's scores in the log2 domain, -inf where hidden.
+  auto masked_scores = [&](float (&s)[NB][4], int c0) {
+    scores<kSplit, NB, EB>(s, q_w, k_s, lane);
+    const bool need_mask = mask.tile_hides(c0, BC, l0, S);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = ra + 8 * (i >> 1), c = c0 + nb * 8 + 2 * t + (i & 1);
+        float x = s[nb][i] * scale_log2;
+        if (need_mask) {
+          const float add = mask.hides(rb[i >> 1], r, c, L, S) ? FA_NEG_INF
+                            : mask.is_array()                   ? mask.term(rb[i >> 1], c)
+                                                                : 0.0f;
+          x = add == FA_NEG_INF ? FA_NEG_INF : x + add;
+        }
+        s[nb][i] = x;
+      }
+  };
+
+  // The rows' log-sum-exp: the forward's online softmax without V.
+  float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
+  for (int c0 = 0; c0 < kv_end; c0 += BC) {
+    load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, min(BC, S - c0), E);
+    __syncthreads();
+    float s[NB][4];
+    masked_scores(s, c0);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = FA_NEG_INF;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * rr], s[nb][2 * rr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float base;
+      l[rr] *= online_rescale<false>(m[rr], mx, base);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) l[rr] += exp2f(s[nb][2 * rr] - base) + exp2f(s[nb][2 * rr + 1] - base);
+    }
+    __syncthreads();
+  }
+  float lse[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+    // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0.
+    lse[rr] = l[rr] == 0.0f ? INFINITY : exp_base(m[rr]) + log2f(l[rr]);
+  }
+
+  float acc[NO][4];
+  zero(acc);
+  for (int c0 = 0; c0 < kv_end; c0 += BC) {
+    const int kc = min(BC, S - c0);
+    const bool bad = load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, kc, E);
+    load_rows<T, EB, BC>(v_s, v_head + (int64_t)c0 * E, kc, E);
+    const bool guard = __syncthreads_or(bad);
+    float s[NB][4], dp[NB][4];
+    masked_scores(s, c0);
+    scores<kSplit, NB, EB>(dp, do_w, v_s, lane);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float p = exp2f(s[nb][i] - lse[i >> 1]);
+        // p = 0 (a hidden key): dS = 0 whatever dP holds (NaN of a hidden value).
+        s[nb][i] = p == 0.0f ? 0.0f : p * (dp[nb][i] - D[i >> 1]);
+      }
+    if (guard) {
+      accumulate_guarded<NB, NO, EB>(acc, s, k_s, blk.col0, lane);
+    } else {
+      accumulate<kSplit, NB, NO, EB>(acc, s, k_s, blk.col0, lane);
+    }
+    __syncthreads();
+  }
+
+  store_acc<T, NO>(acc, dq + n * L * E, ra, L, E, blk.col0, scale, lane);
+  if (blockIdx.z == 0 && t == 0) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = ra + 8 * rr;
+      if (r < L) {
+        stats[(n * L + r) * 2] = lse[rr];
+        stats[(n * L + r) * 2 + 1] = D[rr];
+      }
+    }
+  }
+}
+
+// acc times `mul` added into dst (float32, row-contiguous, E columns) at
+// rows r0, r0 + 8 (< N): the query heads of a GQA group add their share of
+// dK and dV.
+template <int NO>
+__device__ __forceinline__ void add_acc(const float (&acc)[NO][4], float* dst, int r0, int N, int E, int col0,
+                                        float mul, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
+      if (r < N && e < E) atomicAdd(dst + (int64_t)r * E + e, acc[eb][i] * mul);
+    }
+}
+
+// One block: 64 keys against the rows of one query head. Without GQA it
+// writes dK and dV (T); with it, it adds them into float32 dK and dV of the
+// KV head (zeros before the launch), so that a group's heads run side by
+// side rather than one block walking them all (qwen05b: 7 heads a group).
+template <typename T, int EB>
+__device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* __restrict__ k,
+                                              const T* __restrict__ v, const T* __restrict__ d_out,
+                                              const float* __restrict__ stats, const void* mask_data,
+                                              const int64_t* __restrict__ mask_base, void* dk, void* dv,
+                                              int64_t slices, int H_q, int H_kv, int L, int S, int E,
+                                              int mask_kind, int mask_rs, int mask_cs, float scale_log2,
+                                              float scale) {
+  constexpr bool kSplit = std::is_same<T, float>::value;
+  constexpr int LD = bs::ld(EB), BK = bs::kKeys, BR = bs::kRowTile, NB = BR / 8, NO = bs::out_cols(EB) / 8;
+  extern __shared__ __align__(16) float smem[];
+  float* k_s = smem;
+  float* v_s = k_s + BK * LD;
+  float* q_s = v_s + BK * LD;
+  float* do_s = q_s + BR * LD;
+  float* lse_s = do_s + BR * LD;
+  float* d_s = lse_s + BR;
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+
+  const BackwardBlock blk(slices, EB);
+  const int64_t n = blk.slice;  // b H_q + h
+  const int c0 = blk.tile * BK;  // the first keys first: under a causal mask they have the most rows
+  const int ratio = H_q / H_kv;
+  const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+
+  load_rows<T, EB, BK>(k_s, k + (kv_slice * S + c0) * E, min(BK, S - c0), E);
+  load_rows<T, EB, BK>(v_s, v + (kv_slice * S + c0) * E, min(BK, S - c0), E);
+  const int ka = c0 + w * 16 + g;  // this thread's keys: ka, ka + 8
+  const float* k_w = k_s + w * 16 * LD;
+  const float* v_w = v_s + w * 16 * LD;
+  // Rows before the first that sees key c0 see none of the block's keys.
+  const int row_begin = mask_kind == kCausal ? max(0, c0 - mask.offset) : 0;
+
+  float dk_acc[NO][4], dv_acc[NO][4];
+  zero(dk_acc);
+  zero(dv_acc);
+  for (int r0 = row_begin; r0 < L; r0 += BR) {
+    const int count = min(BR, L - r0);
+    __syncthreads();  // the last tile's readers are done
+    const bool bad_q = load_rows<T, EB, BR>(q_s, q + (n * L + r0) * E, count, E);
+    const bool bad_do = load_rows<T, EB, BR>(do_s, d_out + (n * L + r0) * E, count, E);
+    if (threadIdx.x < BR) {
+      // Rows past L: lse = +inf makes their P 0.
+      const bool in = int(threadIdx.x) < count;
+      lse_s[threadIdx.x] = in ? stats[(n * L + r0 + threadIdx.x) * 2] : INFINITY;
+      d_s[threadIdx.x] = in ? stats[(n * L + r0 + threadIdx.x) * 2 + 1] : 0.0f;
+    }
+    const bool guard_q = __syncthreads_or(bad_q);
+    const bool guard_do = __syncthreads_or(bad_do);
+
+    float p[NB][4], ds[NB][4];
+    scores<kSplit, NB, EB>(p, k_w, q_s, lane);    // S^T: keys x rows
+    scores<kSplit, NB, EB>(ds, v_w, do_s, lane);  // dP^T
+    const bool need_mask = mask.tile_hides(c0, BK, r0, S);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = ka + 8 * (i >> 1), j = nb * 8 + 2 * t + (i & 1), r = r0 + j;
+        float x = p[nb][i] * scale_log2;
+        if (need_mask) {
+          const int64_t rb = mask.is_array() && r < L ? mask.row_base(n, r) : 0;
+          const float add = mask.hides(rb, r, c, L, S) ? FA_NEG_INF
+                            : mask.is_array()          ? mask.term(rb, c)
+                                                       : 0.0f;
+          x = add == FA_NEG_INF ? FA_NEG_INF : x + add;
+        }
+        const float pv = exp2f(x - lse_s[j]);
+        p[nb][i] = pv;
+        ds[nb][i] = pv == 0.0f ? 0.0f : pv * (ds[nb][i] - d_s[j]);
+      }
+    if (guard_do) {
+      accumulate_guarded<NB, NO, EB>(dv_acc, p, do_s, blk.col0, lane);
+    } else {
+      accumulate<kSplit, NB, NO, EB>(dv_acc, p, do_s, blk.col0, lane);
+    }
+    if (guard_q) {
+      accumulate_guarded<NB, NO, EB>(dk_acc, ds, q_s, blk.col0, lane);
+    } else {
+      accumulate<kSplit, NB, NO, EB>(dk_acc, ds, q_s, blk.col0, lane);
+    }
+  }
+  const int64_t at = kv_slice * S * E;
+  if (ratio == 1) {
+    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, blk.col0, scale, lane);
+    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, blk.col0, 1.0f, lane);
+  } else if (row_begin < L) {
+    add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, blk.col0, scale, lane);
+    add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, blk.col0, 1.0f, lane);
+  }
+}
+
+}  // namespace fa
+
+// The extern "C" entry points of one unit (-DFA_DTYPE, -DFA_E: the head-dim
+// bucket, -DFA_PASS=0 rows | 1 keys): fa_backward_rows_<dtype>_<E>,
+// fa_backward_keys_<dtype>_<E>. Inputs, then outputs, then scalars, as MLX
+// passes them. The keys pass's dK and dV are T without GQA, float32 sums
+// with it.
+#if !defined(FA_E) || !defined(FA_PASS)
+#error "define FA_E and FA_PASS"
+#endif
+#define FA_BACKWARD_SCALARS                                                                                  \
+  int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs, int mask_cs, float scale_log2, \
+      float scale
+
+#if FA_PASS == 0
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_rows_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* o, const FA_T* d_out, const void* mask,
+    const int64_t* mask_base, FA_T* dq, float* stats, FA_BACKWARD_SCALARS) {
+  fa::backward_rows<FA_T, FA_E>(q, k, v, o, d_out, mask, mask_base, dq, stats, slices, H_q, H_kv, L, S, E, mask_kind,
+                                mask_rs, mask_cs, scale_log2, scale);
+}
+#else
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_keys_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
+    const int64_t* mask_base, void* dk, void* dv, FA_BACKWARD_SCALARS) {
+  fa::backward_keys<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, slices, H_q, H_kv, L, S, E, mask_kind,
+                                mask_rs, mask_cs, scale_log2, scale);
+}
+#endif

@@ -1,0 +1,107 @@
+"""The CUDA backward (kernels/backward.cu) beyond the shared matrix of
+tests/core/test_backward.py: every head-dim bucket and the column halves of
+E > 128, tiles of many rows and keys with every causal alignment, values a
+row cannot see that are not finite, and which backward ran."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from attention_cases import TOLERANCE, Case, make_inputs
+
+from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
+from flashattn_core.reference import attention_gradients_reference, relative_error
+
+pytestmark = pytest.mark.skipif(
+    not (mx.is_available(mx.gpu) and mx.cuda.is_available()),
+    reason="needs MLX's CUDA backend and an NVIDIA GPU",
+)
+
+
+def d_out_for(q, seed=5):
+    return mx.array(np.random.default_rng(seed).standard_normal(q.shape)).astype(q.dtype)
+
+
+def gradients(q, k, v, mask, d_out):
+    f = lambda q, k, v: flash_attention(q, k, v, mask=mask)
+    return mx.vjp(f, [q, k, v], [d_out])[1]
+
+
+def check(case, seed=0):
+    q, k, v, mask = make_inputs(case, seed=seed)
+    d_out = d_out_for(q)
+    reset_gradient_stats()
+    grads = gradients(q, k, v, mask, d_out)
+    refs, sizes = attention_gradients_reference(q, k, v, d_out, mask=mask, sizes=True)
+    for name, g, x, ref, size in zip(("dq", "dk", "dv"), grads, (q, k, v), refs, sizes):
+        assert g.shape == x.shape and g.dtype == x.dtype, name
+        got = np.array(g.astype(mx.float32), dtype=np.float64)
+        assert np.isfinite(got).all(), name
+        error = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), size, 1e-30)
+        assert error <= TOLERANCE[case.dtype], f"{name}: {error:.2e}"
+    assert gradient_stats() == {"fused": 1, "recomputed": {}}
+
+
+@pytest.mark.parametrize("E", [1, 8, 63, 64, 65, 100, 128, 129, 200, 256])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_head_dim_bucket(E, dtype):
+    check(Case(batch=(1,), heads=(6, 2), L=150, S=170, E=E, mask="causal", dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "L,S,mask",
+    [(1000, 1000, "causal"), (300, 1100, "causal"), (1100, 300, "causal"), (700, 900, "bool_full"),
+     (640, 640, "additive_LS"), (513, 1025, "none")],
+)
+def test_many_tiles(L, S, mask, dtype):
+    check(Case(batch=(1,), heads=(7, 1), L=L, S=S, E=64, mask=mask, dtype=dtype))
+
+
+@pytest.mark.parametrize("E", [128, 256])
+def test_long_rows_and_keys(E):
+    check(Case(batch=(1,), heads=(2, 1), L=2048, S=2048, E=E, mask="causal", dtype="bfloat16"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hidden_non_finite_values_never_reach_a_gradient(dtype):
+    case = Case(batch=(1,), heads=(2, 1), L=90, S=140, E=64, dtype=dtype)
+    q, k, v, _ = make_inputs(case)
+    visible = np.ones((90, 140), dtype=bool)
+    visible[:, 10] = False  # key 10 hidden from every row
+    visible[8] = False  # a row that sees nothing
+    visible[40:, 100] = False  # key 100 seen by some rows only
+    kn, vn, qn = (np.array(x.astype(mx.float32)) for x in (k, v, q))
+    kn[..., 10, 3] = np.nan
+    vn[..., 10, 5] = np.inf
+    qn[..., 8, 7] = np.inf  # the row that sees nothing
+    mask = mx.array(visible)
+    as_dtype = lambda x: mx.array(x).astype(q.dtype)
+    d_out = d_out_for(q)
+    grads = gradients(as_dtype(qn), as_dtype(kn), as_dtype(vn), mask, d_out)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        assert np.isfinite(np.array(g.astype(mx.float32))).all(), name
+    dq, dk, dv = (np.array(g.astype(mx.float32)) for g in grads)
+    assert np.all(dq[..., 8, :] == 0)
+    assert np.all(dk[..., 10, :] == 0) and np.all(dv[..., 10, :] == 0)
+    # the visible part is exact: the reference with the hidden non-finite values zeroed
+    qz, kz, vz = qn.copy(), kn.copy(), vn.copy()
+    qz[..., 8, :] = 0
+    kz[..., 10, :] = 0
+    vz[..., 10, :] = 0
+    refs = attention_gradients_reference(as_dtype(qz), as_dtype(kz), as_dtype(vz), d_out, mask=mask)
+    for g, ref in zip(grads, refs):
+        assert relative_error(g, ref) <= TOLERANCE[dtype]
+
+
+def test_float32_attention_over_16_bit_inputs():
+    # dtype=mx.float32 casts, so the float32 backward runs and the cast's VJP
+    # brings the gradients back to bfloat16.
+    case = Case(batch=(2,), heads=(14, 2), L=300, S=300, E=64, mask="causal", dtype="bfloat16")
+    q, k, v, _ = make_inputs(case)
+    d_out = mx.array(np.random.default_rng(1).standard_normal(q.shape).astype(np.float32))
+    f = lambda q, k, v: flash_attention(q, k, v, mask="causal", dtype=mx.float32)
+    grads = mx.vjp(f, [q, k, v], [d_out])[1]
+    refs = attention_gradients_reference(q, k, v, d_out, mask="causal")
+    for g, ref in zip(grads, refs):
+        assert g.dtype == mx.bfloat16
+        assert relative_error(g, ref) <= 1e-2
