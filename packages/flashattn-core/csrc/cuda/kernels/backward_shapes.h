@@ -24,9 +24,9 @@ FA_HOST_DEVICE constexpr int out_cols(int EB) { return EB > 128 ? 128 : EB; }
 FA_HOST_DEVICE constexpr int col_blocks(int EB) { return EB / out_cols(EB); }
 
 // The rows pass (dQ and each row's statistics): 64 query rows a block, keys
-// in tiles of 64 (32 at E = 256). Q, dO, K, V.
+// in tiles of 64 (32 above E = 64: two blocks an SM at E = 128). Q, dO, K, V.
 constexpr int kRows = 16 * kWarps;
-FA_HOST_DEVICE constexpr int key_tile(int EB) { return EB > 128 ? 32 : 64; }
+FA_HOST_DEVICE constexpr int key_tile(int EB) { return EB > 64 ? 32 : 64; }
 FA_HOST_DEVICE constexpr int rows_smem_bytes(int EB) { return (2 * kRows + 2 * key_tile(EB)) * ld(EB) * 4; }
 
 // The keys pass (dK, dV): 64 keys a block, query rows in tiles of 32. K, V,
