@@ -92,7 +92,8 @@ std::vector<mx::array> attention_vjp(
 
 // How gradients were taken since the last reset: by the fused backward, or
 // by recomputation (attention_vjp) per reason ("mask_gradient": an additive
-// mask's gradient was asked for; "cuda", "metal": no fused backward there yet;
+// mask's gradient was asked for; "no_gpu_kernel": a GPU call the fused
+// kernels cannot take, such as too little shared memory a block;
 // "no_saved_statistics": a forward built outside any transformation).
 struct GradientCounts {
   size_t fused = 0;

@@ -275,14 +275,20 @@ mx::array with_attention_vjp(
   auto backward = [=](const std::vector<mx::array>& primals,
                       const std::vector<mx::array>& cotangents,
                       const std::vector<mx::array>& outputs) {
-    if (!fused) {
+    auto recompute = [&](const char* reason) {
       std::vector<int> argnums(primals.size());
       for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
-      count_gradient(backend);
+      count_gradient(reason);
       return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream);
+    };
+    if (!fused) return recompute(backend);
+    std::vector<mx::array> grads;
+    try {
+      grads = fused(primals, outputs[0], cotangents[0]);
+    } catch (const Unsupported& e) {  // e.g. a GPU with too little shared memory a block
+      return recompute(reason_name(e.reason()));
     }
     count_gradient(nullptr);
-    auto grads = fused(primals, outputs[0], cotangents[0]);
     if (primals.size() > 3) {
       // custom_vjp asks for every input's cotangent; an additive mask's is dS
       // itself (L x S), recomputed, and evaluated only if used (MLX is lazy).

@@ -1,8 +1,10 @@
 // Gradients of flash_attention. On the CPU the fused backward
 // (FlashAttentionVJP, cpu/backward.cpp) serves them from the forward's
-// log-sum-exp, never building an L x S array. Elsewhere, and for the
-// gradient of an additive mask, attention_vjp recomputes attention with MLX
-// operations in float32: exact, but it materialises the L x S probabilities.
+// log-sum-exp, never building an L x S array; on CUDA and Metal fused
+// kernels attached in ops.cpp do. For the gradient of an additive mask, and
+// a GPU call those kernels cannot take, attention_vjp recomputes attention
+// with MLX operations in float32: exact, but it materialises the L x S
+// probabilities.
 //
 // With P = softmax(scale Q K^T + mask) over visible keys and O = P V:
 //   dV = P^T dO         dP = dO V^T         D = rowsum(dO * O)

@@ -4,8 +4,11 @@
 // log-sum-exp and D) and the keys pass (dK, dV; under GQA float32 sums of
 // the group's heads, cast to the inputs' dtype after). Both read their inputs
 // row-contiguous (MLX copies a strided view first: O(L) memory, like the
-// gradients themselves).
+// gradients themselves). A call the kernels cannot take (a GPU with less
+// shared memory a block than they use, sm_86 / sm_89 above E = 64) throws
+// Unsupported: ops.cpp then recomputes, and counts why.
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -13,6 +16,7 @@
 #include <string>
 
 #include "cuda/dispatch.h"
+#include "cuda/driver.h"
 #include "cuda/kernel_images.h"
 #include "cuda/kernels/backward_shapes.h"
 #include "cuda/mask_args.h"
@@ -36,6 +40,15 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const int64_t key_blocks = (S + bs::kKeys - 1) / bs::kKeys * batch * H_q;
   if (std::max(row_blocks, key_blocks) * bs::kThreads > std::numeric_limits<int>::max()) {
     throw Unsupported(Reason::input, "flash_attention: too many query rows or keys for one CUDA backward launch");
+  }
+
+  const int smem_needed = std::max(bs::rows_smem_bytes(EB) + bs::kRows * 4, bs::keys_smem_bytes(EB));  // + D's static array
+  const int smem_allowed = max_shared_memory_per_block(s.device.index);
+  if (smem_allowed > 0 && smem_needed > smem_allowed) {
+    throw Unsupported(Reason::no_gpu_kernel,
+                      "flash_attention: the CUDA backward at head dim " + std::to_string(E) + " needs " +
+                          std::to_string(smem_needed) + " bytes of shared memory a block; this GPU allows " +
+                          std::to_string(smem_allowed));
   }
 
   const MaskArgs m = mask_args(q, call.mask_kind, call.mask, s);
