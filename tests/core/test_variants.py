@@ -12,7 +12,7 @@ import pytest
 import flashattn_core
 
 HERE = Path(__file__).parent
-SUITES = [str(HERE / "test_correctness.py"), str(HERE / "test_decode.py"), str(HERE / "test_backward.py")]
+SUITES = [str(HERE / name) for name in ("test_correctness.py", "test_decode.py", "test_backward.py", "test_window.py")]
 BEST_ISA = flashattn_core.cpu_info()["isa"]
 ORDER = ["baseline", "avx2", "avx512"]
 

@@ -100,6 +100,8 @@ def test_slow_reference_is_skipped_and_said_so():
         (["--chunk", "96", "--chunk-rows", "96"], "must exceed its 96 rows"),
         (["--chunk-rows", "0"], "--chunk-rows"),
         (["--kv-sets", "21"], "--kv-sets"),
+        (["--impl", "flash,flash-dense"], "give --window"),
+        (["--window", "-1"], "--window"),
     ],
 )
 def test_kernel_bad_options(args, message):
@@ -258,3 +260,28 @@ def test_page_setting_says_which_pages_mlx_buffers_get(monkeypatch):
                 "madvise": ("4 KiB pages", "huge pages")}[mode]
     assert default.endswith(f"MLX's buffers on {expected[0]}")
     assert told.endswith(f"MLX's buffers on {expected[1]}")
+
+
+def test_windowed_cases_against_the_band_as_a_dense_mask():
+    # flash_attention with window= and with the same band as a boolean mask,
+    # MLX's SDPA with the boolean mask: all against the float64 reference on
+    # the band; the pairs counted are the band's.
+    from flashattn_core.reference import causal_mask
+
+    from flash_eval.shapes import SHAPES, KernelCase
+
+    result = run(["kernel", "--shape", "qwen05b", "--prefill", "96", "--chunk", "160", "--chunk-rows", "32",
+                  "--decode", "200", "--window", "40", "--dtype", "float32", "--impl", "flash,flash-dense,mlx",
+                  "-n", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["results"]
+    assert {(r["case"], r["impl"]) for r in rows} == {
+        (case, impl)
+        for case in ("qwen05b prefill L=96 window=40", "qwen05b chunk L=32 S=160 window=40",
+                     "qwen05b decode S=200 window=40")
+        for impl in ("flash", "flash-dense", "mlx")}
+    for r in rows:
+        assert r["max_abs_error"] <= 1e-5, r
+    assert all({"flash-dense", "mlx"} <= set(r["speedup"]) for r in rows if r["impl"] == "flash")
+    case = KernelCase(SHAPES["qwen05b"], "chunk", 160, "float32", rows=32, window=40)
+    assert case.flops == 4.0 * 14 * 64 * causal_mask(32, 160, 40).sum()

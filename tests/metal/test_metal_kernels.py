@@ -15,7 +15,7 @@ import metal_emulator
 from attention_cases import MASKS, MATRIX, TOLERANCE, Case, make_inputs
 
 from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
-from flashattn_core.reference import attention_gradients_reference, attention_reference, relative_error
+from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask, relative_error
 
 # The emulator compiles the kernels with clang: without it nothing here can run.
 pytestmark = pytest.mark.skipif(metal_emulator.find_compiler() is None, reason=metal_emulator.MISSING_COMPILER)
@@ -108,6 +108,40 @@ def test_causal_rows_before_the_keys_are_zero(emulator, kernel):
     out = emulator.attention(q, k, v, mask=mask, kernel=kernel, splits=2)
     assert np.all(np.array(out)[..., : 100 - 33, :] == 0)
     check(out, q, k, v, mask, case.dtype)
+
+
+WINDOW_CASES = [
+    (Case(batch=(1,), heads=(14, 2), L=70, S=100, E=64, mask="causal"), 17),
+    (Case(batch=(2,), heads=(4, 2), L=33, S=300, E=128, mask="causal", dtype="bfloat16"), 64),
+    (Case(batch=(1,), heads=(6, 3), L=1, S=700, E=80, mask="causal", layout="kv_cache"), 100),
+    (Case(batch=(1,), heads=(2, 2), L=40, S=40, E=16, mask="causal", dtype="float16"), 1),
+]
+
+
+WINDOW_RUNS = [(case, window, kernel) for case, window in WINDOW_CASES for kernel, _ in kernels_for(case)]
+
+
+@pytest.mark.parametrize("case, window, kernel", WINDOW_RUNS, ids=[f"{c}_w{w}-{k}" for c, w, k in WINDOW_RUNS])
+def test_sliding_window(emulator, case, window, kernel):
+    q, k, v, _ = make_inputs(case)
+    out = emulator.attention(q, k, v, mask="causal", window=window, kernel=kernel, splits=3)
+    check(out, q, k, v, mx.array(causal_mask(case.L, case.S, window)), case.dtype)
+
+
+@pytest.mark.parametrize("item", WINDOW_CASES, ids=[f"{c}_w{w}" for c, w in WINDOW_CASES])
+def test_sliding_window_gradients(emulator, item):
+    case, window = item
+    q, k, v, _ = make_inputs(case)
+    d_out = d_out_for(q)
+    f = lambda q, k, v: emulator.attention(q, k, v, mask="causal", window=window)
+    reset_gradient_stats()
+    grads = mx.vjp(f, [q, k, v], [d_out])[1]
+    assert gradient_stats() == {"fused": 1, "recomputed": {}}
+    refs, sizes = attention_gradients_reference(q, k, v, d_out, mask=causal_mask(case.L, case.S, window), sizes=True)
+    for name, g, ref, size in zip(("dq", "dk", "dv"), grads, refs, sizes):
+        got = np.array(g.astype(mx.float32), dtype=np.float64)
+        error = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), size, 1e-30)
+        assert error <= TOLERANCE[case.dtype], f"{name}: {error:.2e}"
 
 
 def test_explicit_scale(emulator):

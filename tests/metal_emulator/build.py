@@ -280,13 +280,14 @@ class Emulator:
             raise EmulatorError(error.value.decode())
         return arrays[len(inputs):]
 
-    def attention(self, q, k, v, *, scale=None, mask=None, kernel="auto", splits=0, order="shuffled", seed=0):
+    def attention(self, q, k, v, *, scale=None, mask=None, window=None, kernel="auto", splits=0, order="shuffled",
+                  seed=0):
         from flashattn_core import _ext
 
         lane_order = {"forward": 0, "reverse": 1, "shuffled": 2}[order]
         return _ext._metal_emulated(
             q, k, v, scale=scale, mask=mask, emulator=self.address, kernel=kernel, splits=splits,
-            lane_order=lane_order, seed=seed,
+            lane_order=lane_order, seed=seed, window=window,
         )
 
 

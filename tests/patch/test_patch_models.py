@@ -122,6 +122,9 @@ def test_gpt_oss_sinks_and_sliding_windows(tokenizer):
     assert on == off and len(off) > 0
     s = mlxlm_flash_patch.stats()
     assert s["flash_calls"] > 0 and not s["fallbacks"]
+    # The sliding layer's band masks (17 tokens, and the prompt's prefill,
+    # past the 8-key window) went in as windows.
+    assert s["windowed_calls"] >= 2
 
 
 def test_head_dim_the_kernel_refuses_falls_back():

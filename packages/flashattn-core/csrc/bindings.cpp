@@ -140,12 +140,13 @@ NB_MODULE(_ext, m) {
          const mx::array& values,
          std::optional<float> scale,
          const MaskArg& mask,
+         std::optional<int> window,
          std::optional<mx::Dtype> dtype,
          std::optional<mx::array> sinks,
          mx::StreamOrDevice stream) {
         auto [mode, mask_arr] = split_mask(mask);
         return flashattn::flash_attention(
-            queries, keys, values, scale, mode, mask_arr, stream, dtype, sinks);
+            queries, keys, values, scale, mode, mask_arr, stream, dtype, sinks, window);
       },
       "queries"_a,
       "keys"_a,
@@ -153,6 +154,7 @@ NB_MODULE(_ext, m) {
       nb::kw_only(),
       "scale"_a = nb::none(),
       "mask"_a = nb::none(),
+      "window"_a = nb::none(),
       "dtype"_a = nb::none(),
       "sinks"_a = nb::none(),
       "stream"_a = nb::none(),
@@ -160,6 +162,7 @@ NB_MODULE(_ext, m) {
           "def flash_attention(queries: mlx.core.array, keys: mlx.core.array, "
           "values: mlx.core.array, *, scale: float | None = None, "
           "mask: str | mlx.core.array | None = None, "
+          "window: int | None = None, "
           "dtype: mlx.core.Dtype | None = None, "
           "sinks: mlx.core.array | None = None, "
           "stream: mlx.core.Stream | mlx.core.Device | None = None) "
@@ -175,6 +178,11 @@ Args:
         aligned: row ``i`` sees key ``j`` iff ``j <= i + S - L``), a boolean
         array (``True`` attends) or an additive float array, broadcastable to
         ``(B..., H_q, L, S)``.
+    window (int, optional): with ``mask="causal"``, a sliding window of
+        this many keys: row ``i`` sees key ``j`` iff
+        ``i + S - L - window < j <= i + S - L`` (mlx-lm's
+        ``create_causal_mask(..., window_size=window)``); keys outside it are
+        skipped, tile by tile, on the CPU and Metal.
     dtype (Dtype, optional): ``None`` (the inputs' dtype) or ``float32``
         with ``float16`` / ``bfloat16`` inputs: attention in float32 and a
         float32 result, as if the inputs had been cast to float32 first (on
@@ -241,13 +249,14 @@ Returns:
          const std::string& kernel,
          int splits,
          int lane_order,
-         unsigned long long seed) {
+         unsigned long long seed,
+         std::optional<int> window) {
         auto [mode, mask_arr] = split_mask(mask);
         flashattn::metal::Emulation emulation{
             reinterpret_cast<FaEmuRun>(emulator), lane_order, seed};
         return flashattn::flash_attention_metal_emulated(
             queries, keys, values, scale, mode, mask_arr, emulation,
-            {variant_named(kernel), splits});
+            {variant_named(kernel), splits}, window);
       },
       "queries"_a,
       "keys"_a,
@@ -260,6 +269,7 @@ Returns:
       "splits"_a = 0,
       "lane_order"_a = 2,
       "seed"_a = 0,
+      "window"_a = nb::none(),
       "flash_attention through the Metal dispatch and kernels, run by the "
       "emulator whose entry point address is `emulator` (tests only).");
 }

@@ -26,10 +26,10 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 
 // Why a call was refused, decided where it is checked: callers that fall back
 // (mlxlm-flash-patch) count by it instead of reading the message.
-enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel, sinks };
+enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel, sinks, quantized };
 
 // "unsupported_input", "unsupported_head_dim", ..., "no_gpu_kernel",
-// "attention_sinks".
+// "attention_sinks", "quantized_kv".
 const char* reason_name(Reason reason);
 
 // The error every check throws: a std::invalid_argument (Python ValueError)
@@ -58,8 +58,9 @@ class Unsupported : public std::invalid_argument {
  *   returns: (B..., H_q, L, E) in the queries' dtype
  *
  * mask_mode is "" (no mask), "causal" (bottom-right aligned: row i sees key j
- * iff j <= i + S - L) or "array" (mask_arr, boolean or additive, broadcastable
- * to (B..., H_q, L, S)). dtype: unset or the queries' dtype, or float32 with
+ * iff j <= i + S - L; with window > 0 also j > i + S - L - window, a sliding
+ * window whose hidden tiles are skipped) or "array" (mask_arr, boolean or
+ * additive, broadcastable to (B..., H_q, L, S)). dtype: unset or the queries' dtype, or float32 with
  * float16 / bfloat16 inputs: attention in float32 and a float32 result, as if
  * the inputs had been cast to float32 first (on CUDA the 16-bit decode does
  * it without the casts' copies). sinks: one logit per query head (H_q,) that
@@ -75,7 +76,12 @@ mx::array flash_attention(
     std::optional<mx::array> mask_arr,
     mx::StreamOrDevice s = {},
     std::optional<mx::Dtype> dtype = std::nullopt,
-    std::optional<mx::array> sinks = std::nullopt);
+    std::optional<mx::array> sinks = std::nullopt,
+    std::optional<int> window = std::nullopt);
+
+// The causal rule (with a sliding window of `window` keys when > 0) as a
+// boolean (L, S) array, True where a row sees a key.
+mx::array causal_mask_array(int L, int S, int window, mx::Stream s);
 
 // Gradients of softmax(scale Q K^T + mask) V with respect to the primals
 // {queries, keys, values[, mask]} named in argnums, by recomputation through
@@ -88,7 +94,8 @@ std::vector<mx::array> attention_vjp(
     const std::vector<mx::array>& outputs,
     float scale,
     MaskKind mask_kind,
-    mx::Stream stream);
+    mx::Stream stream,
+    int window = 0);
 
 // How gradients were taken since the last reset: by the fused backward, or
 // by recomputation (attention_vjp) per reason ("mask_gradient": an additive
@@ -115,6 +122,7 @@ struct AttentionCall {
   MaskKind mask_kind;
   const std::optional<mx::array>& mask;
   mx::Stream stream;
+  int window = 0; // causal masks: a sliding window of this many keys (0: none)
 };
 
 ///////////////////////////////////////////////////////////////////////////////
@@ -129,8 +137,8 @@ struct AttentionCall {
  */
 class FlashAttention : public mx::Primitive {
  public:
-  FlashAttention(mx::Stream stream, float scale, MaskKind mask_kind, bool with_lse = false)
-      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind), with_lse_(with_lse) {}
+  FlashAttention(mx::Stream stream, float scale, MaskKind mask_kind, int window, bool with_lse = false)
+      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind), window_(window), with_lse_(with_lse) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -159,6 +167,7 @@ class FlashAttention : public mx::Primitive {
  private:
   float scale_;
   MaskKind mask_kind_;
+  int window_;
   bool with_lse_;
 };
 
@@ -172,8 +181,8 @@ class FlashAttentionVJP : public mx::Primitive {
  public:
   // with_lse_grad: a last input holds the cotangent of the forward's
   // log-sum-exp output (attention sinks read it), which joins dS.
-  FlashAttentionVJP(mx::Stream stream, float scale, MaskKind mask_kind, bool with_lse_grad = false)
-      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind), with_lse_grad_(with_lse_grad) {}
+  FlashAttentionVJP(mx::Stream stream, float scale, MaskKind mask_kind, int window, bool with_lse_grad = false)
+      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind), window_(window), with_lse_grad_(with_lse_grad) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -186,6 +195,7 @@ class FlashAttentionVJP : public mx::Primitive {
  private:
   float scale_;
   MaskKind mask_kind_;
+  int window_;
   bool with_lse_grad_;
 };
 

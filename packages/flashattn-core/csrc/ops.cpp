@@ -31,6 +31,7 @@ const char* reason_name(Reason reason) {
     case Reason::mask: return "unsupported_mask";
     case Reason::no_gpu_kernel: return "no_gpu_kernel";
     case Reason::sinks: return "attention_sinks";
+    case Reason::quantized: return "quantized_kv";
     case Reason::input: break;
   }
   return "unsupported_input";
@@ -266,6 +267,7 @@ mx::array with_attention_vjp(
     const std::optional<mx::array>& mask_arr,
     float scale,
     MaskKind mask_kind,
+    int window,
     mx::Stream stream,
     const char* backend,
     const Fused& fused = nullptr) {
@@ -279,7 +281,7 @@ mx::array with_attention_vjp(
       std::vector<int> argnums(primals.size());
       for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
       count_gradient(reason);
-      return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream);
+      return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream, window);
     };
     if (!fused) return recompute(backend);
     std::vector<mx::array> grads;
@@ -293,7 +295,7 @@ mx::array with_attention_vjp(
       // custom_vjp asks for every input's cotangent; an additive mask's is dS
       // itself (L x S), recomputed, and evaluated only if used (MLX is lazy).
       grads.push_back(mask_kind == MaskKind::additive
-          ? attention_vjp(primals, cotangents, {3}, outputs, scale, mask_kind, stream)[0]
+          ? attention_vjp(primals, cotangents, {3}, outputs, scale, mask_kind, stream, window)[0]
           : mx::zeros_like(primals[3], stream));
     }
     return grads;
@@ -304,11 +306,12 @@ mx::array with_attention_vjp(
 }
 
 // The Metal backward through `launch` (an Apple GPU's or the emulator's).
-Fused metal_backward(float scale, MaskKind mask_kind, mx::Stream stream, metal::Launcher launch) {
+Fused metal_backward(float scale, MaskKind mask_kind, int window, mx::Stream stream, metal::Launcher launch) {
   return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = in[3];
-    return metal::flash_attention_backward({in[0], in[1], in[2], scale, mask_kind, m, stream}, out, d_out, launch);
+    return metal::flash_attention_backward({in[0], in[1], in[2], scale, mask_kind, m, stream, window}, out, d_out,
+                                           launch);
   };
 }
 
@@ -349,6 +352,19 @@ mx::array with_sinks(const mx::array& o, const mx::array& lse2, const mx::array&
   return mx::astype(mx::multiply(mx::astype(o, f32, s), keep, s), o.dtype(), s);
 }
 
+// A sliding window: a positive number of keys, on a causal mask.
+int check_window(std::optional<int> window, MaskKind mask_kind) {
+  if (!window) return 0;
+  if (*window < 1) {
+    fail(Reason::mask, "window must be a positive number of keys; got " + std::to_string(*window));
+  }
+  if (mask_kind != MaskKind::causal) {
+    fail(Reason::mask, "window needs mask=\"causal\" (a sliding window over the causal mask); got window=" +
+         std::to_string(*window) + " with " + (mask_kind == MaskKind::none ? "no mask" : "a mask array"));
+  }
+  return *window;
+}
+
 // Whether dtype asks for float32 attention over float16 / bfloat16 inputs;
 // any dtype but the inputs' own or float32 is refused.
 bool widens(const mx::array& queries, std::optional<mx::Dtype> dtype) {
@@ -371,9 +387,11 @@ mx::array flash_attention(
     std::optional<mx::array> mask_arr,
     mx::StreamOrDevice s,
     std::optional<mx::Dtype> dtype,
-    std::optional<mx::array> sinks) {
+    std::optional<mx::array> sinks,
+    std::optional<int> window_arg) {
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   const bool widen = widens(queries, dtype);
+  const int window = check_window(window_arg, c.mask_kind);
   Backend backend = backend_for(requested_device(s));
   if (sinks) check_sinks(*sinks, queries, backend);
   auto stream = mx::to_stream(s);
@@ -387,6 +405,12 @@ mx::array flash_attention(
   const float softmax_scale = c.scale;
   const MaskKind mask_kind = c.mask_kind;
   const auto& target = c.mask_target;
+  if (window > 0 && backend == Backend::cuda) {
+    // The CUDA kernels know no window yet: the same rule as a boolean (L, S)
+    // mask, exact but holding L x S booleans and skipping no tile.
+    return flash_attention(queries, keys, values, softmax_scale, "array",
+                           causal_mask_array(queries.shape(-2), keys.shape(-2), window, stream), s, dtype, sinks);
+  }
   if (backend == Backend::cuda && !any_tracer({queries, keys, values, mask_arr.value_or(queries)})) {
     // No transformation can ask for a gradient: the launch alone, one node in
     // the graph (mlx-lm's generation calls this once per layer and token).
@@ -399,13 +423,13 @@ mx::array flash_attention(
     // cast inputs.
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, stream); };
     return flash_attention(f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s, std::nullopt,
-                           sinks);
+                           sinks, window_arg);
   }
   if (backend != Backend::cpu) {
     auto forward = [=](const std::vector<mx::array>& in) {
       std::optional<mx::array> m;
       if (has_mask_array(mask_kind)) m = in[3];
-      const AttentionCall attention{in[0], in[1], in[2], softmax_scale, mask_kind, m, stream};
+      const AttentionCall attention{in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, window};
       if (backend == Backend::cuda) {
         return cuda::flash_attention(attention);
       }
@@ -413,12 +437,12 @@ mx::array flash_attention(
       return metal::flash_attention(attention, launch);
     };
     if (backend == Backend::cuda) {
-      return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream, "cuda",
+      return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, 0, stream, "cuda",
                                 cuda_backward(softmax_scale, mask_kind, stream));
     }
     auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
-    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, stream, "metal",
-                              metal_backward(softmax_scale, mask_kind, stream, launch));
+    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, window, stream,
+                              "metal", metal_backward(softmax_scale, mask_kind, window, stream, launch));
   }
 
   std::vector<mx::array> inputs = {queries, keys, values};
@@ -430,7 +454,7 @@ mx::array flash_attention(
   // keeps each row's log-sum-exp for the fused backward (L floats a head).
   // Sinks read it always.
   const bool with_lse = sinks || any_tracer(inputs);
-  auto primitive = std::make_shared<FlashAttention>(stream, softmax_scale, mask_kind, with_lse);
+  auto primitive = std::make_shared<FlashAttention>(stream, softmax_scale, mask_kind, window, with_lse);
   if (!with_lse) {
     return mx::array(queries.shape(), queries.dtype(), std::move(primitive), std::move(inputs));
   }
@@ -448,8 +472,10 @@ mx::array flash_attention_metal_emulated(
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     const metal::Emulation& emulation,
-    metal::Choice choice) {
+    metal::Choice choice,
+    std::optional<int> window_arg) {
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
+  const int window = check_window(window_arg, c.mask_kind);
   const mx::Stream stream = mx::default_stream(mx::Device::cpu);
   if (queries.size() == 0 || keys.shape(-2) == 0) {
     return mx::zeros(queries.shape(), queries.dtype(), stream);
@@ -457,16 +483,17 @@ mx::array flash_attention_metal_emulated(
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m;
     if (has_mask_array(c.mask_kind)) m = in[3];
-    return metal::flash_attention({in[0], in[1], in[2], c.scale, c.mask_kind, m, stream},
+    return metal::flash_attention({in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, window},
                                   metal::emulated_launcher(emulation, stream), choice);
   };
-  return with_attention_vjp(forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, stream, "metal",
-                            metal_backward(c.scale, c.mask_kind, stream, metal::emulated_launcher(emulation, stream)));
+  return with_attention_vjp(
+      forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, window, stream, "metal",
+      metal_backward(c.scale, c.mask_kind, window, stream, metal::emulated_launcher(emulation, stream)));
 }
 
 bool FlashAttention::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const FlashAttention&>(other);
-  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && with_lse_ == o.with_lse_;
+  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && window_ == o.window_ && with_lse_ == o.with_lse_;
 }
 
 std::vector<mx::Shape> FlashAttention::output_shapes(const std::vector<mx::array>& inputs) {
@@ -481,7 +508,8 @@ void FlashAttention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::arr
 
 bool FlashAttentionVJP::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const FlashAttentionVJP&>(other);
-  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && with_lse_grad_ == o.with_lse_grad_;
+  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && window_ == o.window_ &&
+      with_lse_grad_ == o.with_lse_grad_;
 }
 
 void FlashAttentionVJP::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

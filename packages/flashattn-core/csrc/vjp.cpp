@@ -71,6 +71,18 @@ mx::array sum_to_shape(mx::array g, const mx::Shape& shape, mx::Stream s) {
   return mx::reshape(g, shape, s);
 }
 
+mx::array causal_mask_array(int L, int S, int window, mx::Stream s) {
+  const cpu::CausalRule causal(L, S, window);
+  auto rows = mx::reshape(mx::arange(L, mx::int32, s), {L, 1}, s);
+  auto cols = mx::reshape(mx::arange(S, mx::int32, s), {1, S}, s);
+  auto shifted = mx::subtract(cols, rows, s); // c - l
+  auto visible = mx::less_equal(shifted, mx::array(int(causal.offset)), s);
+  if (window > 0) {
+    visible = mx::logical_and(visible, mx::greater(shifted, mx::array(int(causal.offset) - window), s), s);
+  }
+  return visible;
+}
+
 std::vector<mx::array> attention_vjp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& cotangents,
@@ -78,7 +90,8 @@ std::vector<mx::array> attention_vjp(
     const std::vector<mx::array>& outputs,
     float scale_,
     MaskKind mask_kind_,
-    mx::Stream s) {
+    mx::Stream s,
+    int window) {
   const auto f32 = mx::float32;
   const auto& q = primals[0];
   const auto& k = primals[1];
@@ -95,10 +108,7 @@ std::vector<mx::array> attention_vjp(
   auto neg_inf = mx::array(-std::numeric_limits<float>::infinity(), f32);
   std::optional<mx::array> visible, mask_full;
   if (mask_kind_ == MaskKind::causal) {
-    auto rows = mx::reshape(mx::arange(L, mx::int32, s), {L, 1}, s);
-    auto cols = mx::reshape(mx::arange(S, mx::int32, s), {1, S}, s);
-    const int offset = static_cast<int>(cpu::causal_offset(L, S));
-    visible = mx::less_equal(cols, mx::add(rows, mx::array(offset), s), s);
+    visible = causal_mask_array(L, S, window, s);
   } else if (mask_kind_ == MaskKind::boolean || mask_kind_ == MaskKind::additive) {
     // The mask may come in its own (broadcastable) shape.
     mx::Shape target(q.shape().begin(), q.shape().end() - 1);
@@ -171,7 +181,7 @@ std::vector<mx::array> FlashAttention::vjp(
       mask_kind_ == MaskKind::additive && std::find(argnums.begin(), argnums.end(), 3) != argnums.end();
   if (!with_lse_ || wants_mask_grad) {
     count_gradient(wants_mask_grad ? "mask_gradient" : "no_saved_statistics");
-    return attention_vjp(primals, cotangents, argnums, outputs, scale_, mask_kind_, s);
+    return attention_vjp(primals, cotangents, argnums, outputs, scale_, mask_kind_, s, window_);
   }
   count_gradient(nullptr);
   const auto& q = primals[0];
@@ -184,7 +194,7 @@ std::vector<mx::array> FlashAttention::vjp(
   auto grads = mx::array::make_arrays(
       {q.shape(), primals[1].shape(), primals[2].shape()},
       {q.dtype(), q.dtype(), q.dtype()},
-      std::make_shared<FlashAttentionVJP>(s, scale_, mask_kind_, lse_grad),
+      std::make_shared<FlashAttentionVJP>(s, scale_, mask_kind_, window_, lse_grad),
       std::move(inputs));
   std::vector<mx::array> out;
   for (int arg : argnums) {

@@ -35,13 +35,14 @@ masks = st.one_of(
 )
 scales = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.text(max_size=3))
 streams = st.sampled_from([None, mx.cpu, mx.gpu, "cpu", 3])
+windows = st.one_of(st.none(), st.integers(-3, 50), st.sampled_from([2**40, 1.5, "4"]))
 
 
 @settings(max_examples=400, deadline=None)
-@given(q=arrays(), k=arrays(), v=arrays(), mask=masks, scale=scales, stream=streams)
-def test_random_arguments(q, k, v, mask, scale, stream):
+@given(q=arrays(), k=arrays(), v=arrays(), mask=masks, scale=scales, stream=streams, window=windows)
+def test_random_arguments(q, k, v, mask, scale, stream, window):
     try:
-        out = flash_attention(q, k, v, mask=mask, scale=scale, stream=stream)
+        out = flash_attention(q, k, v, mask=mask, scale=scale, stream=stream, window=window)
     except (ValueError, TypeError):
         return
     mx.eval(out)

@@ -27,6 +27,9 @@ class Inputs:
     # turn (make_inputs), so that a batch of calls reads its keys and values
     # from memory as a model's layers do, each from its own cache.
     kv_sets: list[tuple[mx.array, mx.array]] = field(default_factory=list)
+    # A windowed case's band as a boolean (L, S) mask, for the implementations
+    # that take no window.
+    band: mx.array | None = None
 
     @property
     def scale(self) -> float:
@@ -34,7 +37,16 @@ class Inputs:
 
     @property
     def mask(self):
+        if self.band is not None:
+            return self.band
         return "causal" if self.case.causal else None
+
+    @property
+    def flash_args(self) -> dict:
+        """flash_attention's mask arguments: a window where the case has one."""
+        if self.case.window:
+            return {"mask": "causal", "window": self.case.window}
+        return {"mask": self.mask}
 
 
 def make_inputs(case: KernelCase, seed: int = 0, kv_sets: int = 1) -> Inputs:
@@ -47,8 +59,13 @@ def make_inputs(case: KernelCase, seed: int = 0, kv_sets: int = 1) -> Inputs:
     k = mx.random.normal((1, s.H_kv, case.S, s.E), key=kk).astype(dtype)
     v = mx.random.normal((1, s.H_kv, case.S, s.E), key=kv).astype(dtype)
     sets = [(k, v)] + [(k + 0, v + 0) for _ in range(kv_sets - 1)]
-    mx.eval(q, sets)
-    return Inputs(case, q, k, v, sets)
+    band = None
+    if case.window:
+        from flashattn_core.reference import causal_mask
+
+        band = mx.array(causal_mask(case.L, case.S, case.window))
+    mx.eval(q, sets, band)
+    return Inputs(case, q, k, v, sets, band)
 
 
 def kv_turns(inp: Inputs) -> Callable[[], tuple]:
@@ -74,20 +91,30 @@ def mlx_to_numpy(x: mx.array) -> np.ndarray:
     return np.array(x.astype(mx.float32))
 
 
-def mlx_call(inp: Inputs, attention: Callable) -> Callable[[mx.array], mx.array]:
-    """attention(q, k, v, scale=, mask=) on the given queries and the next K/V set."""
+def mlx_call(inp: Inputs, attention: Callable, masking: dict | None = None) -> Callable[[mx.array], mx.array]:
+    """attention(q, k, v, scale=, **masking) on the given queries and the next
+    K/V set; masking defaults to mask=inp.mask."""
     next_kv = kv_turns(inp)
+    masking = {"mask": inp.mask} if masking is None else masking
 
     def call(q: mx.array) -> mx.array:
         k, v = next_kv()
-        return attention(q, k, v, scale=inp.scale, mask=inp.mask)
+        return attention(q, k, v, scale=inp.scale, **masking)
 
     return call
 
 
 def flash_impl(inp: Inputs) -> Impl:
-    call = mlx_call(inp, flash_attention)
+    call = mlx_call(inp, flash_attention, inp.flash_args)
     return Impl("flash", "flashattn_core.flash_attention", True, lambda: call(inp.q), mlx_to_numpy, chain=call)
+
+
+def flash_dense_impl(inp: Inputs) -> Impl:
+    """flash_attention given a windowed case's band as a boolean mask: what a
+    caller that passes mlx-lm's sliding-window mask as it is gets."""
+    call = mlx_call(inp, flash_attention)
+    return Impl("flash-dense", "flashattn_core.flash_attention, the window as a dense boolean mask", True,
+                lambda: call(inp.q), mlx_to_numpy, chain=call)
 
 
 def mlx_impl(inp: Inputs) -> Impl:
@@ -128,9 +155,13 @@ def torch_impls(inp: Inputs, grad: bool = False) -> list[Impl]:
     # without a dense mask), on the CPU the boolean mask.
     L, S = inp.case.L, inp.case.S
     lower_right = inp.case.causal and L != S
-    causal = inp.case.causal and not lower_right
+    causal = inp.case.causal and not lower_right and not inp.case.window
     mask = None
-    if lower_right and on_gpu:
+    if inp.case.window:
+        from flashattn_core.reference import causal_mask
+
+        mask = torch.from_numpy(causal_mask(L, S, inp.case.window)).to(device)
+    elif lower_right and on_gpu:
         from torch.nn.attention.bias import causal_lower_right
 
         mask = causal_lower_right(L, S)
@@ -199,12 +230,13 @@ def cotangent(inp: Inputs, seed: int = 11) -> mx.array:
     return c
 
 
-def mlx_grad_call(inp: Inputs, attention: Callable) -> Callable[[], list[mx.array]]:
+def mlx_grad_call(inp: Inputs, attention: Callable, masking: dict | None = None) -> Callable[[], list[mx.array]]:
     """Forward and backward of attention(q, k, v) on the next K/V set: its
     output and (dQ, dK, dV), lazy. Returns the list [out, dq, dk, dv]."""
     next_kv = kv_turns(inp)
     cot = cotangent(inp)
-    f = lambda q, k, v: attention(q, k, v, scale=inp.scale, mask=inp.mask)
+    masking = {"mask": inp.mask} if masking is None else masking
+    f = lambda q, k, v: attention(q, k, v, scale=inp.scale, **masking)
 
     def call() -> list[mx.array]:
         k, v = next_kv()
@@ -220,7 +252,12 @@ def grad_rows_to_numpy(x: list[mx.array]) -> np.ndarray:
 
 def flash_grad_impl(inp: Inputs) -> Impl:
     return Impl("flash", "flashattn_core.flash_attention, forward + mx.vjp", True,
-                mlx_grad_call(inp, flash_attention), grad_rows_to_numpy)
+                mlx_grad_call(inp, flash_attention, inp.flash_args), grad_rows_to_numpy)
+
+
+def flash_dense_grad_impl(inp: Inputs) -> Impl:
+    return Impl("flash-dense", "flashattn_core.flash_attention, the window as a dense boolean mask, forward + mx.vjp",
+                True, mlx_grad_call(inp, flash_attention), grad_rows_to_numpy)
 
 
 def mlx_grad_impl(inp: Inputs) -> Impl:

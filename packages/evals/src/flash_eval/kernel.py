@@ -18,8 +18,8 @@ import flashattn_core
 from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask
 
 from . import report
-from .impls import (Inputs, cotangent, flash_grad_impl, flash_impl, make_inputs, mlx_grad_impl, mlx_impl,
-                    torch_impls)
+from .impls import (Inputs, cotangent, flash_dense_grad_impl, flash_dense_impl, flash_grad_impl, flash_impl,
+                    make_inputs, mlx_grad_impl, mlx_impl, torch_impls)
 from .measure import MAX_BATCH, copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
 from .options import comma_list, int_list
 from .progress import progress_bar
@@ -52,7 +52,7 @@ def reference_rows(inp: Inputs, max_rows: int = 16) -> tuple[np.ndarray, np.ndar
     whole L x S reference would not fit in memory at long lengths)."""
     case = inp.case
     rows = np.unique(np.linspace(0, case.L - 1, min(case.L, max_rows)).astype(int))
-    mask = causal_mask(case.L, case.S)[rows] if case.causal else None
+    mask = causal_mask(case.L, case.S, case.window or None)[rows] if case.causal else None
     # One BLAS thread: NumPy's OpenBLAS workers spin after a call and would
     # steal the cores from the timings that follow.
     with threadpool_limits(limits=1, user_api="blas"):
@@ -65,7 +65,7 @@ def reference_grad_rows(inp: Inputs, max_rows: int = 16) -> tuple[np.ndarray, np
     probabilities, output and cotangent."""
     case = inp.case
     rows = np.unique(np.linspace(0, case.L - 1, min(case.L, max_rows)).astype(int))
-    mask = causal_mask(case.L, case.S)[rows] if case.causal else None
+    mask = causal_mask(case.L, case.S, case.window or None)[rows] if case.causal else None
     pick = mx.array(rows)
     with threadpool_limits(limits=1, user_api="blas"):
         dq, _, _ = attention_gradients_reference(inp.q[..., pick, :], inp.k, inp.v, cotangent(inp)[..., pick, :],
@@ -104,9 +104,13 @@ def total_memory_bytes() -> int:
               help="Decode key lengths S, one query (comma-separated; empty for none).")
 @click.option("--dtype", "dtypes", default="float32,bfloat16", show_default=True,
               callback=comma_list(["float32", "float16", "bfloat16"]))
+@click.option("--window", default=0, show_default=True, type=click.IntRange(0),
+              help="A sliding window of this many keys on every case (causal; decode sees the last W keys); "
+                   "0: none. flash_attention takes it as window=, the others as a dense boolean mask.")
 @click.option("--impl", "impls", default="flash,mlx,torch", show_default=True,
-              callback=comma_list(["flash", "mlx", "torch"]),
-              help="Implementations; torch is skipped when PyTorch is not installed.")
+              callback=comma_list(["flash", "flash-dense", "mlx", "torch"]),
+              help="Implementations; torch is skipped when PyTorch is not installed. flash-dense (with "
+                   "--window): flash_attention given the window as a dense boolean mask.")
 @click.option("-n", "--repeats", default=5, show_default=True, type=click.IntRange(1, 1000),
               help="Timed calls per implementation at least (fewer for slow ones; calls shorter than "
                    "a quarter second are repeated until that much is timed, up to 100 times).")
@@ -128,16 +132,19 @@ def total_memory_bytes() -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, max_call_seconds, calls, kv_sets,
-           pass_, seed, as_json, markdown, plot):
+def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, impls, repeats, max_call_seconds, calls,
+           kv_sets, pass_, seed, as_json, markdown, plot):
     """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
+    if "flash-dense" in impls and not window:
+        raise click.BadParameter("flash-dense times a window passed as a dense mask: give --window",
+                                 param_hint="--impl")
     short = [n for n in chunk if n <= chunk_rows]
     if short:
         raise click.BadParameter(
             f"a chunk's key length must exceed its {chunk_rows} rows (--chunk-rows), got {short}; "
             "time L = S with --prefill", param_hint="--chunk")
     cases = [
-        KernelCase(SHAPES[s], kind, n, dt, chunk_rows)
+        KernelCase(SHAPES[s], kind, n, dt, chunk_rows, window)
         for s in shapes
         for kind, lengths in (("prefill", prefill), ("chunk", chunk), ("decode", decode))
         for n in lengths
@@ -178,9 +185,11 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, impls, repeats, m
             grad = pass_ != "forward"
             rows, ref = reference_grad_rows(inp) if grad else reference_rows(inp)
             flops = case.flops * PASS_FLOPS[pass_]
-            candidates = {"flash": lambda i: [flash_impl(i)], "mlx": lambda i: [mlx_impl(i)], "torch": torch_impls}
-            grad_candidates = {"flash": lambda i: [flash_grad_impl(i)], "mlx": lambda i: [mlx_grad_impl(i)],
-                               "torch": lambda i: torch_impls(i, grad=True)}
+            candidates = {"flash": lambda i: [flash_impl(i)], "flash-dense": lambda i: [flash_dense_impl(i)],
+                          "mlx": lambda i: [mlx_impl(i)], "torch": torch_impls}
+            grad_candidates = {"flash": lambda i: [flash_grad_impl(i)],
+                               "flash-dense": lambda i: [flash_dense_grad_impl(i)],
+                               "mlx": lambda i: [mlx_grad_impl(i)], "torch": lambda i: torch_impls(i, grad=True)}
             chosen = grad_candidates if grad else candidates
             # --pass backward subtracts each implementation's forward, timed just after it.
             forwards = ({i.name: i for key in impls for i in candidates[key](inp)} if pass_ == "backward" else {})

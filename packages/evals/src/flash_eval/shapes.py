@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class HeadShape:
@@ -42,6 +44,7 @@ class KernelCase:
     length: int  # L = S for prefill, S for decode and chunk
     dtype: str
     rows: int = CHUNK_ROWS  # L of a chunk
+    window: int = 0  # causal cases: a sliding window of this many keys (0: none)
 
     @property
     def L(self) -> int:
@@ -55,25 +58,35 @@ class KernelCase:
 
     @property
     def causal(self) -> bool:
-        return self.kind != "decode"
+        return self.kind != "decode" or self.window > 0
 
     @property
     def flops(self) -> float:
         """FlashAttention convention: 4 H_q E for each query-key pair,
         counting half of the causal triangle (L^2 / 2), so that a chunk's
         count at L = S is the prefill's: a chunk's rows see the S - L keys
-        before them in full."""
-        pairs = self.L * (self.S - self.L) + self.L * self.L / 2 if self.causal else self.L * self.S
+        before them in full. With a window, the pairs it shows: row i sees
+        min(W, i + S - L + 1) keys."""
+        if self.window:
+            seen = np.minimum(self.window, np.arange(self.L) + (self.S - self.L) + 1)
+            pairs = float(np.clip(seen, 0, None).sum())
+        elif self.causal:
+            pairs = self.L * (self.S - self.L) + self.L * self.L / 2
+        else:
+            pairs = self.L * self.S
         return 4.0 * self.shape.H_q * self.shape.E * pairs
 
     @property
     def kv_bytes(self) -> int:
+        """The keys and values a call reads: a window's share of them."""
         itemsize = 4 if self.dtype == "float32" else 2
-        return 2 * self.shape.H_kv * self.S * self.shape.E * itemsize
+        keys = min(self.S, self.window + self.L - 1) if self.window else self.S
+        return 2 * self.shape.H_kv * keys * self.shape.E * itemsize
 
     @property
     def label(self) -> str:
+        window = f" window={self.window}" if self.window else ""
         if self.kind == "chunk":
-            return f"{self.shape.name} chunk L={self.rows} S={self.length}"
+            return f"{self.shape.name} chunk L={self.rows} S={self.length}{window}"
         n = "L" if self.kind == "prefill" else "S"
-        return f"{self.shape.name} {self.kind} {n}={self.length}"
+        return f"{self.shape.name} {self.kind} {n}={self.length}{window}"

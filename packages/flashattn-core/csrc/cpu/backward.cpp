@@ -32,12 +32,12 @@ void row_dots(const void* d_out, const void* out, int64_t rows, int E, float* D)
 
 std::vector<BackwardItem> plan_backward(const AttentionProblem& p) {
   std::vector<BackwardItem> items;
-  const int64_t offset = causal_offset(p.L, p.S);
+  const CausalRule rule = p.causal();
   const bool causal = p.mask_kind == MaskKind::causal;
   for (int64_t g = 0; g < p.batch * p.H_kv; ++g) {
     for (int64_t c0 = 0; c0 < p.S; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, p.S - c0));
-      const int64_t rows = causal ? p.L - causal_first_row(c0, offset, p.L) : p.L;
+      const int64_t rows = causal ? rule.row_end(c0 + cols - 1, p.L) - rule.first_row(c0, p.L) : p.L;
       if (rows > 0) {
         items.push_back({BackwardItem::keys, g, c0, cols, rows * p.q_kv_heads_ratio * cols});
       }
@@ -46,7 +46,7 @@ std::vector<BackwardItem> plan_backward(const AttentionProblem& p) {
   for (int64_t n = 0; n < p.batch * p.H_q; ++n) {
     for (int64_t l0 = 0; l0 < p.L; l0 += kBackwardRows) {
       const int rows = int(std::min<int64_t>(kBackwardRows, p.L - l0));
-      const int64_t keys = causal ? causal_key_end(l0 + rows - 1, offset, p.S) : p.S;
+      const int64_t keys = causal ? rule.key_end(l0 + rows - 1, p.S) - rule.key_begin(l0, p.S) : p.S;
       if (keys > 0) {
         items.push_back({BackwardItem::queries, n, l0, rows, keys * rows});
       }
@@ -111,7 +111,7 @@ void FlashAttentionVJP::eval_cpu(const std::vector<mx::array>& inputs, std::vect
   std::vector<mx::array> primals(inputs.begin(), inputs.begin() + (n - 3));
   mx::array out = inputs[n - 3];
   cpu::BackwardProblem bp;
-  bp.fwd = cpu::describe_problem(primals, out, scale_, mask_kind_);
+  bp.fwd = cpu::describe_problem(primals, out, scale_, mask_kind_, window_);
   bp.d_out = inputs[n - 2].data<void>();
   bp.lse = inputs[n - 1].data<float>();
   if (with_lse_grad_) bp.d_lse = inputs[n].data<float>();

@@ -15,16 +15,16 @@ namespace flashattn::cpu {
 
 // A work item's scratch, carved from one per-thread buffer:
 // Q_i^T and o_i^T (E x RB), S_ij^T and its hidden flags (Bc x RB), K_j and
-// V_j (Bc x E), m_i,
-// l_i and the causal limits (RB), and per-row offsets (RB each).
+// V_j (Bc x E), m_i, l_i and the causal limits (first and last key a row
+// sees; RB each), and per-row offsets (RB each).
 struct ScratchView {
-  float *Qt, *Ot, *St, *K, *V, *m_i, *l_i, *limit;
+  float *Qt, *Ot, *St, *K, *V, *m_i, *l_i, *first, *limit;
   float* hidden; // Bc x RB: 1 where a score is masked (rare NaN/Inf path)
   int64_t *out_off, *mask_off;
 
   static size_t bytes(int E, int RB) {
     size_t floats = size_t(2) * E * RB + size_t(2) * Bc * RB +
-        size_t(2) * Bc * E + 3 * size_t(RB);
+        size_t(2) * Bc * E + 4 * size_t(RB);
     return floats * sizeof(float) + 2 * size_t(RB) * sizeof(int64_t) + 64;
   }
 
@@ -42,6 +42,7 @@ struct ScratchView {
     V = f, f += size_t(Bc) * E;
     m_i = f, f += RB;
     l_i = f, f += RB;
+    first = f, f += RB;
     limit = f;
   }
 };

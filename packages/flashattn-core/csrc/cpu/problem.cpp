@@ -38,6 +38,7 @@ AttentionProblem describe_problem(
     mx::array& out,
     float scale,
     MaskKind mask_kind,
+    int window,
     mx::array* lse) {
   const auto& q = inputs[0];
   const auto& k = inputs[1];
@@ -52,6 +53,7 @@ AttentionProblem describe_problem(
   p.q_kv_heads_ratio = p.H_q / p.H_kv;
   p.scale = scale;
   p.mask_kind = mask_kind;
+  p.window = window;
   p.q = strided_operand(q);
   p.k = strided_operand(k);
   p.v = strided_operand(inputs[2]);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../flash_attention.h"
+#include "causal.h"
 #include "mlx/backend/cpu/encoder.h"
 
 namespace flashattn::cpu {
@@ -28,6 +29,7 @@ struct AttentionProblem {
   int q_kv_heads_ratio = 1; // query head h reads key/value head h / ratio
   float scale = 1.0f;
   MaskKind mask_kind = MaskKind::none;
+  int window = 0; // causal masks: a sliding window of this many keys (0: none)
   mx::Dtype mask_dtype = mx::bool_;
 
   StridedOperand q, k, v, mask; // mask only for boolean / additive masks
@@ -35,6 +37,10 @@ struct AttentionProblem {
   // Row contiguous (B..., H_q, L), float32: each row's log-sum-exp (log2
   // domain, softmax.h), written only when a gradient will be taken.
   float* lse = nullptr;
+
+  CausalRule causal() const {
+    return {L, S, window};
+  }
 };
 
 // Describe inputs {queries, keys, values[, mask]} and the allocated output
@@ -44,6 +50,7 @@ AttentionProblem describe_problem(
     mx::array& out,
     float scale,
     MaskKind mask_kind,
+    int window = 0,
     mx::array* lse = nullptr);
 
 // Allocates the outputs and registers inputs and outputs with the stream's

@@ -140,6 +140,7 @@ Setup setup(const AttentionCall& call) {
   p[kMaskKind] = static_cast<int>(call.mask_kind);
   p[kScaleLog2] = std::bit_cast<int32_t>(call.scale * kLog2e);
   p[kScale] = std::bit_cast<int32_t>(call.scale);
+  p[kWindow] = call.window;
   p[kRowsTotal] = checked_int(batch * q.shape(-3) * q.shape(-2), "query rows");
 
   mx::array mask_data = mx::zeros({kMinElements}, mx::float32, s);

@@ -33,6 +33,7 @@ mx::array flash_attention_metal_emulated(
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     const metal::Emulation& emulation,
-    metal::Choice choice);
+    metal::Choice choice,
+    std::optional<int> window = std::nullopt);
 
 }  // namespace flashattn

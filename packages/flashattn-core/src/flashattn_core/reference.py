@@ -26,9 +26,15 @@ def to_float64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def causal_mask(L: int, S: int) -> np.ndarray:
-    """Boolean (L, S): query row i sees key j iff j <= i + (S - L)."""
-    return np.arange(S)[None, :] <= np.arange(L)[:, None] + (S - L)
+def causal_mask(L: int, S: int, window: int | None = None) -> np.ndarray:
+    """Boolean (L, S): query row i sees key j iff j <= i + (S - L), and with a
+    sliding window of W keys also j > i + (S - L) - W."""
+    last = np.arange(L)[:, None] + (S - L)
+    keys = np.arange(S)[None, :]
+    visible = keys <= last
+    if window is not None:
+        visible &= keys > last - window
+    return visible
 
 
 def mask_terms(mask, shape) -> tuple[np.ndarray, np.ndarray | float]:

@@ -13,14 +13,16 @@ log = logging.getLogger("mlxlm_flash_patch")
 
 _lock = threading.Lock()
 _flash_calls = 0
+_windowed_calls = 0
 _fallbacks: Counter = Counter()
 _logged: set[str] = set()
 
 
-def count_flash_call() -> None:
-    global _flash_calls
+def count_flash_call(windowed: bool = False) -> None:
+    global _flash_calls, _windowed_calls
     with _lock:
         _flash_calls += 1
+        _windowed_calls += windowed
 
 
 def count_fallback(reason: str, detail: str = "") -> None:
@@ -33,21 +35,24 @@ def count_fallback(reason: str, detail: str = "") -> None:
 
 
 def stats() -> dict:
-    """Calls routed through flash_attention, fallbacks per reason, and the
-    gradients taken through it: "fused" (the FlashAttention-2 backward) or
+    """Calls routed through flash_attention (of them, "windowed_calls": a
+    sliding-window layer's band mask passed as a window), fallbacks per
+    reason, and the gradients taken through it: "fused" (the FlashAttention-2 backward) or
     "recomputed" per reason (MLX operations over the L x S probabilities)."""
     from flashattn_core import gradient_stats
 
     with _lock:
-        return {"flash_calls": _flash_calls, "fallbacks": dict(_fallbacks), "gradients": gradient_stats()}
+        return {"flash_calls": _flash_calls, "windowed_calls": _windowed_calls, "fallbacks": dict(_fallbacks),
+                "gradients": gradient_stats()}
 
 
 def reset_stats() -> None:
     from flashattn_core import reset_gradient_stats
 
-    global _flash_calls
+    global _flash_calls, _windowed_calls
     with _lock:
         _flash_calls = 0
+        _windowed_calls = 0
         _fallbacks.clear()
         _logged.clear()
     reset_gradient_stats()

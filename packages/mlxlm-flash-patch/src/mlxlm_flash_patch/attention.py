@@ -12,6 +12,7 @@ import mlx.core as mx
 from flashattn_core import UnsupportedError, flash_attention
 
 from ._stats import count_fallback, count_flash_call
+from .windows import as_window
 
 
 def make_attention(original, precision: str):
@@ -31,10 +32,13 @@ def make_attention(original, precision: str):
             count_fallback("quantized_kv_cache", "keys/values are packed tuples")
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         out_dtype = queries.dtype
+        # A sliding-window layer's band mask goes in as the window it is.
+        flash_mask, window = as_window(mask) or (mask, None)
         try:
             # Sinks (gpt-oss) run on the CPU; elsewhere the kernel refuses them
             # with reason "attention_sinks", counted below.
-            out = flash_attention(queries, keys, values, scale=scale, mask=mask, dtype=dtype, sinks=sinks)
+            out = flash_attention(queries, keys, values, scale=scale, mask=flash_mask, window=window, dtype=dtype,
+                                  sinks=sinks)
         except (ValueError, TypeError) as error:
             # Validation happens before anything is computed: nothing is lost.
             # The check that refused the call names the reason; a wrong Python
@@ -42,7 +46,7 @@ def make_attention(original, precision: str):
             reason = error.reason if isinstance(error, UnsupportedError) else "unsupported_input"
             count_fallback(reason, str(error))
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
-        count_flash_call()
+        count_flash_call(windowed=window is not None)
         return out.astype(out_dtype) if out.dtype != out_dtype else out
 
     scaled_dot_product_attention.__doc__ = original.__doc__

@@ -106,6 +106,7 @@ struct Attend {
         for (int e = 0; e < p.E; ++e) {
           s.Qt[e * RB + r] = 0.0f;
         }
+        s.first[r] = 0.0f;
         s.limit[r] = 0.0f;
         continue;
       }
@@ -119,7 +120,9 @@ struct Attend {
       if (p.mask_kind == MaskKind::boolean || p.mask_kind == MaskKind::additive) {
         s.mask_off[r] = p.mask.base[n] + l * p.mask.row_stride;
       }
-      s.limit[r] = float(causal_last_key(l, causal_offset(p.L, p.S)));
+      const CausalRule causal = p.causal();
+      s.first[r] = float(std::max<int64_t>(causal.first_key(l), -1));
+      s.limit[r] = float(causal.last_key(l));
     }
     l_first = first / ratio;
     l_last = (first + rows - 1) / ratio;
@@ -165,7 +168,9 @@ struct Attend {
             for (int v = 0; v < RV; ++v) {
               vf sc = S::load(St + c * RB + v * W);
               vf limit = S::load(s.limit + v * W);
-              S::store(St + c * RB + v * W, S::select(key > limit, neg_inf, sc));
+              vf first = S::load(s.first + v * W);
+              sc = S::select(key > limit, neg_inf, sc);
+              S::store(St + c * RB + v * W, S::select(first > key, neg_inf, sc));
             }
           }
         }
@@ -224,11 +229,11 @@ struct Attend {
     for (int i = 0; i < E * RB; ++i) {
       s.Ot[i] = 0.0f;
     }
-    const int64_t offset = causal_offset(p.L, p.S);
+    const CausalRule causal = p.causal();
     for (int64_t c0 = item.key_begin; c0 < item.key_end; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, item.key_end - c0));
       auto visibility = p.mask_kind == MaskKind::causal
-          ? causal_visibility(l_first, l_last, c0, c0 + cols, offset)
+          ? causal.visibility(l_first, l_last, c0, c0 + cols)
           : TileVisibility::visible;
       if (visibility == TileVisibility::hidden) {
         continue;

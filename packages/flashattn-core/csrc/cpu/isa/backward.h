@@ -173,17 +173,20 @@ struct Backward {
     gemm_acc<W, MR, NR>(s.Q, Ep, s.K_t, Bc, s.P, Bc, rows, p.E, Bc);
     gemm_acc<W, MR, NR>(s.dO, Ep, s.V_t, Bc, s.dS, Bc, rows, p.E, Bc);
     const float qk_scale = p.scale * kLog2e;
-    const int64_t offset = causal_offset(p.L, p.S);
+    const CausalRule causal = p.causal();
     for (int r = 0; r < rows; ++r) { // padding rows stay 0 from the fills above
       float* P = s.P + r * Bc;
       float* dS = s.dS + r * Bc;
       const int64_t l = l0 + r;
-      int visible = cols;
+      // Keys [begin, visible) of the tile are the row's (a window hides the
+      // keys before begin).
+      int begin = 0, visible = cols;
       if (p.mask_kind == MaskKind::causal) {
-        visible = int(std::clamp<int64_t>(causal_key_end(l, offset, p.S) - c0, 0, cols));
+        begin = int(std::clamp<int64_t>(causal.key_begin(l, p.S) - c0, 0, cols));
+        visible = int(std::clamp<int64_t>(causal.key_end(l, p.S) - c0, 0, cols));
       }
       for (int c = 0; c < Bc; ++c) {
-        P[c] = c < visible ? P[c] * qk_scale : kNegInf;
+        P[c] = c >= begin && c < visible ? P[c] * qk_scale : kNegInf;
       }
       if (p.mask_kind == MaskKind::boolean) {
         apply_array_mask<bool>(n, l, c0, visible, P);
@@ -252,12 +255,13 @@ struct Backward {
     const int ratio = p.q_kv_heads_ratio;
     const int64_t b = g / p.H_kv, kv_head = g % p.H_kv;
     // Causal: the rows that see any key of the tile.
-    const int64_t l_begin =
-        p.mask_kind == MaskKind::causal ? causal_first_row(c0, causal_offset(p.L, p.S), p.L) : 0;
+    const bool causal = p.mask_kind == MaskKind::causal;
+    const int64_t l_begin = causal ? p.causal().first_row(c0, p.L) : 0;
+    const int64_t l_end = causal ? p.causal().row_end(c0 + cols - 1, p.L) : p.L;
     for (int hh = 0; hh < ratio; ++hh) {
       const int64_t n = b * p.H_q + kv_head * ratio + hh;
-      for (int64_t l0 = l_begin; l0 < p.L; l0 += Br) {
-        const int rows = int(std::min<int64_t>(Br, p.L - l0));
+      for (int64_t l0 = l_begin; l0 < l_end; l0 += Br) {
+        const int rows = int(std::min<int64_t>(Br, l_end - l0));
         load_query_block(n, l0, rows);
         probabilities_and_dS(n, l0, rows, c0, cols);
         transpose(s.P, s.P_t);
@@ -278,11 +282,12 @@ struct Backward {
     std::fill(s.dQ, s.dQ + int64_t(Br) * Ep, 0.0f);
     const int64_t b = n / p.H_q, h = n % p.H_q;
     const int64_t g = b * p.H_kv + h / p.q_kv_heads_ratio;
-    int64_t key_end = p.S;
+    int64_t key_begin = 0, key_end = p.S;
     if (p.mask_kind == MaskKind::causal) {
-      key_end = causal_key_end(l0 + rows - 1, causal_offset(p.L, p.S), p.S);
+      key_begin = p.causal().key_begin(l0, p.S);
+      key_end = p.causal().key_end(l0 + rows - 1, p.S);
     }
-    for (int64_t c0 = 0; c0 < key_end; c0 += Bc) {
+    for (int64_t c0 = key_begin; c0 < key_end; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, p.S - c0));
       load_key_tile(p.k, g, c0, cols, s.K, s.K_t);
       load_key_tile(p.v, g, c0, cols, s.V, s.V_t);

@@ -141,7 +141,7 @@ struct Decode {
         q[r][e] = to_float(row[e * p.q.col_stride]) * q_scale;
       }
       out_off[r] = (n * p.L + l) * p.E;
-      limit[r] = causal_last_key(l, causal_offset(p.L, p.S));
+      limit[r] = p.causal().last_key(l);
       m_i[r] = kNegInf;
       l_i[r] = 0.0f;
       for (int e = 0; e < p.E; ++e) {
@@ -379,7 +379,7 @@ struct Decode {
 
   void run() {
     load_rows();
-    const int64_t offset = causal_offset(p.L, p.S);
+    const CausalRule causal = p.causal();
     const int first = item.row_tile * plan.RB;
     const int64_t l_first = first / p.q_kv_heads_ratio;
     const int64_t l_last = (first + R - 1) / p.q_kv_heads_ratio;
@@ -394,7 +394,7 @@ struct Decode {
     for (int64_t c0 = item.key_begin; c0 < item.key_end; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, item.key_end - c0));
       auto visibility = p.mask_kind == MaskKind::causal
-          ? causal_visibility(l_first, l_last, c0, c0 + cols, offset)
+          ? causal.visibility(l_first, l_last, c0, c0 + cols)
           : TileVisibility::visible;
       if (visibility == TileVisibility::hidden) {
         continue;

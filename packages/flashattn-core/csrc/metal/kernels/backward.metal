@@ -140,14 +140,16 @@ void flash_backward_keys(
   }
   simdgroup_barrier(mem_flags::mem_threadgroup);
 
-  const int row_begin = params[kMaskKind] == kMaskCausal ? causal_first_row(c, L, S) : 0;
+  const bool causal = params[kMaskKind] == kMaskCausal;
+  const int row_begin = causal ? causal_first_row(c, L, S) : 0;
+  const int row_end = causal ? causal_row_end(c, L, S, params[kWindow]) : L;
   float dk_acc[EPT], dv_acc[EPT];
   for (int a = 0; a < EPT; ++a) dk_acc[a] = dv_acc[a] = 0.0f;
   for (int h = 0; h < ratio; ++h) {
     const int64_t n_q = (n_kv / H_kv) * H_q + (n_kv % H_kv) * ratio + h;
-    for (int r0 = row_begin; r0 < L; r0 += 32) {
+    for (int r0 = row_begin; r0 < row_end; r0 += 32) {
       const int row = r0 + int(lane);
-      bool hidden = row >= L;
+      bool hidden = row >= row_end;
       const float add = masked && !hidden ? mask.term(mask.row_base(n_q, row), c) : 0.0f;
       hidden = hidden || add == -INFINITY;
       float p = 0.0f, ds = 0.0f;
@@ -165,7 +167,7 @@ void flash_backward_keys(
       ds_row[lane] = ds;
       hidden_row[lane] = hidden;
       simdgroup_barrier(mem_flags::mem_threadgroup);
-      const int n = min(32, L - r0);
+      const int n = min(32, row_end - r0);
       for (int r = 0; r < n; ++r) {
         if (hidden_row[r]) continue;
         const int64_t i = n_q * L + r0 + r;

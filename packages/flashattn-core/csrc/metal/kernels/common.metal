@@ -52,9 +52,10 @@ inline Mask make_mask(const device float* data, const device int64_t* base, cons
 }
 
 // The causal rule, bottom-right aligned as MLX defines it: row `row` of L
-// queries sees key c of S iff c <= row + S - L.
-inline bool causal_hides(int row, int c, int L, int S) {
-  return c > row + S - L;
+// queries sees key c of S iff c <= row + S - L; with a sliding window of W
+// keys (W > 0), also c > row + S - L - W.
+inline bool causal_hides(int row, int c, int L, int S, int W) {
+  return c > row + S - L || (W > 0 && c <= row + S - L - W);
 }
 
 // Keys [0, end) hold every key that rows below row_end may see.
@@ -62,9 +63,18 @@ inline int causal_key_end(int row_end, int L, int S) {
   return min(S, row_end + S - L);
 }
 
-// The first row that sees key c: rows from it on see it.
+// Keys from causal_key_begin(row) on hold every key that rows from `row` on
+// may see.
+inline int causal_key_begin(int row, int L, int S, int W) {
+  return W > 0 ? clamp(row + S - L - W + 1, 0, S) : 0;
+}
+
+// Rows [causal_first_row(c), causal_row_end(c)) see key c.
 inline int causal_first_row(int c, int L, int S) {
   return max(0, c - (S - L));
+}
+inline int causal_row_end(int c, int L, int S, int W) {
+  return W > 0 ? clamp(c - (S - L) + W, 0, L) : L;
 }
 
 // What a row's exponents subtract: its running max m, or 0 while it has seen

@@ -57,10 +57,14 @@ void flash_mma(
     m_i[r] = -INFINITY;
     l_i[r] = 0.0f;
   }
-  int key_end = S;
-  if (kind == kMaskCausal) key_end = causal_key_end(min(row0 + Br, L), L, S);
+  const int W = params[kWindow];
+  int key_begin = 0, key_end = S;
+  if (kind == kMaskCausal) {
+    key_begin = causal_key_begin(row0, L, S, W);
+    key_end = causal_key_end(min(row0 + Br, L), L, S);
+  }
 
-  for (int c0 = 0; c0 < key_end; c0 += Bc) {
+  for (int c0 = key_begin; c0 < key_end; c0 += Bc) {
     if (tid == 0) flags[0] = 0;
     for (int i = int(tid); i < Bc * E; i += kThreads) {
       const int j = i / E;
@@ -85,7 +89,7 @@ void flash_mma(
     const int c = c0 + int(lane);
     for (int r = 0; r < 8; ++r) {
       const int row = row0 + int(sg) * 8 + r;
-      bool hidden = int(lane) >= Bc || c >= S || row >= L || (kind == kMaskCausal && causal_hides(row, c, L, S));
+      bool hidden = int(lane) >= Bc || c >= S || row >= L || (kind == kMaskCausal && causal_hides(row, c, L, S, W));
       float s = -INFINITY;
       if (!hidden) {
         s = s_sg[r * 32 + lane];

@@ -25,6 +25,7 @@ enum Param : int {
   kRowsTotal = 11,   // B x H_q x L: slots of the split partials
   kSplits = 12,
   kScale = 13,       // the softmax scale itself, as float bits (the backward's dQ, dK)
+  kWindow = 14,      // causal masks: a sliding window of this many keys (0: none)
   kParamCount = 16,
 };
 

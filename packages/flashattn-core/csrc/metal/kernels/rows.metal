@@ -43,8 +43,10 @@ inline RowTask row_task(const device int* params, uint3 group, uint sg) {
   t.key_begin = int(group.z) * params[kKeysPerSplit];
   t.key_end = min(S, t.key_begin + params[kKeysPerSplit]);
   if (params[kMaskKind] == kMaskCausal) {
+    t.key_begin = max(t.key_begin, causal_key_begin(t.row, L, S, params[kWindow]));
     t.key_end = min(t.key_end, causal_key_end(t.row + 1, L, S));
   }
+  t.key_end = max(t.key_end, t.key_begin);
   if (!t.valid) t.key_end = t.key_begin;
   return t;
 }
