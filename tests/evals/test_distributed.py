@@ -54,3 +54,18 @@ def test_throughput_under_two_processes(setup):
                      processes=2)
     assert rep["processes"] == 2
     assert all(r["prompt_tps"] > 0 and r["generation_tps"] > 0 for r in rep["results"])
+
+
+def test_perplexity_on_a_quantized_cache_across_two_processes(setup):
+    # each rank's fallback reasons are gathered by name: the counts add up whatever the patch called them
+    model, text = setup
+    args = ["perplexity", "--model", str(model), "--dataset", str(text), "--context", "48", "--tokens", "300",
+            "--kv-bits", "8", "--kv-group-size", "32", "--json"]
+    one = flash_eval(args)
+    two = flash_eval(args, processes=2)
+    assert two["processes"] == 2 and two["kv_bits"] == 8
+    for a, b in zip(one["results"], two["results"]):
+        assert abs(a["perplexity"] - b["perplexity"]) <= 1e-9 * a["perplexity"]
+        assert (a["flash_calls"], a["fallbacks"]) == (b["flash_calls"], b["fallbacks"])
+    on = two["results"][1]
+    assert on["flash_calls"] + sum(on["fallbacks"].values()) == 7 * 2  # 7 windows of 48 in 300 tokens, 2 layers

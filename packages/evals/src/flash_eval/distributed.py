@@ -46,6 +46,24 @@ class Ranks:
         parts = np.array(parts, dtype=np.float64)  # (ranks, 2, n)
         return parts[:, 0].sum(axis=0) + parts[:, 1].sum(axis=0)
 
+    def union(self, names) -> list[str]:
+        """The sorted union of every rank's names (such as the fallback
+        reasons each counted), the same list on every rank. The names travel
+        as their UTF-8 bytes, one per float32, newline-separated and padded
+        with zeros to the longest rank's."""
+        names = sorted(set(names))
+        if self.size == 1:
+            return names
+        blob = np.frombuffer("\n".join(names).encode(), dtype=np.uint8)
+        width = int(self.max([blob.size])[0])
+        if width == 0:
+            return []
+        padded = np.zeros((1, width), dtype=np.float32)
+        padded[0, : blob.size] = blob
+        rows = np.array(mx.distributed.all_gather(mx.array(padded), group=self.group)).astype(np.uint8)
+        gathered = (bytes(row).rstrip(b"\0").decode().split("\n") for row in rows)
+        return sorted({n for row in gathered for n in row if n})
+
     def max(self, values) -> np.ndarray:
         x = np.asarray(values, dtype=np.float32)
         if self.size == 1:

@@ -25,8 +25,9 @@ import numpy as np
 
 import mlxlm_flash_patch
 
-from . import blas, distributed
+from . import blas, distributed, kv_cache
 from .distributed import Ranks
+from .kv_cache import KVCacheSetting, kv_cache_options
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list
 from .progress import progress_bar
@@ -70,24 +71,25 @@ def tokenize(tokenizer, text: str) -> np.ndarray:
         hf_logging.set_verbosity(verbosity)
 
 
-def window_nll(model, tokens: np.ndarray, w: Window) -> np.ndarray:
-    """Negative log-likelihoods of the window's scored tokens."""
+def window_nll(model, tokens: np.ndarray, w: Window, kv: KVCacheSetting) -> np.ndarray:
+    """Negative log-likelihoods of the window's scored tokens. With a
+    quantized KV cache the window goes through a fresh one, so that attention
+    reads the quantized keys and values as generation's prefill would; the
+    ordinary run needs no cache (as mlx_lm.perplexity)."""
     x = mx.array(tokens[w.start : w.start + w.length][None])
-    logits = model(x[:, :-1]).astype(mx.float32)
+    cache = kv_cache.make_cache(model, kv) if kv.quantized else None
+    logits = model(x[:, :-1], cache=cache).astype(mx.float32)
     nll = nn.losses.cross_entropy(logits, x[:, 1:], reduction="none")[0]
     return np.array(nll[w.scored_from - 1 :])  # target j predicts token j + 1
 
 
-FALLBACK_REASONS = ("quantized_kv_cache", "attention_sinks", "no_gpu_kernel", "unsupported_head_dim",
-                    "unsupported_mask", "unsupported_dtype", "unsupported_input")
-
-
-def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks: Ranks) -> dict:
+def run_setting(lm, tokens, plan, patch: str, precision: str, kv: KVCacheSetting, quiet: bool,
+                ranks: Ranks) -> dict:
     """This rank's windows (every size-th one), then the sums of all ranks."""
     mine = plan[ranks.rank :: ranks.size]
     with patch_setting(patch, precision):  # warm-up, untimed: lazy weight loading, kernel loading, allocator
         if mine:
-            window_nll(lm.model, tokens, mine[0])
+            window_nll(lm.model, tokens, mine[0], kv)
     mlxlm_flash_patch.reset_stats()
     ctx = patch_setting(patch, precision)
     nll = [np.zeros(0)]
@@ -97,12 +99,15 @@ def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks
     start = time.perf_counter()
     with ctx, progress_bar(len(mine), f"patch {patch}", quiet or not ranks.is_main) as advance:
         for w in mine:
-            nll.append(window_nll(lm.model, tokens, w))
+            nll.append(window_nll(lm.model, tokens, w, kv))
             advance()
     seconds = time.perf_counter() - start
     nll = np.concatenate(nll).astype(np.float64)
     stats = mlxlm_flash_patch.stats()
-    fallbacks = [stats["fallbacks"].get(r, 0) for r in FALLBACK_REASONS]
+    # Every reason the patch counted on any rank, in one order on all ranks
+    # (sum64 adds position by position).
+    reasons = ranks.union(stats["fallbacks"])
+    fallbacks = [stats["fallbacks"].get(r, 0) for r in reasons]
     n, total, squares, processed, calls, *falls = ranks.sum64(
         [nll.size, nll.sum(), np.square(nll).sum(), sum(w.length for w in mine), stats["flash_calls"], *fallbacks])
     seconds, peak = ranks.max([seconds, mx.get_peak_memory() / 1e9])
@@ -121,7 +126,7 @@ def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks
         "tokens_per_second": float(processed / seconds),
         "peak_memory_gb": float(peak),  # the largest of any rank
         "flash_calls": int(round(calls)),
-        "fallbacks": {r: int(round(c)) for r, c in zip(FALLBACK_REASONS, falls) if c},
+        "fallbacks": {r: int(round(c)) for r, c in zip(reasons, falls) if c},
     }
 
 
@@ -144,8 +149,10 @@ def run_setting(lm, tokens, plan, patch: str, precision: str, quiet: bool, ranks
               callback=comma_list(["off", "on"]), help="Settings to run, in order.")
 @click.option("--precision", type=click.Choice(["float32", "native"]), default="float32", show_default=True,
               help="The patch's precision (float32 casts as the design asks).")
+@kv_cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, precision, as_json):
+def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, precision, kv_bits, kv_group_size,
+               as_json):
     """Perplexity with the patch off and on, side by side.
 
     Under mlx.launch the windows are split across the processes and only
@@ -156,11 +163,13 @@ def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, pre
     stride = stride or context
     if stride > context:
         raise click.BadParameter(f"stride {stride} is larger than the context {context}", param_hint="--stride")
+    kv = kv_cache.from_options(kv_bits, kv_group_size)
     try:
         text = load_text(dataset)
         lm = load_model(model_spec, dtype, quiet, ranks)
     except (TextError, ModelError) as e:
         raise click.ClickException(str(e))
+    kv_cache.check(lm.model, kv)
     tokens = tokenize(lm.tokenizer, text.content)
     if len(tokens) < context + 1:
         raise click.ClickException(
@@ -169,7 +178,7 @@ def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, pre
     n = min(budget, len(tokens))
     plan = windows(n, context, stride)
 
-    results = [run_setting(lm, tokens, plan, p, precision, quiet, ranks) for p in patches]
+    results = [run_setting(lm, tokens, plan, p, precision, kv, quiet, ranks) for p in patches]
     report = {
         "model": {"name": lm.name, "path": lm.path, "dtype": str(_model_dtype(lm)), "parameters": lm.parameters},
         "text": {"name": text.name, "note": text.note, "characters": len(text.content),
@@ -179,6 +188,7 @@ def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, pre
         "processes": ranks.size,
         "blas": blas.summary(),
         "precision": precision,
+        **kv.as_json(),
         "results": results,
     }
     if {"off", "on"} <= set(patches):
@@ -226,6 +236,7 @@ def _print(report: dict) -> None:
     console.print(f"protocol: {report['protocol']}")
     procs = f"; {report['processes']} processes (mx.distributed)" if report["processes"] > 1 else ""
     console.print(f"device: {report['device']}{procs}; BLAS: {report['blas']}; patch precision: {report['precision']}")
+    console.print(KVCacheSetting(report["kv_bits"], report["kv_group_size"]).header_line())
     table = Table()
     for col in ("patch", "perplexity", "± SE", "tokens scored", "tokens/s", "peak memory", "attention calls"):
         table.add_column(col, justify="left" if col == "patch" else "right")

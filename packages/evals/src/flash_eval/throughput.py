@@ -37,7 +37,8 @@ import mlx.core as mx
 
 import mlxlm_flash_patch
 
-from . import blas, distributed
+from . import blas, distributed, kv_cache
+from .kv_cache import KVCacheSetting, kv_cache_options
 from .models import EMBEDDED, ModelError, load_model
 from .options import comma_list, int_list
 from .progress import progress_bar
@@ -105,18 +106,18 @@ def _clean_slate():
         gc.enable()
 
 
-def prompt_pass(model, prompt: mx.array, prefill_step_size: int) -> float:
+def prompt_pass(model, prompt: mx.array, prefill_step_size: int, kv: KVCacheSetting) -> float:
     """Seconds of the prompt's forward pass: mlx-lm's prefill steps (as in
-    `generate_step`) over every token of the prompt, with a fresh cache, each
+    `generate_step`) over every token of the prompt, with a fresh cache (of
+    the kind `kv` asks for), each
     step's cache state evaluated (so, as in mlx-lm's prefill, the logits are
     not computed), synchronised before and after. Unlike `stream_generate`'s
     `prompt_tps`, the time leaves out the buffer cache emptied after every
     step, the last prompt token's separate decode-sized step and the start of
     generation."""
     from mlx_lm.generate import generation_stream
-    from mlx_lm.models.cache import make_prompt_cache
 
-    cache = make_prompt_cache(model)
+    cache = kv_cache.make_cache(model, kv)
     _drain()
     start = time.perf_counter()
     with mx.stream(generation_stream):
@@ -150,13 +151,17 @@ def _repeats_from_warmup(sequence: list[dict], p: int, warmup: int, ranks) -> in
     return int(ranks.max([auto_repeats(max(warm)) if warm else 1])[0])
 
 
-def generation_run(lm, prompt: mx.array, generation_tokens: int, prefill_step_size: int) -> dict:
-    """One `stream_generate` run, as `mlx_lm.benchmark` times it."""
+def generation_run(lm, prompt: mx.array, generation_tokens: int, prefill_step_size: int,
+                   kv: KVCacheSetting) -> dict:
+    """One `stream_generate` run, as `mlx_lm.benchmark` times it, on a fresh
+    cache of the kind `kv` asks for (the one stream_generate would make when
+    the cache is not quantized)."""
     from mlx_lm import stream_generate
 
     response = None
     for response in stream_generate(lm.model, lm.tokenizer, prompt, max_tokens=generation_tokens,
-                                    prefill_step_size=prefill_step_size):
+                                    prefill_step_size=prefill_step_size,
+                                    prompt_cache=kv_cache.make_cache(lm.model, kv)):
         pass
     _drain()  # generate_step runs a step ahead: one decode step is still queued when it stops
     return {"generation_tps": response.generation_tps, "mlx_lm_prompt_tps": response.prompt_tps}
@@ -210,10 +215,11 @@ def _repeats_option(ctx, param, value):
               help="Settings, in the order each round runs them.")
 @click.option("--precision", type=click.Choice(["float32", "native"]), default="float32", show_default=True)
 @click.option("--seed", default=0, show_default=True)
+@kv_cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with every pass, in the order run) instead of a table.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
 def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, warmup, prompt_repeats,
-               prefill_step_size, patches, precision, seed, as_json, plot):
+               prefill_step_size, patches, precision, seed, kv_bits, kv_group_size, as_json, plot):
     """Prompt and generation tokens/s and peak memory, patch off vs on.
 
     \b
@@ -229,16 +235,21 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
     two passes run back to back, so slow drift largely cancels), with their
     min-max range.
 
+    With --kv-bits, every prompt pass and generation of both settings runs on
+    mlx-lm's QuantizedKVCache.
+
     Under mlx.launch every process runs the benchmark on its own device (data
     parallel); rank 0 reports the tokens/s of all processes together and the
     largest peak memory.
     """
     ranks = distributed.init()
     quiet = as_json or not ranks.is_main
+    kv = kv_cache.from_options(kv_bits, kv_group_size)
     try:
         lm = load_model(model_spec, dtype, quiet, ranks)
     except ModelError as e:
         raise click.ClickException(str(e))
+    kv_cache.check(lm.model, kv)
     lm.tokenizer._eos_token_ids = {}  # always generate -g tokens, as mlx_lm.benchmark does
     vocab = lm.config.get("vocab_size") or lm.config["text_config"]["vocab_size"]
     mx.random.seed(seed)
@@ -259,10 +270,11 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
                         repeats = repeats_used[p] = _repeats_from_warmup(sequence, p, warmup, ranks)
                     if phase == "prompt":
                         records = prompt_round(lm, prompts[p], patches, precision, 1 if is_warmup else repeats,
-                                               prefill_step_size, ranks)
+                                               prefill_step_size, kv, ranks)
                     else:
                         g = min(generation_tokens, WARMUP_GENERATION_TOKENS) if is_warmup else generation_tokens
-                        records = generation_round(lm, prompts[p], patches, precision, g, prefill_step_size, ranks)
+                        records = generation_round(lm, prompts[p], patches, precision, g, prefill_step_size, kv,
+                                                   ranks)
                     for record in records:
                         record.update({"prompt_tokens": p, "phase": phase, "warmup": is_warmup, "round": i})
                         sequence.append(record)
@@ -285,15 +297,15 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
         "ratio": "median of the per-round ratios on_i / off_i; range: their min and max",
     }
     report = {"model": {"name": lm.name, "path": lm.path}, "device": str(mx.default_device()),
-              "processes": ranks.size, "blas": blas.summary(), "precision": precision, "method": method,
-              "results": results, "sequence": sequence}
+              "processes": ranks.size, "blas": blas.summary(), "precision": precision, **kv.as_json(),
+              "method": method, "results": results, "sequence": sequence}
     if not ranks.is_main:
         return
     emit(report, as_json, _print, plot, _plot)
 
 
 def prompt_round(lm, prompt: mx.array, patches: list[str], precision: str, repeats: int, prefill_step_size: int,
-                 ranks) -> list[dict]:
+                 kv: KVCacheSetting, ranks) -> list[dict]:
     """One prompt round: `repeats` passes of each setting, interleaved pass by
     pass, so that both settings meet the machine's changing speed alike; a
     record per setting with its passes' seconds and their interquartile mean."""
@@ -308,7 +320,7 @@ def prompt_round(lm, prompt: mx.array, patches: list[str], precision: str, repea
                 before = mlxlm_flash_patch.stats()
                 with patch_setting(patch, precision):
                     mx.reset_peak_memory()
-                    record["prompt_passes"].append(prompt_pass(lm.model, prompt, prefill_step_size))
+                    record["prompt_passes"].append(prompt_pass(lm.model, prompt, prefill_step_size, kv))
                     record["peak_memory"] = max(record["peak_memory"], mx.get_peak_memory() / 1e9)
                 _add_stats(record, _stats_since(before))
     round_seconds = time.perf_counter() - start  # the passes and what runs between them
@@ -320,7 +332,7 @@ def prompt_round(lm, prompt: mx.array, patches: list[str], precision: str, repea
 
 
 def generation_round(lm, prompt: mx.array, patches: list[str], precision: str, generation_tokens: int,
-                     prefill_step_size: int, ranks) -> list[dict]:
+                     prefill_step_size: int, kv: KVCacheSetting, ranks) -> list[dict]:
     """One generation round: one `stream_generate` run of each setting."""
     records = []
     for patch in patches:
@@ -328,7 +340,7 @@ def generation_round(lm, prompt: mx.array, patches: list[str], precision: str, g
         before = mlxlm_flash_patch.stats()
         with patch_setting(patch, precision):
             with _clean_slate():
-                record = {"patch": patch, **generation_run(lm, prompt, generation_tokens, prefill_step_size)}
+                record = {"patch": patch, **generation_run(lm, prompt, generation_tokens, prefill_step_size, kv)}
                 record["peak_memory"] = mx.get_peak_memory() / 1e9
         record.update(_stats_since(before))
         records.append(record)
@@ -430,6 +442,7 @@ def _print(report):
     procs = f" x {report['processes']} processes (tokens/s summed)" if report["processes"] > 1 else ""
     console.print(f"model: {report['model']['name']}; device: {report['device']}{procs}; BLAS: {report['blas']}; "
                   f"patch precision: {report['precision']}")
+    console.print(KVCacheSetting(report["kv_bits"], report["kv_group_size"]).header_line())
     gen = (f"generation tok/s: mlx-lm's stream_generate generation_tps over {report['results'][0]['generation_tokens']}"
            " tokens" if m["generation_tps"] else "generation: not run (-g 0)")
     console.print(f"prompt tok/s: the prompt's forward pass in mlx-lm's prefill steps of {m['prefill_step_size']}, "
