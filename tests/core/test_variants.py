@@ -12,7 +12,8 @@ import pytest
 import flashattn_core
 
 HERE = Path(__file__).parent
-SUITES = [str(HERE / name) for name in ("test_correctness.py", "test_decode.py", "test_backward.py", "test_window.py")]
+SUITES = [str(HERE / name) for name in
+          ("test_correctness.py", "test_decode.py", "test_backward.py", "test_window.py", "test_quantized.py")]
 BEST_ISA = flashattn_core.cpu_info()["isa"]
 ORDER = ["baseline", "avx2", "avx512"]
 

@@ -85,14 +85,47 @@ def test_batched_generation_with_padding(tokenizer):
     assert s["flash_calls"] > 0 and not s["fallbacks"]
 
 
-def test_quantized_kv_cache_falls_back_and_is_counted(tokenizer):
-    model, _ = tiny_model("qwen2", vocab_size=len(tokenizer))
+@pytest.mark.parametrize("bits, group_size", [(4, 32), (8, 32), (4, 64)])
+@pytest.mark.parametrize("precision", ["float32", "native"])
+def test_quantized_kv_cache_goes_through_flash_attention(tokenizer, bits, group_size, precision):
+    # mlx-lm's QuantizedKVCache hands over (packed, scales, biases): read in
+    # place, the same greedy text as mlx-lm's own quantized attention.
+    model, _ = tiny_model("qwen2", vocab_size=len(tokenizer), hidden_size=256)  # head dim 64
     prompt = "Exceptions are raised"
-    off = generate(model, tokenizer, prompt, max_tokens=16, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+    kw = dict(max_tokens=16, kv_bits=bits, kv_group_size=group_size, quantized_kv_start=0)
+    off = generate(model, tokenizer, prompt, **kw)
+    with mlxlm_flash_patch.patched(precision):
+        on = generate(model, tokenizer, prompt, **kw)
+    assert on == off and len(off) > 0
+    s = mlxlm_flash_patch.stats()
+    assert s["flash_calls"] > 0 and not s["fallbacks"]
+
+
+def test_quantized_kv_cache_on_a_gpu_stream_falls_back_and_is_counted(monkeypatch):
+    # The GPU kernels take no quantized keys yet: refused with a reason, then
+    # mlx-lm's own quantized attention.
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    from flashattn_core import UnsupportedError
+    from mlxlm_flash_patch import attention
+
+    def refuse(*args, **kwargs):
+        error = UnsupportedError("flash_attention: quantized keys and values run on the CPU only so far")
+        error.reason = "quantized_kv_cache"
+        raise error
+
+    cache = QuantizedKVCache(group_size=32, bits=4)
+    k = mx.random.normal((1, 2, 5, 32))
+    keys, values = cache.update_and_fetch(k, k + 1)
+    q = mx.random.normal((1, 4, 5, 32))
+    # Copies: mlx-lm's quantized attention scales its queries argument in place.
+    expected = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.2, mask="causal")
+    monkeypatch.setattr(attention, "flash_attention", refuse)
     with mlxlm_flash_patch.patched():
-        on = generate(model, tokenizer, prompt, max_tokens=16, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
-    assert on == off
-    assert mlxlm_flash_patch.stats()["fallbacks"].get("quantized_kv_cache", 0) > 0
+        out = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.2, mask="causal")
+    assert mx.array_equal(out, expected)
+    assert mlxlm_flash_patch.stats()["fallbacks"] == {"quantized_kv_cache": 1}
 
 
 def test_attention_sinks_go_through_flash_attention():

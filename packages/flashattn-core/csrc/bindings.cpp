@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
@@ -24,6 +25,8 @@ namespace mx = mlx::core;
 #define FLASHATTN_STR(x) FLASHATTN_STR2(x)
 
 using MaskArg = std::variant<std::monostate, std::string, mx::array>;
+// Keys or values: an array, or (packed, scales, biases) as mx.quantize returns them.
+using KeysArg = std::variant<mx::array, std::tuple<mx::array, mx::array, mx::array>>;
 
 namespace {
 
@@ -32,6 +35,12 @@ std::pair<std::string, std::optional<mx::array>> split_mask(const MaskArg& mask)
   if (auto* s = std::get_if<std::string>(&mask)) return {*s, std::nullopt};
   if (auto* a = std::get_if<mx::array>(&mask)) return {"array", *a};
   return {"", std::nullopt};
+}
+
+flashattn::KeysOrValues keys_or_values(const KeysArg& x) {
+  if (auto* a = std::get_if<mx::array>(&x)) return *a;
+  const auto& [packed, scales, biases] = std::get<1>(x);
+  return flashattn::QuantizedArray{packed, scales, biases};
 }
 
 flashattn::metal::Variant variant_named(const std::string& name) {
@@ -136,17 +145,19 @@ NB_MODULE(_ext, m) {
   m.def(
       "flash_attention",
       [](const mx::array& queries,
-         const mx::array& keys,
-         const mx::array& values,
+         const KeysArg& keys,
+         const KeysArg& values,
          std::optional<float> scale,
          const MaskArg& mask,
          std::optional<int> window,
          std::optional<mx::Dtype> dtype,
          std::optional<mx::array> sinks,
+         std::optional<int> group_size,
+         std::optional<int> bits,
          mx::StreamOrDevice stream) {
         auto [mode, mask_arr] = split_mask(mask);
-        return flashattn::flash_attention(
-            queries, keys, values, scale, mode, mask_arr, stream, dtype, sinks, window);
+        return flashattn::flash_attention(queries, keys_or_values(keys), keys_or_values(values), scale, mode,
+                                          mask_arr, stream, dtype, sinks, window, group_size, bits);
       },
       "queries"_a,
       "keys"_a,
@@ -157,22 +168,31 @@ NB_MODULE(_ext, m) {
       "window"_a = nb::none(),
       "dtype"_a = nb::none(),
       "sinks"_a = nb::none(),
+      "group_size"_a = nb::none(),
+      "bits"_a = nb::none(),
       "stream"_a = nb::none(),
       nb::sig(
-          "def flash_attention(queries: mlx.core.array, keys: mlx.core.array, "
-          "values: mlx.core.array, *, scale: float | None = None, "
+          "def flash_attention(queries: mlx.core.array, "
+          "keys: mlx.core.array | tuple[mlx.core.array, mlx.core.array, mlx.core.array], "
+          "values: mlx.core.array | tuple[mlx.core.array, mlx.core.array, mlx.core.array], "
+          "*, scale: float | None = None, "
           "mask: str | mlx.core.array | None = None, "
           "window: int | None = None, "
           "dtype: mlx.core.Dtype | None = None, "
           "sinks: mlx.core.array | None = None, "
+          "group_size: int | None = None, bits: int | None = None, "
           "stream: mlx.core.Stream | mlx.core.Device | None = None) "
           "-> mlx.core.array"),
       R"(FlashAttention-2: softmax(scale * Q K^T + mask) V without the L x S matrix.
 
 Args:
     queries (array): ``(B..., H_q, L, E)``.
-    keys (array): ``(B..., H_kv, S, E)``; ``H_q`` a multiple of ``H_kv``.
-    values (array): ``(B..., H_kv, S, E)``.
+    keys (array or tuple): ``(B..., H_kv, S, E)``; ``H_q`` a multiple of
+        ``H_kv``. Or quantized, ``(packed, scales, biases)`` as
+        ``mx.quantize`` returns them (2, 4 or 8 bits, groups of 32, 64 or
+        128; mlx-lm's ``QuantizedKVCache``): read in place and dequantized
+        tile by tile, on the CPU.
+    values (array or tuple): ``(B..., H_kv, S, E)``, or quantized likewise.
     scale (float, optional): defaults to ``1 / sqrt(E)``.
     mask (str or array, optional): ``None``, ``"causal"`` (bottom-right
         aligned: row ``i`` sees key ``j`` iff ``j <= i + S - L``), a boolean
@@ -192,6 +212,9 @@ Args:
         ``scaled_dot_product_attention(..., sinks=)``; differentiable. CPU
         only so far (elsewhere an ``UnsupportedError`` with reason
         ``"attention_sinks"``).
+    group_size (int, optional), bits (int, optional): of quantized keys
+        and values; when given, checked against their shapes (which define
+        them).
     stream (Stream or Device, optional): where to run.
 
 Returns:

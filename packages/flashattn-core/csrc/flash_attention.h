@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <variant>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -29,7 +30,7 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel, sinks, quantized };
 
 // "unsupported_input", "unsupported_head_dim", ..., "no_gpu_kernel",
-// "attention_sinks", "quantized_kv".
+// "attention_sinks", "quantized_kv_cache".
 const char* reason_name(Reason reason);
 
 // The error every check throws: a std::invalid_argument (Python ValueError)
@@ -50,6 +51,27 @@ class Unsupported : public std::invalid_argument {
 // Operation
 ///////////////////////////////////////////////////////////////////////////////
 
+// Keys or values in MLX's affine quantized form, as mx.quantize returns them
+// and mlx-lm's QuantizedKVCache holds them: packed uint32 (B..., H_kv, S,
+// E * bits / 32) and scales and biases (B..., H_kv, S, E / group_size); the
+// element e of a row is scales[e / group_size] * q_e + biases[e / group_size].
+struct QuantizedArray {
+  mx::array packed;
+  mx::array scales;
+  mx::array biases;
+};
+using KeysOrValues = std::variant<mx::array, QuantizedArray>;
+
+// How the kernels read keys and values: bits = 0 for a plain array.
+struct KVQuantization {
+  int k_bits = 0, k_group_size = 0;
+  int v_bits = 0, v_group_size = 0;
+  bool any() const {
+    return k_bits != 0 || v_bits != 0;
+  }
+  bool operator==(const KVQuantization&) const = default;
+};
+
 /**
  * softmax(scale * Q K^T + mask) V, computed tile by tile with an online
  * softmax, never materialising the L x S score matrix.
@@ -65,19 +87,23 @@ class Unsupported : public std::invalid_argument {
  * the inputs had been cast to float32 first (on CUDA the 16-bit decode does
  * it without the casts' copies). sinks: one logit per query head (H_q,) that
  * joins every row's softmax denominator and adds no value (MLX's SDPA
- * `sinks`); on the CPU. Bad input throws Unsupported.
+ * `sinks`); on the CPU. keys and values may each be quantized (on the CPU):
+ * the kernels dequantize them tile by tile; group_size and bits, when
+ * given, must agree with their shapes. Bad input throws Unsupported.
  */
 mx::array flash_attention(
     const mx::array& queries,
-    const mx::array& keys,
-    const mx::array& values,
+    const KeysOrValues& keys,
+    const KeysOrValues& values,
     std::optional<float> scale,
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     mx::StreamOrDevice s = {},
     std::optional<mx::Dtype> dtype = std::nullopt,
     std::optional<mx::array> sinks = std::nullopt,
-    std::optional<int> window = std::nullopt);
+    std::optional<int> window = std::nullopt,
+    std::optional<int> group_size = std::nullopt,
+    std::optional<int> bits = std::nullopt);
 
 // The causal rule (with a sliding window of `window` keys when > 0) as a
 // boolean (L, S) array, True where a row sees a key.
@@ -130,15 +156,22 @@ struct AttentionCall {
 ///////////////////////////////////////////////////////////////////////////////
 
 /**
- * Inputs: queries, keys, values and, for boolean / additive masks, the mask
- * broadcast (without a copy) to (B..., H_q, L, S). Outputs: the attention,
+ * Inputs: queries, keys, values (each one array, or packed, scales and biases
+ * when quantized) and, for boolean / additive masks, the mask broadcast
+ * (without a copy) to (B..., H_q, L, S). Outputs: the attention,
  * row contiguous, and, when built with_lse (a gradient may be taken), each
  * row's log-sum-exp (B..., H_q, L) in float32 for the fused backward.
  */
 class FlashAttention : public mx::Primitive {
  public:
-  FlashAttention(mx::Stream stream, float scale, MaskKind mask_kind, int window, bool with_lse = false)
-      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind), window_(window), with_lse_(with_lse) {}
+  FlashAttention(mx::Stream stream, float scale, MaskKind mask_kind, int window, bool with_lse = false,
+                 KVQuantization quantization = {})
+      : mx::Primitive(stream),
+        scale_(scale),
+        mask_kind_(mask_kind),
+        window_(window),
+        with_lse_(with_lse),
+        quantization_(quantization) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -169,6 +202,7 @@ class FlashAttention : public mx::Primitive {
   MaskKind mask_kind_;
   int window_;
   bool with_lse_;
+  KVQuantization quantization_;
 };
 
 /**

@@ -1,10 +1,7 @@
-// The flash_attention operation: every check happens here, before the lazy
-// array exists, so bad input becomes a Python ValueError at the call site
-// rather than a failure deep inside mx.eval.
-//
-// Messages are built with std::to_string, not iostreams: a toolchain that
-// links parts of libstdc++ statically (seen on the GPU machines) crashed
-// formatting numbers through an ostream whose locale was never set up.
+// The flash_attention operation: every check happens here (quantized keys
+// and values: quantized.cpp), before the lazy array exists, so bad input
+// becomes a Python ValueError at the call site rather than a failure deep
+// inside mx.eval.
 
 #include <cmath>
 #include <functional>
@@ -15,12 +12,14 @@
 
 #include "cuda/dispatch.h"
 #include "flash_attention.h"
+#include "messages.h"
 #include "metal/emulated.h"
 #include "metal/launch_metal.h"
 #include "mlx/backend/cuda/cuda.h"
 #include "mlx/backend/metal/metal.h"
 #include "mlx/device.h"
 #include "mlx/transforms.h"
+#include "quantized.h"
 
 namespace flashattn {
 
@@ -31,7 +30,7 @@ const char* reason_name(Reason reason) {
     case Reason::mask: return "unsupported_mask";
     case Reason::no_gpu_kernel: return "no_gpu_kernel";
     case Reason::sinks: return "attention_sinks";
-    case Reason::quantized: return "quantized_kv";
+    case Reason::quantized: return "quantized_kv_cache";
     case Reason::input: break;
   }
   return "unsupported_input";
@@ -40,33 +39,6 @@ const char* reason_name(Reason reason) {
 namespace {
 
 constexpr int kMaxHeadDim = 256;
-
-std::string shape_str(const mx::Shape& shape) {
-  std::string out = "(";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(shape[i]);
-  }
-  return out + (shape.size() == 1 ? ",)" : ")");
-}
-
-std::string dtype_str(mx::Dtype t) {
-  if (t == mx::float32) return "float32";
-  if (t == mx::float16) return "float16";
-  if (t == mx::bfloat16) return "bfloat16";
-  if (t == mx::float64) return "float64";
-  if (t == mx::bool_) return "bool";
-  if (t == mx::complex64) return "complex64";
-  return std::string(mx::issubdtype(t, mx::signedinteger) ? "int" : "uint") +
-      std::to_string(8 * mx::size_of(t));
-}
-
-[[noreturn]] void fail(Reason reason, const std::string& msg) {
-  throw Unsupported(reason, "flash_attention: " + msg);
-}
-
-bool is_supported_float(mx::Dtype t) {
-  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
-}
 
 void check_ranks_and_shapes(
     const mx::array& q,
@@ -217,6 +189,7 @@ struct Checked {
   float scale;
   MaskKind mask_kind;
   mx::Shape mask_target;
+  std::optional<mx::array> mask; // boolean and additive masks
 };
 
 Checked check_call(
@@ -235,7 +208,9 @@ Checked check_call(
   if (!std::isfinite(softmax_scale)) {
     fail(Reason::input, "scale must be a finite number; got " + std::to_string(softmax_scale));
   }
-  return {softmax_scale, mask_kind, target};
+  std::optional<mx::array> mask;
+  if (mask_kind == MaskKind::boolean || mask_kind == MaskKind::additive) mask = mask_arr;
+  return {softmax_scale, mask_kind, target, mask};
 }
 
 bool has_mask_array(MaskKind kind) {
@@ -376,24 +351,62 @@ bool widens(const mx::array& queries, std::optional<mx::Dtype> dtype) {
   return true;
 }
 
+// The CPU primitive over the queries, the keys' and values' arrays as
+// unpacked (quantized ones as packed, scales, biases) and the mask.
+mx::array cpu_attention(
+    const mx::array& queries,
+    const KeysValues& kv,
+    const Checked& c,
+    int window,
+    const std::optional<mx::array>& sinks,
+    mx::Stream stream) {
+  std::vector<mx::array> inputs = {queries};
+  inputs.insert(inputs.end(), kv.inputs.begin(), kv.inputs.end());
+  if (has_mask_array(c.mask_kind)) {
+    // broadcast_to shares the buffer (stride 0 on broadcast axes): no copy.
+    inputs.push_back(mx::broadcast_to(*c.mask, c.mask_target, stream));
+  }
+  // Under a transformation a gradient may be asked for: the forward then also
+  // keeps each row's log-sum-exp for the fused backward (L floats a head).
+  // Sinks read it always.
+  const bool with_lse = sinks || any_tracer(inputs);
+  auto primitive =
+      std::make_shared<FlashAttention>(stream, c.scale, c.mask_kind, window, with_lse, kv.quantization);
+  if (!with_lse) {
+    return mx::array(queries.shape(), queries.dtype(), std::move(primitive), std::move(inputs));
+  }
+  auto shapes = primitive->output_shapes(inputs);
+  auto outputs = mx::array::make_arrays(
+      std::move(shapes), {queries.dtype(), mx::float32}, std::move(primitive), std::move(inputs));
+  return sinks ? with_sinks(outputs[0], outputs[1], *sinks, stream) : outputs[0];
+}
+
 } // namespace
 
 mx::array flash_attention(
     const mx::array& queries,
-    const mx::array& keys,
-    const mx::array& values,
+    const KeysOrValues& keys_arg,
+    const KeysOrValues& values_arg,
     std::optional<float> scale,
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     mx::StreamOrDevice s,
     std::optional<mx::Dtype> dtype,
     std::optional<mx::array> sinks,
-    std::optional<int> window_arg) {
+    std::optional<int> window_arg,
+    std::optional<int> group_size,
+    std::optional<int> bits) {
+  const KeysValues kv =
+      unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, mx::default_stream(mx::Device::cpu));
+  const mx::array &keys = kv.k, &values = kv.v;
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   const bool widen = widens(queries, dtype);
   const int window = check_window(window_arg, c.mask_kind);
   Backend backend = backend_for(requested_device(s));
   if (sinks) check_sinks(*sinks, queries, backend);
+  if (kv.quantization.any() && backend != Backend::cpu) {
+    fail(Reason::quantized, "quantized keys and values run on the CPU only so far; use stream=mx.cpu");
+  }
   auto stream = mx::to_stream(s);
 
   // Empty problems are defined without running a kernel: no queries give an
@@ -404,7 +417,6 @@ mx::array flash_attention(
 
   const float softmax_scale = c.scale;
   const MaskKind mask_kind = c.mask_kind;
-  const auto& target = c.mask_target;
   if (window > 0 && backend == Backend::cuda) {
     // The CUDA kernels know no window yet: the same rule as a boolean (L, S)
     // mask, exact but holding L x S booleans and skipping no tile.
@@ -417,6 +429,18 @@ mx::array flash_attention(
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = mask_arr;
     return cuda::flash_attention({queries, keys, values, softmax_scale, mask_kind, m, stream}, widen);
+  }
+  if (kv.quantization.any()) {
+    if (!widen) return cpu_attention(queries, kv, c, window, sinks, stream);
+    // The kernels dequantize K and V into float32 tiles: float32 attention
+    // casts the queries and a plain key or value array only.
+    auto f32 = [&](const KeysOrValues& x) -> KeysOrValues {
+      if (const auto* plain = std::get_if<mx::array>(&x)) return mx::astype(*plain, mx::float32, stream);
+      return x;
+    };
+    const auto q32 = mx::astype(queries, mx::float32, stream);
+    return cpu_attention(q32, unpack_keys_values(f32(keys_arg), f32(values_arg), q32, group_size, bits, stream), c,
+                         window, sinks, stream);
   }
   if (widen) {
     // Elsewhere float32 attention over 16-bit inputs is the float32 path on
@@ -445,23 +469,7 @@ mx::array flash_attention(
                               "metal", metal_backward(softmax_scale, mask_kind, window, stream, launch));
   }
 
-  std::vector<mx::array> inputs = {queries, keys, values};
-  if (has_mask_array(mask_kind)) {
-    // broadcast_to shares the buffer (stride 0 on broadcast axes): no copy.
-    inputs.push_back(mx::broadcast_to(*mask_arr, target, stream));
-  }
-  // Under a transformation a gradient may be asked for: the forward then also
-  // keeps each row's log-sum-exp for the fused backward (L floats a head).
-  // Sinks read it always.
-  const bool with_lse = sinks || any_tracer(inputs);
-  auto primitive = std::make_shared<FlashAttention>(stream, softmax_scale, mask_kind, window, with_lse);
-  if (!with_lse) {
-    return mx::array(queries.shape(), queries.dtype(), std::move(primitive), std::move(inputs));
-  }
-  auto shapes = primitive->output_shapes(inputs);
-  auto outputs = mx::array::make_arrays(
-      std::move(shapes), {queries.dtype(), mx::float32}, std::move(primitive), std::move(inputs));
-  return sinks ? with_sinks(outputs[0], outputs[1], *sinks, stream) : outputs[0];
+  return cpu_attention(queries, kv, c, window, sinks, stream);
 }
 
 mx::array flash_attention_metal_emulated(
@@ -493,7 +501,8 @@ mx::array flash_attention_metal_emulated(
 
 bool FlashAttention::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const FlashAttention&>(other);
-  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && window_ == o.window_ && with_lse_ == o.with_lse_;
+  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && window_ == o.window_ && with_lse_ == o.with_lse_ &&
+      quantization_ == o.quantization_;
 }
 
 std::vector<mx::Shape> FlashAttention::output_shapes(const std::vector<mx::array>& inputs) {

@@ -175,6 +175,10 @@ std::vector<mx::array> FlashAttention::vjp(
     const std::vector<int>& argnums,
     const std::vector<mx::array>& outputs) {
   const auto s = stream();
+  if (quantization_.any()) {
+    throw std::invalid_argument(
+        "flash_attention: no gradient through quantized keys or values; dequantize them (mx.dequantize) first");
+  }
   // The fused backward gives dQ, dK and dV; an additive mask's gradient is
   // dS itself, an L x S array, which the recomputation below provides.
   const bool wants_mask_grad =

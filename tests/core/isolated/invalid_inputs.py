@@ -35,14 +35,19 @@ masks = st.one_of(
 )
 scales = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.text(max_size=3))
 streams = st.sampled_from([None, mx.cpu, mx.gpu, "cpu", 3])
+# Keys or values: an array, or a triple as quantized ones come (packed, scales, biases).
+keys_values = st.one_of(arrays(), st.tuples(arrays(), arrays(), arrays()))
+groups = st.sampled_from([None, 0, 32, 64, 7])
 windows = st.one_of(st.none(), st.integers(-3, 50), st.sampled_from([2**40, 1.5, "4"]))
 
 
 @settings(max_examples=400, deadline=None)
-@given(q=arrays(), k=arrays(), v=arrays(), mask=masks, scale=scales, stream=streams, window=windows)
-def test_random_arguments(q, k, v, mask, scale, stream, window):
+@given(q=arrays(), k=keys_values, v=keys_values, mask=masks, scale=scales, stream=streams, window=windows,
+       group_size=groups, bits=st.sampled_from([None, 4, 8, 3]))
+def test_random_arguments(q, k, v, mask, scale, stream, window, group_size, bits):
     try:
-        out = flash_attention(q, k, v, mask=mask, scale=scale, stream=stream, window=window)
+        out = flash_attention(q, k, v, mask=mask, scale=scale, stream=stream, window=window, group_size=group_size,
+                              bits=bits)
     except (ValueError, TypeError):
         return
     mx.eval(out)

@@ -55,7 +55,7 @@ Kernels choose_kernels() {
 // The decode kernel hides keys past a row's last one only: a sliding window
 // must leave every row of a tile the same first key (one query position).
 bool decode_kernel_fits(const AttentionProblem& p) {
-  return p.E % 8 == 0 && p.E <= 256 && p.k.col_stride == 1 && p.v.col_stride == 1 &&
+  return p.E % 8 == 0 && p.E <= 256 && p.k.col_stride == 1 && p.v.col_stride == 1 && !p.quantized() &&
       (p.mask_kind == MaskKind::none || p.mask_kind == MaskKind::causal) && (p.window == 0 || p.L == 1);
 }
 
@@ -106,7 +106,7 @@ void FlashAttention::eval_cpu(
     std::vector<mx::array>& outputs) {
   auto& encoder = cpu::start_encoding(stream(), inputs, outputs);
   mx::array* lse = with_lse_ ? &outputs[1] : nullptr;
-  auto problem = cpu::describe_problem(inputs, outputs[0], scale_, mask_kind_, window_, lse);
+  auto problem = cpu::describe_problem(inputs, outputs[0], scale_, mask_kind_, window_, lse, quantization_);
   encoder.dispatch([p = std::move(problem)]() { cpu::run(p); });
 }
 

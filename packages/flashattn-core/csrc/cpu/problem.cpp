@@ -39,16 +39,29 @@ AttentionProblem describe_problem(
     float scale,
     MaskKind mask_kind,
     int window,
-    mx::array* lse) {
+    mx::array* lse,
+    const KVQuantization& quantization) {
   const auto& q = inputs[0];
-  const auto& k = inputs[1];
+  // Keys, values and the mask, whichever arrays each takes.
+  size_t next = 1;
+  auto operand = [&](int bits, int group_size, Quantized& quantized) {
+    const mx::array& data = inputs[next++];
+    if (bits) {
+      quantized = {bits, group_size, inputs[next].dtype(), strided_operand(inputs[next]),
+                   strided_operand(inputs[next + 1])};
+      next += 2;
+    }
+    return data;
+  };
   AttentionProblem p;
+  const mx::array& k = operand(quantization.k_bits, quantization.k_group_size, p.k_quantized);
+  const mx::array& v = operand(quantization.v_bits, quantization.v_group_size, p.v_quantized);
   p.dtype = q.dtype();
   p.H_q = q.shape(-3);
   p.H_kv = k.shape(-3);
   p.L = q.shape(-2);
   p.S = k.shape(-2);
-  p.E = q.shape(-1);
+  p.E = q.shape(-1); // quantized keys and values hold E elements in fewer words
   p.batch = q.size() / (int64_t(p.H_q) * p.L * p.E);
   p.q_kv_heads_ratio = p.H_q / p.H_kv;
   p.scale = scale;
@@ -56,10 +69,10 @@ AttentionProblem describe_problem(
   p.window = window;
   p.q = strided_operand(q);
   p.k = strided_operand(k);
-  p.v = strided_operand(inputs[2]);
-  if (inputs.size() > 3) {
-    p.mask = strided_operand(inputs[3]);
-    p.mask_dtype = inputs[3].dtype();
+  p.v = strided_operand(v);
+  if (inputs.size() > next) {
+    p.mask = strided_operand(inputs[next]);
+    p.mask_dtype = inputs[next].dtype();
   }
   p.out = out.data<void>();
   p.lse = lse ? lse->data<float>() : nullptr;

@@ -22,6 +22,16 @@ struct StridedOperand {
   int64_t col_stride = 0;
 };
 
+// Keys or values in MLX's affine quantized form (bits 0: a plain array):
+// their operand holds the packed uint32 words, strides in words; element e
+// of a row is scales[e / group_size] * q_e + biases[e / group_size].
+struct Quantized {
+  int bits = 0;
+  int group_size = 0;
+  mx::Dtype dtype = mx::float32; // of scales and biases
+  StridedOperand scales, biases;
+};
+
 struct AttentionProblem {
   mx::Dtype dtype = mx::float32; // of queries, keys, values and the output
   int64_t batch = 0; // product of the leading batch dimensions B...
@@ -33,6 +43,7 @@ struct AttentionProblem {
   mx::Dtype mask_dtype = mx::bool_;
 
   StridedOperand q, k, v, mask; // mask only for boolean / additive masks
+  Quantized k_quantized, v_quantized;
   void* out = nullptr; // row contiguous (B..., H_q, L, E)
   // Row contiguous (B..., H_q, L), float32: each row's log-sum-exp (log2
   // domain, softmax.h), written only when a gradient will be taken.
@@ -41,17 +52,22 @@ struct AttentionProblem {
   CausalRule causal() const {
     return {L, S, window};
   }
+  bool quantized() const {
+    return k_quantized.bits != 0 || v_quantized.bits != 0;
+  }
 };
 
-// Describe inputs {queries, keys, values[, mask]} and the allocated output
-// (and log-sum-exp, when given).
+// Describe inputs {queries, keys, values[, mask]} (keys and values each as
+// packed, scales, biases where `quantization` says so) and the allocated
+// output (and log-sum-exp, when given).
 AttentionProblem describe_problem(
     const std::vector<mx::array>& inputs,
     mx::array& out,
     float scale,
     MaskKind mask_kind,
     int window = 0,
-    mx::array* lse = nullptr);
+    mx::array* lse = nullptr,
+    const KVQuantization& quantization = {});
 
 // Allocates the outputs and registers inputs and outputs with the stream's
 // CPU command encoder, as every CPU primitive does before it dispatches.

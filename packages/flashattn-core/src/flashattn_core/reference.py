@@ -26,6 +26,22 @@ def to_float64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def dequantize(quantized, E: int) -> np.ndarray:
+    """(packed, scales, biases) in MLX's affine format, as ``mx.quantize``
+    returns them, for rows of E elements, in float64: element e of a row is
+    scales[g] * q_e + biases[g] with g = e // group_size and q_e the e-th
+    bits-wide field of the row's uint32 words, lowest bits first (bits = 32 *
+    words / E, group_size = E / len(scales))."""
+    packed, scales, biases = quantized
+    words = np.array(packed).astype(np.uint64)
+    s, b = to_float64(scales), to_float64(biases)
+    bits = 32 * words.shape[-1] // E
+    group_size = E // s.shape[-1]
+    shifts = np.arange(32 // bits, dtype=np.uint64) * bits
+    q = ((words[..., :, None] >> shifts) & ((1 << bits) - 1)).reshape(*words.shape[:-1], E)
+    return q * np.repeat(s, group_size, axis=-1) + np.repeat(b, group_size, axis=-1)
+
+
 def causal_mask(L: int, S: int, window: int | None = None) -> np.ndarray:
     """Boolean (L, S): query row i sees key j iff j <= i + (S - L), and with a
     sliding window of W keys also j > i + (S - L) - W."""

@@ -28,9 +28,9 @@ def make_attention(original, precision: str):
     dtype = mx.float32 if precision == "float32" else None
 
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
-        if hasattr(cache, "bits"):
-            count_fallback("quantized_kv_cache", "keys/values are packed tuples")
-            return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        # A QuantizedKVCache hands over (packed, scales, biases) triples,
+        # which flash_attention reads in place (on the CPU).
+        quantized = {"group_size": cache.group_size, "bits": cache.bits} if hasattr(cache, "bits") else {}
         out_dtype = queries.dtype
         # A sliding-window layer's band mask goes in as the window it is.
         flash_mask, window = as_window(mask) or (mask, None)
@@ -38,7 +38,7 @@ def make_attention(original, precision: str):
             # Sinks (gpt-oss) run on the CPU; elsewhere the kernel refuses them
             # with reason "attention_sinks", counted below.
             out = flash_attention(queries, keys, values, scale=scale, mask=flash_mask, window=window, dtype=dtype,
-                                  sinks=sinks)
+                                  sinks=sinks, **quantized)
         except (ValueError, TypeError) as error:
             # Validation happens before anything is computed: nothing is lost.
             # The check that refused the call names the reason; a wrong Python

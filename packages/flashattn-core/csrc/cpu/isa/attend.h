@@ -5,6 +5,7 @@
 //   m_i = -inf, l_i = 0, o_i^T = 0
 //   for each key tile j of Bc keys in the range:
 //     K_j, V_j: read in place (float32 full tiles) or converted/padded
+//               (quantized ones dequantized)
 //     S_ij^T = K_j Q_i^T; hide masked scores; online softmax -> P_ij^T
 //     o_i^T += V_j^T P_ij^T
 //   O_i = o_i / l_i into the output, or (m_i, l_i, o_i^T) into the plan's
@@ -22,6 +23,7 @@
 #include "../tiles.h"
 #include "../work.h"
 #include "convert.h"
+#include "dequantize.h"
 #include "micro_kernels.h"
 #include "online_softmax.h"
 
@@ -75,12 +77,24 @@ struct Attend {
     }
   }
 
+  // K_j or V_j into dst (Bc x E): converted, or dequantized.
+  void load_tile(const StridedOperand& x, const Quantized& qz, int64_t c0, int count, float* dst) {
+    if (qz.bits == 0) {
+      pack_rows(x, c0, count, dst);
+      return;
+    }
+    dequantize_rows(x, qz, item.group, c0, count, p.E, dst);
+    for (int64_t i = int64_t(count) * p.E; i < int64_t(Bc) * p.E; ++i) {
+      dst[i] = 0.0f;
+    }
+  }
+
   // Asks for the key/value rows [c0, c0 + count) ahead of use: decode streams
   // K and V from memory once, and the hardware prefetchers lose track of
   // the KB rows a register block walks at once. Always inlined: GCC deems a
   // function of nothing but prefetches free of effects and drops its calls.
   __attribute__((always_inline)) inline void prefetch_rows(const StridedOperand& x, int64_t c0, int count) {
-    if (x.col_stride != 1) {
+    if (x.col_stride != 1 || p.quantized()) {
       return;
     }
     const char* src = static_cast<const char*>(x.data) +
@@ -247,14 +261,14 @@ struct Attend {
       // K_j and V_j: in place when they are float32 full tiles.
       const float *K, *V;
       int64_t k_rs, k_cs, v_rs, v_cs;
-      if (std::is_same_v<T, float> && cols == Bc && !plan.narrow) {
+      if (std::is_same_v<T, float> && cols == Bc && !plan.narrow && !p.quantized()) {
         K = static_cast<const float*>(p.k.data) + p.k.base[item.group] + c0 * p.k.row_stride;
         V = static_cast<const float*>(p.v.data) + p.v.base[item.group] + c0 * p.v.row_stride;
         k_rs = p.k.row_stride, k_cs = p.k.col_stride;
         v_rs = p.v.row_stride, v_cs = p.v.col_stride;
       } else {
-        pack_rows(p.k, c0, cols, s.K);
-        pack_rows(p.v, c0, cols, s.V);
+        load_tile(p.k, p.k_quantized, c0, cols, s.K);
+        load_tile(p.v, p.v_quantized, c0, cols, s.V);
         K = s.K, V = s.V;
         k_rs = v_rs = E, k_cs = v_cs = 1;
       }
