@@ -101,6 +101,10 @@ def test_slow_reference_is_skipped_and_said_so():
         (["--chunk-rows", "0"], "--chunk-rows"),
         (["--kv-sets", "21"], "--kv-sets"),
         (["--impl", "flash,flash-dense"], "give --window"),
+        (["--impl", "flash,flash-plain"], "give --kv-bits"),
+        (["--kv-bits", "3"], "--kv-bits"),
+        (["--kv-bits", "4", "--pass", "both"], "take no gradient"),
+        (["--kv-bits", "4", "--kv-group-size", "128"], "128 does not divide head dim(s) [64]"),
         (["--window", "-1"], "--window"),
     ],
 )
@@ -285,3 +289,24 @@ def test_windowed_cases_against_the_band_as_a_dense_mask():
     assert all({"flash-dense", "mlx"} <= set(r["speedup"]) for r in rows if r["impl"] == "flash")
     case = KernelCase(SHAPES["qwen05b"], "chunk", 160, "float32", rows=32, window=40)
     assert case.flops == 4.0 * 14 * 64 * causal_mask(32, 160, 40).sum()
+
+
+@pytest.mark.parametrize("bits", ["4", "8"])
+def test_quantized_cases_against_mlx_lm_quantized_attention(bits):
+    # flash reads the quantized triples, mlx is mlx-lm's own quantized
+    # attention, both against the float64 reference on the dequantized keys
+    # and values; flash-plain on the unquantized ones.
+    result = run(["kernel", "--shape", "qwen05b", "--prefill", "64", "--decode", "300", "--kv-bits", bits,
+                  "--kv-group-size", "32", "--dtype", "float32", "--impl", "flash,flash-plain,mlx", "-n", "1",
+                  "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    rows = data["results"]
+    assert {(r["case"], r["impl"]) for r in rows} == {
+        (f"qwen05b {kind} {bits}-bit KV", impl)
+        for kind in ("prefill L=64", "decode S=300") for impl in ("flash", "flash-plain", "mlx")}
+    for r in rows:
+        if r["impl"] != "flash-plain":
+            assert r["max_abs_error"] <= 1e-5, r
+    assert "quantized_scaled_dot_product_attention" in data["machine"]["impls"]["mlx"]
+    assert all({"flash-plain", "mlx"} <= set(r["speedup"]) for r in rows if r["impl"] == "flash")

@@ -30,6 +30,9 @@ class Inputs:
     # A windowed case's band as a boolean (L, S) mask, for the implementations
     # that take no window.
     band: mx.array | None = None
+    # A quantized case's keys and values, each (packed, scales, biases), one
+    # pair per K/V set; the plain k, v above are what they were made from.
+    quantized_sets: list[tuple[tuple, tuple]] = field(default_factory=list)
 
     @property
     def scale(self) -> float:
@@ -48,6 +51,16 @@ class Inputs:
             return {"mask": "causal", "window": self.case.window}
         return {"mask": self.mask}
 
+    def reference_kv(self) -> tuple:
+        """The keys and values the float64 reference takes: a quantized case's
+        dequantized in float64."""
+        if not self.quantized_sets:
+            return self.k, self.v
+        from flashattn_core.reference import dequantize
+
+        kq, vq = self.quantized_sets[0]
+        return dequantize(kq, self.case.shape.E), dequantize(vq, self.case.shape.E)
+
 
 def make_inputs(case: KernelCase, seed: int = 0, kv_sets: int = 1) -> Inputs:
     """Random inputs, with kv_sets - 1 copies of k and v (the same values in
@@ -64,13 +77,18 @@ def make_inputs(case: KernelCase, seed: int = 0, kv_sets: int = 1) -> Inputs:
         from flashattn_core.reference import causal_mask
 
         band = mx.array(causal_mask(case.L, case.S, case.window))
-    mx.eval(q, sets, band)
-    return Inputs(case, q, k, v, sets, band)
+    quantized = []
+    if case.kv_bits:
+        quantize = lambda x: tuple(mx.quantize(x, group_size=case.kv_group_size, bits=case.kv_bits))
+        quantized = [(quantize(k_), quantize(v_)) for k_, v_ in sets]
+    mx.eval(q, sets, band, quantized)
+    return Inputs(case, q, k, v, sets, band, quantized)
 
 
-def kv_turns(inp: Inputs) -> Callable[[], tuple]:
-    """The next (k, v) of inp's sets at each call, round and round."""
-    turns = itertools.cycle(inp.kv_sets or [(inp.k, inp.v)])
+def kv_turns(inp: Inputs, quantized: bool = False) -> Callable[[], tuple]:
+    """The next (k, v) of inp's sets at each call, round and round: the
+    quantized triples where asked for."""
+    turns = itertools.cycle(inp.quantized_sets if quantized else inp.kv_sets or [(inp.k, inp.v)])
     return lambda: next(turns)
 
 
@@ -91,10 +109,11 @@ def mlx_to_numpy(x: mx.array) -> np.ndarray:
     return np.array(x.astype(mx.float32))
 
 
-def mlx_call(inp: Inputs, attention: Callable, masking: dict | None = None) -> Callable[[mx.array], mx.array]:
+def mlx_call(inp: Inputs, attention: Callable, masking: dict | None = None,
+             quantized: bool = False) -> Callable[[mx.array], mx.array]:
     """attention(q, k, v, scale=, **masking) on the given queries and the next
-    K/V set; masking defaults to mask=inp.mask."""
-    next_kv = kv_turns(inp)
+    K/V set (quantized: its triples); masking defaults to mask=inp.mask."""
+    next_kv = kv_turns(inp, quantized)
     masking = {"mask": inp.mask} if masking is None else masking
 
     def call(q: mx.array) -> mx.array:
@@ -105,8 +124,34 @@ def mlx_call(inp: Inputs, attention: Callable, masking: dict | None = None) -> C
 
 
 def flash_impl(inp: Inputs) -> Impl:
+    quantized = bool(inp.quantized_sets)
+    call = mlx_call(inp, flash_attention, inp.flash_args, quantized)
+    text = "flashattn_core.flash_attention" + (", quantized keys and values read in place" if quantized else "")
+    return Impl("flash", text, True, lambda: call(inp.q), mlx_to_numpy, chain=call)
+
+
+def flash_plain_impl(inp: Inputs) -> Impl:
+    """flash_attention on the keys and values a quantized case was made from,
+    in the case's dtype."""
     call = mlx_call(inp, flash_attention, inp.flash_args)
-    return Impl("flash", "flashattn_core.flash_attention", True, lambda: call(inp.q), mlx_to_numpy, chain=call)
+    return Impl("flash-plain", f"flashattn_core.flash_attention, unquantized {inp.case.dtype} keys and values "
+                "(its |err| is against the dequantized ones: the quantization's own)", True,
+                lambda: call(inp.q), mlx_to_numpy, chain=call)
+
+
+def mlx_lm_quantized_impl(inp: Inputs) -> Impl:
+    """mlx-lm's attention over a QuantizedKVCache (mx.quantized_matmul, the
+    L x S scores materialised). It scales its queries argument in place: each
+    call gets a copy."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    def attention(q, k, v, scale, mask):
+        return quantized_scaled_dot_product_attention(q + 0, k, v, scale=scale, mask=mask,
+                                                      group_size=inp.case.kv_group_size, bits=inp.case.kv_bits)
+
+    call = mlx_call(inp, attention, quantized=True)
+    return Impl("mlx", "mlx_lm.models.base.quantized_scaled_dot_product_attention", True, lambda: call(inp.q),
+                mlx_to_numpy, chain=call)
 
 
 def flash_dense_impl(inp: Inputs) -> Impl:
@@ -118,6 +163,8 @@ def flash_dense_impl(inp: Inputs) -> Impl:
 
 
 def mlx_impl(inp: Inputs) -> Impl:
+    if inp.quantized_sets:
+        return mlx_lm_quantized_impl(inp)
     call = mlx_call(inp, mx.fast.scaled_dot_product_attention)
     return Impl(
         "mlx",
@@ -134,6 +181,8 @@ def torch_impls(inp: Inputs, grad: bool = False) -> list[Impl]:
     MLX runs there; on CUDA, its flash and cuDNN backends separately. With
     grad, each call runs the forward and the backward (autograd, against the
     same cotangent as the MLX implementations) and returns dQ."""
+    if inp.quantized_sets:
+        return []  # PyTorch's SDPA takes no quantized keys and values
     try:
         import torch
     except ImportError:

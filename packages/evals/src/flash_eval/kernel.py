@@ -19,7 +19,7 @@ from flashattn_core.reference import attention_gradients_reference, attention_re
 
 from . import report
 from .impls import (Inputs, cotangent, flash_dense_grad_impl, flash_dense_impl, flash_grad_impl, flash_impl,
-                    make_inputs, mlx_grad_impl, mlx_impl, torch_impls)
+                    flash_plain_impl, make_inputs, mlx_grad_impl, mlx_impl, torch_impls)
 from .measure import MAX_BATCH, copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
 from .options import comma_list, int_list
 from .progress import progress_bar
@@ -56,7 +56,7 @@ def reference_rows(inp: Inputs, max_rows: int = 16) -> tuple[np.ndarray, np.ndar
     # One BLAS thread: NumPy's OpenBLAS workers spin after a call and would
     # steal the cores from the timings that follow.
     with threadpool_limits(limits=1, user_api="blas"):
-        ref = attention_reference(inp.q[..., mx.array(rows), :], inp.k, inp.v, scale=inp.scale, mask=mask)
+        ref = attention_reference(inp.q[..., mx.array(rows), :], *inp.reference_kv(), scale=inp.scale, mask=mask)
     return rows, ref
 
 
@@ -107,10 +107,16 @@ def total_memory_bytes() -> int:
 @click.option("--window", default=0, show_default=True, type=click.IntRange(0),
               help="A sliding window of this many keys on every case (causal; decode sees the last W keys); "
                    "0: none. flash_attention takes it as window=, the others as a dense boolean mask.")
+@click.option("--kv-bits", type=click.Choice(["2", "4", "8"]), default=None,
+              help="Quantize the keys and values (mx.quantize): flash reads them in place, mlx is mlx-lm's "
+                   "quantized attention (mx.quantized_matmul), torch is skipped.")
+@click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
+              help="Group size of --kv-bits.")
 @click.option("--impl", "impls", default="flash,mlx,torch", show_default=True,
-              callback=comma_list(["flash", "flash-dense", "mlx", "torch"]),
+              callback=comma_list(["flash", "flash-dense", "flash-plain", "mlx", "torch"]),
               help="Implementations; torch is skipped when PyTorch is not installed. flash-dense (with "
-                   "--window): flash_attention given the window as a dense boolean mask.")
+                   "--window): flash_attention given the window as a dense boolean mask. flash-plain (with "
+                   "--kv-bits): flash_attention on the unquantized keys and values.")
 @click.option("-n", "--repeats", default=5, show_default=True, type=click.IntRange(1, 1000),
               help="Timed calls per implementation at least (fewer for slow ones; calls shorter than "
                    "a quarter second are repeated until that much is timed, up to 100 times).")
@@ -132,19 +138,29 @@ def total_memory_bytes() -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, impls, repeats, max_call_seconds, calls,
-           kv_sets, pass_, seed, as_json, markdown, plot):
+def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, kv_group_size, impls, repeats,
+           max_call_seconds, calls, kv_sets, pass_, seed, as_json, markdown, plot):
     """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
     if "flash-dense" in impls and not window:
         raise click.BadParameter("flash-dense times a window passed as a dense mask: give --window",
                                  param_hint="--impl")
+    if "flash-plain" in impls and not kv_bits:
+        raise click.BadParameter("flash-plain times the unquantized keys and values: give --kv-bits",
+                                 param_hint="--impl")
+    kv_bits, kv_group_size = int(kv_bits or 0), int(kv_group_size)
+    if kv_bits and pass_ != "forward":
+        raise click.BadParameter("quantized keys and values take no gradient: use --pass forward",
+                                 param_hint="--kv-bits")
+    odd = sorted({SHAPES[s].E for s in shapes if SHAPES[s].E % kv_group_size}) if kv_bits else []
+    if odd:
+        raise click.BadParameter(f"{kv_group_size} does not divide head dim(s) {odd}", param_hint="--kv-group-size")
     short = [n for n in chunk if n <= chunk_rows]
     if short:
         raise click.BadParameter(
             f"a chunk's key length must exceed its {chunk_rows} rows (--chunk-rows), got {short}; "
             "time L = S with --prefill", param_hint="--chunk")
     cases = [
-        KernelCase(SHAPES[s], kind, n, dt, chunk_rows, window)
+        KernelCase(SHAPES[s], kind, n, dt, chunk_rows, window, kv_bits, kv_group_size)
         for s in shapes
         for kind, lengths in (("prefill", prefill), ("chunk", chunk), ("decode", decode))
         for n in lengths
@@ -186,7 +202,8 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, impls, re
             rows, ref = reference_grad_rows(inp) if grad else reference_rows(inp)
             flops = case.flops * PASS_FLOPS[pass_]
             candidates = {"flash": lambda i: [flash_impl(i)], "flash-dense": lambda i: [flash_dense_impl(i)],
-                          "mlx": lambda i: [mlx_impl(i)], "torch": torch_impls}
+                          "flash-plain": lambda i: [flash_plain_impl(i)], "mlx": lambda i: [mlx_impl(i)],
+                          "torch": torch_impls}
             grad_candidates = {"flash": lambda i: [flash_grad_impl(i)],
                                "flash-dense": lambda i: [flash_dense_grad_impl(i)],
                                "mlx": lambda i: [mlx_grad_impl(i)], "torch": lambda i: torch_impls(i, grad=True)}

@@ -45,6 +45,8 @@ class KernelCase:
     dtype: str
     rows: int = CHUNK_ROWS  # L of a chunk
     window: int = 0  # causal cases: a sliding window of this many keys (0: none)
+    kv_bits: int = 0  # keys and values quantized to this many bits (0: the dtype's own)
+    kv_group_size: int = 64
 
     @property
     def L(self) -> int:
@@ -81,11 +83,16 @@ class KernelCase:
         """The keys and values a call reads: a window's share of them."""
         itemsize = 4 if self.dtype == "float32" else 2
         keys = min(self.S, self.window + self.L - 1) if self.window else self.S
-        return 2 * self.shape.H_kv * keys * self.shape.E * itemsize
+        row = self.shape.E * itemsize
+        if self.kv_bits:  # packed fields, and a scale and a bias a group
+            row = self.shape.E * self.kv_bits // 8 + 2 * itemsize * (self.shape.E // self.kv_group_size)
+        return 2 * self.shape.H_kv * keys * row
 
     @property
     def label(self) -> str:
         window = f" window={self.window}" if self.window else ""
+        if self.kv_bits:
+            window += f" {self.kv_bits}-bit KV"
         if self.kind == "chunk":
             return f"{self.shape.name} chunk L={self.rows} S={self.length}{window}"
         n = "L" if self.kind == "prefill" else "S"
