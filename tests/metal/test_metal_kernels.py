@@ -15,7 +15,8 @@ import metal_emulator
 from attention_cases import MASKS, MATRIX, TOLERANCE, Case, make_inputs
 
 from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
-from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask, relative_error
+from flashattn_core.reference import (attention_gradients_reference, attention_reference, causal_mask, dequantize,
+                                      relative_error)
 
 # The emulator compiles the kernels with clang: without it nothing here can run.
 pytestmark = pytest.mark.skipif(metal_emulator.find_compiler() is None, reason=metal_emulator.MISSING_COMPILER)
@@ -142,6 +143,52 @@ def test_sliding_window_gradients(emulator, item):
         got = np.array(g.astype(mx.float32), dtype=np.float64)
         error = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), size, 1e-30)
         assert error <= TOLERANCE[case.dtype], f"{name}: {error:.2e}"
+
+
+QUANTIZED_CASES = [  # (heads, L, S, E, bits, group size, dtype, mask)
+    ((14, 2), 70, 100, 64, 4, 64, "float32", "causal"),
+    ((4, 2), 33, 300, 128, 8, 32, "bfloat16", None),
+    ((6, 3), 1, 700, 96, 2, 32, "float16", None),
+    ((2, 2), 40, 40, 32, 4, 32, "float32", "bool"),
+]
+QUANTIZED_RUNS = [(c, kernel) for c in QUANTIZED_CASES for kernel, _ in kernels_for(Case((), c[0], c[1], c[2], c[3]))]
+
+
+def quantized_inputs(heads, L, S, E, bits, group_size, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    q = mx.array(rng.standard_normal((1, heads[0], L, E))).astype(getattr(mx, dtype))
+
+    def quantized():  # from a larger buffer, as mlx-lm's cache slices it
+        x = mx.array(rng.standard_normal((1, heads[1], S + 37, E))).astype(getattr(mx, dtype))
+        return tuple(p[..., :S, :] for p in mx.quantize(x, group_size=group_size, bits=bits))
+
+    return q, quantized(), quantized()
+
+
+@pytest.mark.parametrize("c, kernel", QUANTIZED_RUNS, ids=[f"{c[0]}-L{c[1]}-S{c[2]}-E{c[3]}-{c[4]}bit-{k}"
+                                                          for c, k in QUANTIZED_RUNS])
+def test_quantized_keys_and_values(emulator, c, kernel):
+    # flash_rows_q / flash_decode_q / flash_mma_q read the packed words,
+    # against float64 on the float64 dequantization.
+    heads, L, S, E, bits, group_size, dtype, mask_kind = c
+    q, kq, vq = quantized_inputs(heads, L, S, E, bits, group_size, dtype)
+    mask = mx.array(np.random.default_rng(2).random((L, S)) < 0.7) if mask_kind == "bool" else mask_kind
+    out = emulator.attention(q, kq, vq, mask=mask, kernel=kernel, splits=3, bits=bits)
+    check(out, q, dequantize(kq, E), dequantize(vq, E), mask, dtype)
+
+
+def test_quantized_keys_beside_plain_values(emulator):
+    # Only the keys quantized: dequantized for the plain kernels.
+    q, kq, vq = quantized_inputs((4, 2), 20, 50, 64, 4, 32, "float32")
+    v = mx.array(dequantize(vq, 64).astype(np.float32))
+    out = emulator.attention(q, kq, v, mask="causal")
+    check(out, q, dequantize(kq, 64), v, "causal", "float32")
+
+
+def test_no_gradient_through_quantized_keys(emulator):
+    q, kq, vq = quantized_inputs((2, 1), 8, 8, 32, 4, 32, "float32")
+    with pytest.raises(ValueError, match="no gradient through quantized keys or values"):
+        mx.grad(lambda q: emulator.attention(q, kq, vq).sum())(q)
 
 
 def test_explicit_scale(emulator):

@@ -264,8 +264,8 @@ Returns:
   m.def(
       "_metal_emulated",
       [](const mx::array& queries,
-         const mx::array& keys,
-         const mx::array& values,
+         const KeysArg& keys,
+         const KeysArg& values,
          std::optional<float> scale,
          const MaskArg& mask,
          uintptr_t emulator,
@@ -273,13 +273,15 @@ Returns:
          int splits,
          int lane_order,
          unsigned long long seed,
-         std::optional<int> window) {
+         std::optional<int> window,
+         std::optional<int> group_size,
+         std::optional<int> bits) {
         auto [mode, mask_arr] = split_mask(mask);
         flashattn::metal::Emulation emulation{
             reinterpret_cast<FaEmuRun>(emulator), lane_order, seed};
         return flashattn::flash_attention_metal_emulated(
-            queries, keys, values, scale, mode, mask_arr, emulation,
-            {variant_named(kernel), splits}, window);
+            queries, keys_or_values(keys), keys_or_values(values), scale, mode, mask_arr, emulation,
+            {variant_named(kernel), splits}, window, group_size, bits);
       },
       "queries"_a,
       "keys"_a,
@@ -293,6 +295,8 @@ Returns:
       "lane_order"_a = 2,
       "seed"_a = 0,
       "window"_a = nb::none(),
+      "group_size"_a = nb::none(),
+      "bits"_a = nb::none(),
       "flash_attention through the Metal dispatch and kernels, run by the "
       "emulator whose entry point address is `emulator` (tests only).");
 }

@@ -149,6 +149,11 @@ struct AttentionCall {
   const std::optional<mx::array>& mask;
   mx::Stream stream;
   int window = 0; // causal masks: a sliding window of this many keys (0: none)
+  // Quantized keys / values (Metal): k and v are then placeholders of their
+  // logical shape, these the arrays to read.
+  const QuantizedArray* k_quantized = nullptr;
+  const QuantizedArray* v_quantized = nullptr;
+  KVQuantization quantization = {};
 };
 
 ///////////////////////////////////////////////////////////////////////////////

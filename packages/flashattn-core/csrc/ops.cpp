@@ -381,6 +381,38 @@ mx::array cpu_attention(
   return sinks ? with_sinks(outputs[0], outputs[1], *sinks, stream) : outputs[0];
 }
 
+// Quantized keys and values on Metal: the *_q kernels read them (dispatch.cpp
+// dequantizes one whose partner is not quantized alike). No gradient flows
+// through them: asking for one is refused when the backward is built.
+mx::array quantized_metal_attention(
+    const mx::array& queries,
+    const KeysOrValues& keys,
+    const KeysOrValues& values,
+    const KeysValues& kv,
+    const Checked& c,
+    int window,
+    const metal::Launcher& launch,
+    metal::Choice choice,
+    mx::Stream stream) {
+  const QuantizedArray* kq = std::get_if<QuantizedArray>(&keys);
+  const QuantizedArray* vq = std::get_if<QuantizedArray>(&values);
+  // A plain partner in the queries' dtype (float32 attention casts it too).
+  const mx::array k = kq ? kv.k : mx::astype(kv.k, queries.dtype(), stream);
+  const mx::array v = vq ? kv.v : mx::astype(kv.v, queries.dtype(), stream);
+  auto forward = [=](const std::vector<mx::array>& in) {
+    std::optional<mx::array> m;
+    if (has_mask_array(c.mask_kind)) m = c.mask;
+    const AttentionCall call{in[0], k, v, c.scale, c.mask_kind, m, stream, window, kq, vq, kv.quantization};
+    return std::vector<mx::array>{metal::flash_attention(call, launch, choice)};
+  };
+  auto refuse = [](const std::vector<mx::array>&, const std::vector<mx::array>&,
+                   const std::vector<mx::array>&) -> std::vector<mx::array> {
+    throw std::invalid_argument(
+        "flash_attention: no gradient through quantized keys or values; dequantize them (mx.dequantize) first");
+  };
+  return mx::custom_vjp(forward, refuse)({queries})[0];
+}
+
 } // namespace
 
 mx::array flash_attention(
@@ -404,8 +436,8 @@ mx::array flash_attention(
   const int window = check_window(window_arg, c.mask_kind);
   Backend backend = backend_for(requested_device(s));
   if (sinks) check_sinks(*sinks, queries, backend);
-  if (kv.quantization.any() && backend != Backend::cpu) {
-    fail(Reason::quantized, "quantized keys and values run on the CPU only so far; use stream=mx.cpu");
+  if (kv.quantization.any() && backend == Backend::cuda) {
+    fail(Reason::quantized, "quantized keys and values run on the CPU and Metal so far; use stream=mx.cpu");
   }
   auto stream = mx::to_stream(s);
 
@@ -429,6 +461,11 @@ mx::array flash_attention(
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = mask_arr;
     return cuda::flash_attention({queries, keys, values, softmax_scale, mask_kind, m, stream}, widen);
+  }
+  if (kv.quantization.any() && backend == Backend::metal) {
+    auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
+    return quantized_metal_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg,
+                                     values_arg, kv, c, window, launch, {}, stream);
   }
   if (kv.quantization.any()) {
     if (!widen) return cpu_attention(queries, kv, c, window, sinks, stream);
@@ -474,19 +511,27 @@ mx::array flash_attention(
 
 mx::array flash_attention_metal_emulated(
     const mx::array& queries,
-    const mx::array& keys,
-    const mx::array& values,
+    const KeysOrValues& keys_arg,
+    const KeysOrValues& values_arg,
     std::optional<float> scale,
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     const metal::Emulation& emulation,
     metal::Choice choice,
-    std::optional<int> window_arg) {
+    std::optional<int> window_arg,
+    std::optional<int> group_size,
+    std::optional<int> bits) {
+  const mx::Stream stream = mx::default_stream(mx::Device::cpu);
+  const KeysValues kv = unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, stream);
+  const mx::array &keys = kv.k, &values = kv.v;
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   const int window = check_window(window_arg, c.mask_kind);
-  const mx::Stream stream = mx::default_stream(mx::Device::cpu);
   if (queries.size() == 0 || keys.shape(-2) == 0) {
     return mx::zeros(queries.shape(), queries.dtype(), stream);
+  }
+  if (kv.quantization.any()) {
+    return quantized_metal_attention(queries, keys_arg, values_arg, kv, c, window,
+                                     metal::emulated_launcher(emulation, stream), choice, stream);
   }
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m;

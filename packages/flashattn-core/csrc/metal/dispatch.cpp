@@ -75,6 +75,7 @@ std::string msl_type(mx::Dtype t) {
   if (t == mx::bfloat16) return "bfloat16_t";
   if (t == mx::int32) return "int32_t";
   if (t == mx::int64) return "int64_t";
+  if (t == mx::uint32) return "uint32_t";
   throw std::logic_error("flash_attention: no MSL type for this dtype");
 }
 
@@ -95,9 +96,13 @@ std::vector<Instance> instances() {
   for (mx::Dtype t : kDtypes) {
     const std::string T = msl_type(t);
     const std::vector<std::string> attention_inputs = {T, T, T, "float", "int64_t", "int32_t"};
+    const std::vector<std::string> quantized_inputs = {
+        T, "uint32_t", "float", "float", "uint32_t", "float", "float", "float", "int64_t", "int32_t"};
     for (int ept : kEpts) {
       out.push_back({"flash_rows", {{"T", t}, {"EPT", ept}}, attention_inputs, {T}});
       out.push_back({"flash_decode", {{"T", t}, {"EPT", ept}}, attention_inputs, {"float", "float"}});
+      out.push_back({"flash_rows_q", {{"T", t}, {"EPT", ept}}, quantized_inputs, {T}});
+      out.push_back({"flash_decode_q", {{"T", t}, {"EPT", ept}}, quantized_inputs, {"float", "float"}});
     }
     out.push_back({"flash_merge", {{"T", t}}, {"float", "float", "int32_t"}, {T}});
     for (int ept : kEpts) {
@@ -109,6 +114,7 @@ std::vector<Instance> instances() {
     }
     for (int E : kMatrixDims) {
       out.push_back({"flash_mma", {{"T", t}, {"E", E}}, attention_inputs, {T}});
+      out.push_back({"flash_mma_q", {{"T", t}, {"E", E}}, quantized_inputs, {T}});
     }
   }
   return out;
@@ -161,6 +167,37 @@ Setup setup(const AttentionCall& call) {
   return {std::move(p), std::move(mask_data), std::move(base), batch};
 }
 
+struct KeyValueInputs {
+  std::vector<mx::array> arrays;  // k, v; or k, k_scales, k_biases, v, v_scales, v_biases
+  bool quantized = false;
+};
+
+// Quantized keys and values read in place when both are quantized alike;
+// otherwise a quantized one is dequantized (mx.dequantize) for the plain
+// kernels. Scales and biases go in as float32 (a group's worth of a row).
+KeyValueInputs key_value_inputs(const AttentionCall& call, std::vector<int32_t>& p) {
+  const mx::Stream s = call.stream;
+  const KVQuantization& qz = call.quantization;
+  auto flat = [&](const mx::array& x) { return flat_at_least_8(x, s); };
+  auto as_f32 = [&](const mx::array& x) { return flat(mx::astype(x, mx::float32, s)); };
+  if (call.k_quantized && call.v_quantized && qz.k_bits == qz.v_bits && qz.k_group_size == qz.v_group_size) {
+    p[kKVBits] = qz.k_bits;
+    p[kKVGroupSize] = qz.k_group_size;
+    const QuantizedArray &kq = *call.k_quantized, &vq = *call.v_quantized;
+    return {{flat(kq.packed), as_f32(kq.scales), as_f32(kq.biases), flat(vq.packed), as_f32(vq.scales),
+             as_f32(vq.biases)},
+            true};
+  }
+  auto plain = [&](const QuantizedArray* x, int bits, int group_size, const mx::array& array) {
+    if (!x) return flat(array);
+    return flat(mx::dequantize(x->packed, x->scales, x->biases, group_size, bits, "affine", std::nullopt,
+                               call.q.dtype(), s));
+  };
+  return {{plain(call.k_quantized, qz.k_bits, qz.k_group_size, call.k),
+           plain(call.v_quantized, qz.v_bits, qz.v_group_size, call.v)},
+          false};
+}
+
 }  // namespace
 
 mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice) {
@@ -189,14 +226,19 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
         "flash_attention: the Metal matrix kernel takes head dims 64, 80, 96 and 128; got " + std::to_string(E));
   }
 
+  // Keys and values: plain arrays, or (both quantized alike) their packed
+  // words with float32 scales and biases for the *_q kernels.
+  const KeyValueInputs kv = key_value_inputs(call, p);
+  const std::string suffix = kv.quantized ? "_q" : "";
   auto inputs = [&](const std::vector<int32_t>& params) {
-    return std::vector<mx::array>{
-        flat_at_least_8(q, s), flat_at_least_8(k, s), flat_at_least_8(v, s), mask_data, base,
-        mx::array(params.data(), {kParamCount}, mx::int32)};
+    std::vector<mx::array> in = {flat_at_least_8(q, s)};
+    in.insert(in.end(), kv.arrays.begin(), kv.arrays.end());
+    in.insert(in.end(), {mask_data, base, mx::array(params.data(), {kParamCount}, mx::int32)});
+    return in;
   };
 
   if (variant == Variant::matrix) {
-    KernelCall call{"flash_mma", {{"T", q.dtype()}, {"E", E}}, inputs(p), {q.shape()}, {q.dtype()},
+    KernelCall call{"flash_mma" + suffix, {{"T", q.dtype()}, {"E", E}}, inputs(p), {q.shape()}, {q.dtype()},
                     {checked_int(int64_t(ceil_div(L, mma_rows())) * kMmaThreads, "query tiles"),
                      checked_int(batch * H_q, "heads"), 1},
                     {kMmaThreads, 1, 1}};
@@ -229,13 +271,13 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
       chunks * 32 * tg_rows, checked_int(batch * H_kv, "heads"), splits};
   const std::tuple<int, int, int> threadgroup = {32 * tg_rows, 1, 1};
   if (variant == Variant::rows || (splits == 1 && choice.splits == 0)) {
-    return launch({"flash_rows", rows_args, inputs(p), {q.shape()}, {q.dtype()}, grid, threadgroup})[0];
+    return launch({"flash_rows" + suffix, rows_args, inputs(p), {q.shape()}, {q.dtype()}, grid, threadgroup})[0];
   }
   const int64_t rows = p[kRowsTotal];
   const int part = checked_int(std::max<int64_t>(splits * rows * E, kMinElements), "partial outputs");
   const int ml = checked_int(std::max<int64_t>(splits * rows * 2, kMinElements), "partial outputs");
-  auto parts = launch({"flash_decode", rows_args, inputs(p), {{part}, {ml}}, {mx::float32, mx::float32}, grid,
-                       threadgroup});
+  auto parts = launch({"flash_decode" + suffix, rows_args, inputs(p), {{part}, {ml}}, {mx::float32, mx::float32},
+                       grid, threadgroup});
   const mx::array params(p.data(), {kParamCount}, mx::int32);
   return launch({"flash_merge", {{"T", q.dtype()}}, {parts[0], parts[1], params}, {q.shape()}, {q.dtype()},
                  {checked_int(32 * rows, "query rows"), 1, 1}, {32, 1, 1}})[0];

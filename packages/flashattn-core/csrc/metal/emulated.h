@@ -27,13 +27,15 @@ namespace flashattn {
 // kernels, run by the emulator on the CPU stream (ops.cpp).
 mx::array flash_attention_metal_emulated(
     const mx::array& queries,
-    const mx::array& keys,
-    const mx::array& values,
+    const KeysOrValues& keys,
+    const KeysOrValues& values,
     std::optional<float> scale,
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     const metal::Emulation& emulation,
     metal::Choice choice,
-    std::optional<int> window = std::nullopt);
+    std::optional<int> window = std::nullopt,
+    std::optional<int> group_size = std::nullopt,
+    std::optional<int> bits = std::nullopt);
 
 }  // namespace flashattn

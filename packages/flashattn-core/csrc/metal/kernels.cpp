@@ -8,27 +8,64 @@
 
 namespace flashattn::metal {
 
-const std::vector<MetalKernel>& metal_kernels() {
-  static const std::vector<MetalKernel> kernels = {
-      {"flash_rows",
-       {"q", "k", "v", "mask", "mask_base", "params"},
-       {"out"},
-       R"(
-  threadgroup float q_tile[fa::rows_per_threadgroup(EPT) * 32 * EPT];
+namespace {
+
+const std::vector<std::string> kAttentionInputs = {"q", "k", "v", "mask", "mask_base", "params"};
+// Quantized keys and values: packed words, and float32 scales and biases.
+const std::vector<std::string> kQuantizedInputs = {
+    "q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "mask", "mask_base", "params"};
+
+// The key and value sources of a body: fa::PlainRows<T> over k and v, or
+// fa::QuantizedRows over their packed words, scales and biases.
+std::string rows_sources(const std::string& source) {
+  if (source == "PlainRows") {
+    return "  const fa::PlainRows<T> k_rows{k, params[fa::kE]}, v_rows{v, params[fa::kE]};\n";
+  }
+  return "  const fa::QuantizedRows k_rows{k, k_scales, k_biases, params[fa::kE], params[fa::kKVBits],\n"
+         "                                 params[fa::kKVGroupSize]};\n"
+         "  const fa::QuantizedRows v_rows{v, v_scales, v_biases, params[fa::kE], params[fa::kKVBits],\n"
+         "                                 params[fa::kKVGroupSize]};\n";
+}
+
+std::string rows_body(const std::string& source) {
+  return "\n" + rows_sources(source) + R"(  threadgroup float q_tile[fa::rows_per_threadgroup(EPT) * 32 * EPT];
   threadgroup float p_tile[fa::rows_per_threadgroup(EPT) * 32];
-  fa::flash_rows<T, EPT>(q, k, v, mask, mask_base, params, out, threadgroup_position_in_grid,
+  fa::flash_rows<T, EPT>(q, k_rows, v_rows, mask, mask_base, params, out, threadgroup_position_in_grid,
                          simdgroup_index_in_threadgroup, thread_index_in_simdgroup, q_tile, p_tile);
-)"},
-      {"flash_decode",
-       {"q", "k", "v", "mask", "mask_base", "params"},
-       {"o_part", "ml_part"},
-       R"(
-  threadgroup float q_tile[fa::rows_per_threadgroup(EPT) * 32 * EPT];
+)";
+}
+
+std::string decode_body(const std::string& source) {
+  return "\n" + rows_sources(source) + R"(  threadgroup float q_tile[fa::rows_per_threadgroup(EPT) * 32 * EPT];
   threadgroup float p_tile[fa::rows_per_threadgroup(EPT) * 32];
-  fa::flash_decode<T, EPT>(q, k, v, mask, mask_base, params, o_part, ml_part,
+  fa::flash_decode<T, EPT>(q, k_rows, v_rows, mask, mask_base, params, o_part, ml_part,
                            threadgroup_position_in_grid, simdgroup_index_in_threadgroup,
                            thread_index_in_simdgroup, q_tile, p_tile);
-)"},
+)";
+}
+
+std::string mma_body(const std::string& source) {
+  return "\n" + rows_sources(source) + R"(  threadgroup float o_tile[fa::mma_rows() * E];
+  threadgroup float kv_tile[fa::mma_keys(E) * E];
+  threadgroup float s_tile[fa::mma_rows() * 32];
+  threadgroup float alpha_tile[fa::mma_rows()];
+  threadgroup uchar hidden_tile[fa::mma_rows() * 32];
+  threadgroup int flags[1];
+  fa::flash_mma<T, E>(q, k_rows, v_rows, mask, mask_base, params, out, threadgroup_position_in_grid,
+                      simdgroup_index_in_threadgroup, thread_index_in_simdgroup,
+                      thread_index_in_threadgroup, o_tile, kv_tile, s_tile, alpha_tile,
+                      hidden_tile, flags);
+)";
+}
+
+}  // namespace
+
+const std::vector<MetalKernel>& metal_kernels() {
+  static const std::vector<MetalKernel> kernels = {
+      {"flash_rows", kAttentionInputs, {"out"}, rows_body("PlainRows")},
+      {"flash_rows_q", kQuantizedInputs, {"out"}, rows_body("QuantizedRows")},
+      {"flash_decode", kAttentionInputs, {"o_part", "ml_part"}, decode_body("PlainRows")},
+      {"flash_decode_q", kQuantizedInputs, {"o_part", "ml_part"}, decode_body("QuantizedRows")},
       {"flash_merge",
        {"o_part", "ml_part", "params"},
        {"out"},
@@ -36,21 +73,8 @@ const std::vector<MetalKernel>& metal_kernels() {
   fa::flash_merge<T>(o_part, ml_part, params, out, threadgroup_position_in_grid.x,
                      thread_index_in_simdgroup);
 )"},
-      {"flash_mma",
-       {"q", "k", "v", "mask", "mask_base", "params"},
-       {"out"},
-       R"(
-  threadgroup float o_tile[fa::mma_rows() * E];
-  threadgroup float kv_tile[fa::mma_keys(E) * E];
-  threadgroup float s_tile[fa::mma_rows() * 32];
-  threadgroup float alpha_tile[fa::mma_rows()];
-  threadgroup uchar hidden_tile[fa::mma_rows() * 32];
-  threadgroup int flags[1];
-  fa::flash_mma<T, E>(q, k, v, mask, mask_base, params, out, threadgroup_position_in_grid,
-                      simdgroup_index_in_threadgroup, thread_index_in_simdgroup,
-                      thread_index_in_threadgroup, o_tile, kv_tile, s_tile, alpha_tile,
-                      hidden_tile, flags);
-)"},
+      {"flash_mma", kAttentionInputs, {"out"}, mma_body("PlainRows")},
+      {"flash_mma_q", kQuantizedInputs, {"out"}, mma_body("QuantizedRows")},
       {"flash_backward_rows",
        {"q", "k", "v", "mask", "mask_base", "params", "o", "d_out"},
        {"dq", "stats"},

@@ -25,6 +25,33 @@ inline void store(device T* p, int64_t i, float x) {
   p[i] = T(x);
 }
 
+// Where the kernels read key and value rows: an array of T, (B x H_kv x S,
+// E) row contiguous, or the same rows quantized in MLX's affine format
+// (packed uint32 fields, lowest bits first, and a float32 scale and bias
+// per group of elements), dequantized element by element as they are read.
+template <typename T>
+struct PlainRows {
+  const device T* data;
+  int E;
+  float at(int64_t row, int e) const {
+    return load(data, row * E + e);
+  }
+};
+
+struct QuantizedRows {
+  const device uint32_t* words;
+  const device float* scales;
+  const device float* biases;
+  int E, bits, group_size;
+  float at(int64_t row, int e) const {
+    const int per_word = 32 / bits;
+    const uint32_t w = words[row * (E / per_word) + e / per_word];
+    const uint32_t q = (w >> uint32_t((e % per_word) * bits)) & ((1u << uint32_t(bits)) - 1u);
+    const int64_t g = row * (E / group_size) + e / group_size;
+    return scales[g] * float(q) + biases[g];
+  }
+};
+
 inline float scale_log2(const device int* params) {
   return as_type<float>(params[kScaleLog2]);
 }

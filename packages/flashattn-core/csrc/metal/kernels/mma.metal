@@ -19,9 +19,9 @@ namespace fa {
 
 // Br = mma_rows(), Bc = mma_keys(E), kMmaThreads threads (params.h).
 
-template <typename T, int E>
+template <typename T, int E, typename KV>
 void flash_mma(
-    const device T* q, const device T* k, const device T* v, const device float* mask_data,
+    const device T* q, KV k, KV v, const device float* mask_data,
     const device int64_t* mask_base, const device int* params, device T* out, uint3 group,
     uint sg, uint lane, uint tid, threadgroup float* o_tile, threadgroup float* kv_tile,
     threadgroup float* s_tile, threadgroup float* alpha_tile, threadgroup uchar* hidden_tile,
@@ -34,8 +34,7 @@ void flash_mma(
   const int64_t n_kv = (n_q / H_q) * H_kv + (n_q % H_q) / (H_q / H_kv);
   const int row0 = int(group.x) * Br;
   const device T* q_h = q + n_q * L * E;
-  const device T* k_h = k + n_kv * S * E;
-  const device T* v_h = v + n_kv * S * E;
+  const int64_t kv_row0 = n_kv * S;  // this KV head's first key row
   threadgroup float* o_sg = o_tile + sg * 8 * E;
   threadgroup float* s_sg = s_tile + sg * 8 * 32;
 
@@ -68,7 +67,7 @@ void flash_mma(
     if (tid == 0) flags[0] = 0;
     for (int i = int(tid); i < Bc * E; i += kThreads) {
       const int j = i / E;
-      kv_tile[i] = c0 + j < S ? load(k_h, int64_t(c0 + j) * E + i % E) : 0.0f;
+      kv_tile[i] = c0 + j < S ? k.at(kv_row0 + c0 + j, i % E) : 0.0f;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
@@ -116,7 +115,7 @@ void flash_mma(
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = int(tid); i < Bc * E; i += kThreads) {
       const int j = i / E;
-      const float x = c0 + j < S ? load(v_h, int64_t(c0 + j) * E + i % E) : 0.0f;
+      const float x = c0 + j < S ? v.at(kv_row0 + c0 + j, i % E) : 0.0f;
       kv_tile[i] = x;
       if (!isfinite(x)) flags[0] = 1;
     }

@@ -26,7 +26,9 @@ enum Param : int {
   kSplits = 12,
   kScale = 13,       // the softmax scale itself, as float bits (the backward's dQ, dK)
   kWindow = 14,      // causal masks: a sliding window of this many keys (0: none)
-  kParamCount = 16,
+  kKVBits = 15,      // quantized keys and values (the *_q kernels): bits a field
+  kKVGroupSize = 16, //   and elements a scale and bias
+  kParamCount = 18,
 };
 
 // Boolean masks arrive as additive ones (0 or -inf); both are "additive".

@@ -60,9 +60,9 @@ struct RowState {
   float l;
 };
 
-template <typename T, int EPT>
+template <typename T, int EPT, typename KV>
 RowState<EPT> attend_row(
-    const device T* q, const device T* k, const device T* v, Mask mask, const device int* params,
+    const device T* q, KV k, KV v, Mask mask, const device int* params,
     RowTask t, uint lane, threadgroup float* q_row, threadgroup float* p_row) {
   const int L = params[kL], S = params[kS], E = params[kE];
   const bool masked = params[kMaskKind] == kMaskAdditive;
@@ -76,8 +76,7 @@ RowState<EPT> attend_row(
   for (int i = 0; i < EPT; ++i) st.o[i] = 0.0f;
   st.m = -INFINITY;
   st.l = 0.0f;
-  const device T* k_j = k + t.n_kv * S * E;
-  const device T* v_j = v + t.n_kv * S * E;
+  const int64_t kv_row0 = t.n_kv * S;  // this KV head's first key row
   const int64_t mask_row = masked ? mask.row_base(t.n_q, t.row) : 0;
 
   for (int c0 = t.key_begin; c0 < t.key_end; c0 += 32) {
@@ -89,9 +88,8 @@ RowState<EPT> attend_row(
       const float add = masked ? mask.term(mask_row, c) : 0.0f;
       hidden = add == -INFINITY;
       if (!hidden) {
-        const device T* k_c = k_j + int64_t(c) * E;
         float dot = 0.0f;
-        for (int e = 0; e < E; ++e) dot += q_row[e] * load(k_c, e);
+        for (int e = 0; e < E; ++e) dot += q_row[e] * k.at(kv_row0 + c, e);
         s = dot + add;
       }
     }
@@ -109,10 +107,9 @@ RowState<EPT> attend_row(
     for (int j = 0; j < n; ++j) {
       const float p_j = p_row[j];
       if (p_j < 0.0f) continue;
-      const device T* v_c = v_j + int64_t(c0 + j) * E;
       for (int i = 0; i < EPT; ++i) {
         const int e = int(lane) + 32 * i;
-        if (e < E) st.o[i] += p_j * load(v_c, e);
+        if (e < E) st.o[i] += p_j * v.at(kv_row0 + c0 + j, e);
       }
     }
     simdgroup_barrier(mem_flags::mem_threadgroup);  // p_row is rewritten next tile
@@ -122,13 +119,13 @@ RowState<EPT> attend_row(
 }
 
 // Prefill (and unsplit decode): the normalised output row.
-template <typename T, int EPT>
+template <typename T, int EPT, typename KV>
 void flash_rows(
-    const device T* q, const device T* k, const device T* v, const device float* mask_data,
+    const device T* q, KV k, KV v, const device float* mask_data,
     const device int64_t* mask_base, const device int* params, device T* out, uint3 group, uint sg,
     uint lane, threadgroup float* q_tile, threadgroup float* p_tile) {
   const RowTask t = row_task(params, group, sg);
-  const RowState<EPT> st = attend_row<T, EPT>(
+  const RowState<EPT> st = attend_row<T, EPT, KV>(
       q, k, v, make_mask(mask_data, mask_base, params), params, t, lane, q_tile + sg * 32 * EPT,
       p_tile + sg * 32);
   if (!t.valid) return;
@@ -143,14 +140,14 @@ void flash_rows(
 
 // Decode with keys split across threadgroups: this split's unnormalised o_i
 // and its (m_i, l_i), in slot split x rows_total + (n_q x L + row).
-template <typename T, int EPT>
+template <typename T, int EPT, typename KV>
 void flash_decode(
-    const device T* q, const device T* k, const device T* v, const device float* mask_data,
+    const device T* q, KV k, KV v, const device float* mask_data,
     const device int64_t* mask_base, const device int* params, device float* o_part,
     device float* ml_part, uint3 group, uint sg, uint lane, threadgroup float* q_tile,
     threadgroup float* p_tile) {
   const RowTask t = row_task(params, group, sg);
-  const RowState<EPT> st = attend_row<T, EPT>(
+  const RowState<EPT> st = attend_row<T, EPT, KV>(
       q, k, v, make_mask(mask_data, mask_base, params), params, t, lane, q_tile + sg * 32 * EPT,
       p_tile + sg * 32);
   if (!t.valid) return;
