@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import metal_emulator
-from attention_cases import MASKS, MATRIX, TOLERANCE, Case, make_inputs
+from attention_cases import DTYPES, MASKS, MATRIX, TOLERANCE, Case, make_inputs
 
 from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
 from flashattn_core.reference import (attention_gradients_reference, attention_reference, causal_mask, dequantize,
@@ -189,6 +189,51 @@ def test_no_gradient_through_quantized_keys(emulator):
     q, kq, vq = quantized_inputs((2, 1), 8, 8, 32, 4, 32, "float32")
     with pytest.raises(ValueError, match="no gradient through quantized keys or values"):
         mx.grad(lambda q: emulator.attention(q, kq, vq).sum())(q)
+
+
+SINK_CASES = [
+    Case(batch=(1,), heads=(14, 2), L=70, S=100, E=64, mask="causal"),
+    Case(batch=(2,), heads=(4, 2), L=1, S=700, E=128, dtype="bfloat16", layout="kv_cache"),
+    Case(batch=(1,), heads=(6, 3), L=40, S=24, E=80, mask="causal", dtype="float16"),  # rows that see no key
+]
+SINK_RUNS = [(case, kernel) for case in SINK_CASES for kernel, _ in kernels_for(case)]
+
+
+def sinks_for(case, seed=7):
+    s = np.random.default_rng(seed).normal(0.5, 1.5, case.heads[0]).astype(np.float32)
+    s[0] = -np.inf  # a head without a sink
+    return mx.array(s).astype(DTYPES[case.dtype])
+
+
+@pytest.mark.parametrize("case, kernel", SINK_RUNS, ids=[f"{c}-{k}" for c, k in SINK_RUNS])
+def test_attention_sinks(emulator, case, kernel):
+    # Each row's sink joins its denominator at the end of flash_rows and
+    # flash_mma, and once in flash_merge after the decode splits.
+    q, k, v, mask = make_inputs(case)
+    sinks = sinks_for(case)
+    out = emulator.attention(q, k, v, mask=mask, kernel=kernel, splits=3, sinks=sinks)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref = attention_reference(q, k, v, mask=mask, sinks=sinks)
+    assert relative_error(out, ref) <= TOLERANCE[case.dtype]
+    cpu = flash_attention(q, k, v, mask=mask, sinks=sinks, stream=mx.cpu)
+    assert relative_error(out, np.array(cpu.astype(mx.float32))) <= TOLERANCE[case.dtype]
+
+
+def test_attention_sinks_with_quantized_keys(emulator):
+    q, kq, vq = quantized_inputs((4, 2), 9, 200, 64, 4, 32, "float32")
+    sinks = mx.array([0.3, -1.0, 2.0, 5.0])
+    out = emulator.attention(q, kq, vq, mask="causal", sinks=sinks)
+    ref = attention_reference(q, dequantize(kq, 64), dequantize(vq, 64), mask="causal", sinks=sinks)
+    assert relative_error(out, ref) <= 2e-5
+
+
+def test_attention_sinks_under_a_gradient_are_refused(emulator):
+    case = Case(batch=(1,), heads=(2, 1), L=8, S=8, E=16)
+    q, k, v, _ = make_inputs(case)
+    sinks = mx.array([0.5, 1.0])
+    with pytest.raises(ValueError, match="attention sinks under a transformation") as info:
+        mx.grad(lambda q: emulator.attention(q, k, v, sinks=sinks).sum())(q)
+    assert info.value.reason == "attention_sinks"
 
 
 def test_explicit_scale(emulator):

@@ -111,7 +111,7 @@ def test_quantized_kv_cache_on_a_gpu_stream_falls_back_and_is_counted(monkeypatc
     from mlxlm_flash_patch import attention
 
     def refuse(*args, **kwargs):
-        error = UnsupportedError("flash_attention: quantized keys and values run on the CPU only so far")
+        error = UnsupportedError("flash_attention: quantized keys and values run on the CPU and Metal so far")
         error.reason = "quantized_kv_cache"
         raise error
 

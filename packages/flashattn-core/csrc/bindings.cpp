@@ -209,8 +209,9 @@ Args:
         CUDA the tensor-core decode reads the 16-bit inputs as they are).
     sinks (array, optional): ``(H_q,)``, one logit per query head that joins
         every row's softmax denominator and adds no value, as MLX's
-        ``scaled_dot_product_attention(..., sinks=)``; differentiable. CPU
-        only so far (elsewhere an ``UnsupportedError`` with reason
+        ``scaled_dot_product_attention(..., sinks=)``. On the CPU, and
+        differentiable there; on Metal outside transformations; CUDA
+        refuses them (an ``UnsupportedError`` with reason
         ``"attention_sinks"``).
     group_size (int, optional), bits (int, optional): of quantized keys
         and values; when given, checked against their shapes (which define
@@ -275,13 +276,14 @@ Returns:
          unsigned long long seed,
          std::optional<int> window,
          std::optional<int> group_size,
-         std::optional<int> bits) {
+         std::optional<int> bits,
+         std::optional<mx::array> sinks) {
         auto [mode, mask_arr] = split_mask(mask);
         flashattn::metal::Emulation emulation{
             reinterpret_cast<FaEmuRun>(emulator), lane_order, seed};
         return flashattn::flash_attention_metal_emulated(
             queries, keys_or_values(keys), keys_or_values(values), scale, mode, mask_arr, emulation,
-            {variant_named(kernel), splits}, window, group_size, bits);
+            {variant_named(kernel), splits}, window, group_size, bits, sinks);
       },
       "queries"_a,
       "keys"_a,
@@ -297,6 +299,7 @@ Returns:
       "window"_a = nb::none(),
       "group_size"_a = nb::none(),
       "bits"_a = nb::none(),
+      "sinks"_a = nb::none(),
       "flash_attention through the Metal dispatch and kernels, run by the "
       "emulator whose entry point address is `emulator` (tests only).");
 }

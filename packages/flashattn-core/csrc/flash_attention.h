@@ -154,6 +154,8 @@ struct AttentionCall {
   const QuantizedArray* k_quantized = nullptr;
   const QuantizedArray* v_quantized = nullptr;
   KVQuantization quantization = {};
+  // Attention sinks (Metal forward): (H_q,), one logit per query head.
+  std::optional<mx::array> sinks = std::nullopt;
 };
 
 ///////////////////////////////////////////////////////////////////////////////

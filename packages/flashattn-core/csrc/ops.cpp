@@ -299,8 +299,10 @@ Fused cuda_backward(float scale, MaskKind mask_kind, mx::Stream stream) {
   };
 }
 
-// Attention sinks: one float logit per query head.
-void check_sinks(const mx::array& sinks, const mx::array& queries, Backend backend) {
+// Attention sinks: one float logit per query head. The CPU takes them
+// everywhere, Metal's forward kernels outside a transformation (traced: a
+// gradient may follow, which only the CPU's backward has), CUDA nowhere yet.
+void check_sinks(const mx::array& sinks, const mx::array& queries, Backend backend, bool traced) {
   const int H_q = queries.shape(-3);
   if (sinks.ndim() != 1 || sinks.shape(0) != H_q) {
     fail(Reason::input, "sinks must have shape (H_q,) = (" + std::to_string(H_q) + ",), one logit per query head; got " +
@@ -309,8 +311,12 @@ void check_sinks(const mx::array& sinks, const mx::array& queries, Backend backe
   if (!is_supported_float(sinks.dtype())) {
     fail(Reason::input, "sinks must be float32, float16 or bfloat16; got " + dtype_str(sinks.dtype()));
   }
-  if (backend != Backend::cpu) {
-    fail(Reason::sinks, "attention sinks run on the CPU only so far; use stream=mx.cpu");
+  if (backend == Backend::cuda) {
+    fail(Reason::sinks, "attention sinks run on the CPU and Metal so far; use stream=mx.cpu");
+  }
+  if (backend == Backend::metal && traced) {
+    fail(Reason::sinks, "attention sinks under a transformation (a gradient, mx.compile) run on the CPU only so "
+         "far; use stream=mx.cpu");
   }
 }
 
@@ -391,6 +397,7 @@ mx::array quantized_metal_attention(
     const KeysValues& kv,
     const Checked& c,
     int window,
+    const std::optional<mx::array>& sinks,
     const metal::Launcher& launch,
     metal::Choice choice,
     mx::Stream stream) {
@@ -402,7 +409,7 @@ mx::array quantized_metal_attention(
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m;
     if (has_mask_array(c.mask_kind)) m = c.mask;
-    const AttentionCall call{in[0], k, v, c.scale, c.mask_kind, m, stream, window, kq, vq, kv.quantization};
+    const AttentionCall call{in[0], k, v, c.scale, c.mask_kind, m, stream, window, kq, vq, kv.quantization, sinks};
     return std::vector<mx::array>{metal::flash_attention(call, launch, choice)};
   };
   auto refuse = [](const std::vector<mx::array>&, const std::vector<mx::array>&,
@@ -435,7 +442,7 @@ mx::array flash_attention(
   const bool widen = widens(queries, dtype);
   const int window = check_window(window_arg, c.mask_kind);
   Backend backend = backend_for(requested_device(s));
-  if (sinks) check_sinks(*sinks, queries, backend);
+  if (sinks) check_sinks(*sinks, queries, backend, any_tracer({queries, keys, values, *sinks}));
   if (kv.quantization.any() && backend == Backend::cuda) {
     fail(Reason::quantized, "quantized keys and values run on the CPU and Metal so far; use stream=mx.cpu");
   }
@@ -465,7 +472,7 @@ mx::array flash_attention(
   if (kv.quantization.any() && backend == Backend::metal) {
     auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
     return quantized_metal_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg,
-                                     values_arg, kv, c, window, launch, {}, stream);
+                                     values_arg, kv, c, window, sinks, launch, {}, stream);
   }
   if (kv.quantization.any()) {
     if (!widen) return cpu_attention(queries, kv, c, window, sinks, stream);
@@ -490,7 +497,8 @@ mx::array flash_attention(
     auto forward = [=](const std::vector<mx::array>& in) {
       std::optional<mx::array> m;
       if (has_mask_array(mask_kind)) m = in[3];
-      const AttentionCall attention{in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, window};
+      const AttentionCall attention{in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, window,
+                                    nullptr, nullptr, {}, sinks};
       if (backend == Backend::cuda) {
         return cuda::flash_attention(attention);
       }
@@ -520,23 +528,26 @@ mx::array flash_attention_metal_emulated(
     metal::Choice choice,
     std::optional<int> window_arg,
     std::optional<int> group_size,
-    std::optional<int> bits) {
+    std::optional<int> bits,
+    std::optional<mx::array> sinks) {
   const mx::Stream stream = mx::default_stream(mx::Device::cpu);
   const KeysValues kv = unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, stream);
   const mx::array &keys = kv.k, &values = kv.v;
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   const int window = check_window(window_arg, c.mask_kind);
+  if (sinks) check_sinks(*sinks, queries, Backend::metal, any_tracer({queries, keys, values, *sinks}));
   if (queries.size() == 0 || keys.shape(-2) == 0) {
     return mx::zeros(queries.shape(), queries.dtype(), stream);
   }
   if (kv.quantization.any()) {
-    return quantized_metal_attention(queries, keys_arg, values_arg, kv, c, window,
+    return quantized_metal_attention(queries, keys_arg, values_arg, kv, c, window, sinks,
                                      metal::emulated_launcher(emulation, stream), choice, stream);
   }
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m;
     if (has_mask_array(c.mask_kind)) m = in[3];
-    return metal::flash_attention({in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, window},
+    return metal::flash_attention({in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, window, nullptr, nullptr,
+                                   {}, sinks},
                                   metal::emulated_launcher(emulation, stream), choice);
   };
   return with_attention_vjp(

@@ -95,18 +95,20 @@ std::vector<Instance> instances() {
   std::vector<Instance> out;
   for (mx::Dtype t : kDtypes) {
     const std::string T = msl_type(t);
-    const std::vector<std::string> attention_inputs = {T, T, T, "float", "int64_t", "int32_t"};
+    const std::vector<std::string> attention_inputs = {T, T, T, "float", "int64_t", "int32_t", "float"};
     const std::vector<std::string> quantized_inputs = {
-        T, "uint32_t", "float", "float", "uint32_t", "float", "float", "float", "int64_t", "int32_t"};
+        T, "uint32_t", "float", "float", "uint32_t", "float", "float", "float", "int64_t", "int32_t", "float"};
     for (int ept : kEpts) {
       out.push_back({"flash_rows", {{"T", t}, {"EPT", ept}}, attention_inputs, {T}});
       out.push_back({"flash_decode", {{"T", t}, {"EPT", ept}}, attention_inputs, {"float", "float"}});
       out.push_back({"flash_rows_q", {{"T", t}, {"EPT", ept}}, quantized_inputs, {T}});
       out.push_back({"flash_decode_q", {{"T", t}, {"EPT", ept}}, quantized_inputs, {"float", "float"}});
     }
-    out.push_back({"flash_merge", {{"T", t}}, {"float", "float", "int32_t"}, {T}});
+    out.push_back({"flash_merge", {{"T", t}}, {"float", "float", "int32_t", "float"}, {T}});
     for (int ept : kEpts) {
-      std::vector<std::string> rows_inputs = attention_inputs, keys_inputs = attention_inputs;
+      // The backward kernels take no sinks (refused under a transformation).
+      std::vector<std::string> rows_inputs(attention_inputs.begin(), attention_inputs.end() - 1);
+      std::vector<std::string> keys_inputs = rows_inputs;
       rows_inputs.insert(rows_inputs.end(), {T, T});          // o, d_out
       keys_inputs.insert(keys_inputs.end(), {T, "float"});    // d_out, stats
       out.push_back({"flash_backward_rows", {{"T", t}, {"EPT", ept}}, rows_inputs, {T, "float"}});
@@ -230,10 +232,14 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
   // words with float32 scales and biases for the *_q kernels.
   const KeyValueInputs kv = key_value_inputs(call, p);
   const std::string suffix = kv.quantized ? "_q" : "";
+  // One logit per query head, -inf where the call has no sinks.
+  const mx::array sinks = call.sinks
+      ? flat_at_least_8(mx::astype(*call.sinks, mx::float32, s), s)
+      : mx::full({std::max(H_q, kMinElements)}, -std::numeric_limits<float>::infinity(), mx::float32, s);
   auto inputs = [&](const std::vector<int32_t>& params) {
     std::vector<mx::array> in = {flat_at_least_8(q, s)};
     in.insert(in.end(), kv.arrays.begin(), kv.arrays.end());
-    in.insert(in.end(), {mask_data, base, mx::array(params.data(), {kParamCount}, mx::int32)});
+    in.insert(in.end(), {mask_data, base, mx::array(params.data(), {kParamCount}, mx::int32), sinks});
     return in;
   };
 
@@ -279,7 +285,7 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
   auto parts = launch({"flash_decode" + suffix, rows_args, inputs(p), {{part}, {ml}}, {mx::float32, mx::float32},
                        grid, threadgroup});
   const mx::array params(p.data(), {kParamCount}, mx::int32);
-  return launch({"flash_merge", {{"T", q.dtype()}}, {parts[0], parts[1], params}, {q.shape()}, {q.dtype()},
+  return launch({"flash_merge", {{"T", q.dtype()}}, {parts[0], parts[1], params, sinks}, {q.shape()}, {q.dtype()},
                  {checked_int(32 * rows, "query rows"), 1, 1}, {32, 1, 1}})[0];
 }
 

@@ -36,6 +36,7 @@ mx::array flash_attention_metal_emulated(
     metal::Choice choice,
     std::optional<int> window = std::nullopt,
     std::optional<int> group_size = std::nullopt,
-    std::optional<int> bits = std::nullopt);
+    std::optional<int> bits = std::nullopt,
+    std::optional<mx::array> sinks = std::nullopt);
 
 }  // namespace flashattn

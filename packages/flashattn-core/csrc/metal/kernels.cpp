@@ -10,10 +10,11 @@ namespace flashattn::metal {
 
 namespace {
 
-const std::vector<std::string> kAttentionInputs = {"q", "k", "v", "mask", "mask_base", "params"};
+// sinks: one float32 logit per query head (-inf: none).
+const std::vector<std::string> kAttentionInputs = {"q", "k", "v", "mask", "mask_base", "params", "sinks"};
 // Quantized keys and values: packed words, and float32 scales and biases.
 const std::vector<std::string> kQuantizedInputs = {
-    "q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "mask", "mask_base", "params"};
+    "q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "mask", "mask_base", "params", "sinks"};
 
 // The key and value sources of a body: fa::PlainRows<T> over k and v, or
 // fa::QuantizedRows over their packed words, scales and biases.
@@ -30,7 +31,7 @@ std::string rows_sources(const std::string& source) {
 std::string rows_body(const std::string& source) {
   return "\n" + rows_sources(source) + R"(  threadgroup float q_tile[fa::rows_per_threadgroup(EPT) * 32 * EPT];
   threadgroup float p_tile[fa::rows_per_threadgroup(EPT) * 32];
-  fa::flash_rows<T, EPT>(q, k_rows, v_rows, mask, mask_base, params, out, threadgroup_position_in_grid,
+  fa::flash_rows<T, EPT>(q, k_rows, v_rows, mask, mask_base, params, sinks, out, threadgroup_position_in_grid,
                          simdgroup_index_in_threadgroup, thread_index_in_simdgroup, q_tile, p_tile);
 )";
 }
@@ -51,7 +52,7 @@ std::string mma_body(const std::string& source) {
   threadgroup float alpha_tile[fa::mma_rows()];
   threadgroup uchar hidden_tile[fa::mma_rows() * 32];
   threadgroup int flags[1];
-  fa::flash_mma<T, E>(q, k_rows, v_rows, mask, mask_base, params, out, threadgroup_position_in_grid,
+  fa::flash_mma<T, E>(q, k_rows, v_rows, mask, mask_base, params, sinks, out, threadgroup_position_in_grid,
                       simdgroup_index_in_threadgroup, thread_index_in_simdgroup,
                       thread_index_in_threadgroup, o_tile, kv_tile, s_tile, alpha_tile,
                       hidden_tile, flags);
@@ -67,10 +68,10 @@ const std::vector<MetalKernel>& metal_kernels() {
       {"flash_decode", kAttentionInputs, {"o_part", "ml_part"}, decode_body("PlainRows")},
       {"flash_decode_q", kQuantizedInputs, {"o_part", "ml_part"}, decode_body("QuantizedRows")},
       {"flash_merge",
-       {"o_part", "ml_part", "params"},
+       {"o_part", "ml_part", "params", "sinks"},
        {"out"},
        R"(
-  fa::flash_merge<T>(o_part, ml_part, params, out, threadgroup_position_in_grid.x,
+  fa::flash_merge<T>(o_part, ml_part, params, sinks, out, threadgroup_position_in_grid.x,
                      thread_index_in_simdgroup);
 )"},
       {"flash_mma", kAttentionInputs, {"out"}, mma_body("PlainRows")},

@@ -125,14 +125,24 @@ inline float online_softmax_step(thread float& m_i, float m_tile, thread float& 
 // whose output is zeros, never NaN.
 inline float inverse_sum(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
 
+// An attention sink's share of a row's softmax denominator (MLX's SDPA
+// sinks=: one logit per query head that adds no value): 2^(sink log2(e) - m)
+// beside the row's l, taken against its exponent base m. A sink of -inf,
+// which is what calls without sinks pass, adds nothing.
+inline float sink_term(const device float* sinks, int head, float m) {
+  const float sink = sinks[head];
+  return sink == -INFINITY ? 0.0f : exp2(sink * kLog2e - exp_base(m));
+}
+
 // The split merge (FlashDecoding): out = sum_s 2^(m_s - m) o_s / sum_s
 // 2^(m_s - m) l_s with m = max_s m_s, over the partials (o_s, m_s, l_s) the
-// key splits wrote in slot split x rows + row. One SIMD group per output row,
-// lanes over the head dim; a row no split saw a key of gives zeros.
+// key splits wrote in slot split x rows + row, and the row's sink once. One
+// SIMD group per output row, lanes over the head dim; a row no split saw a
+// key of gives zeros.
 template <typename T>
 void flash_merge(
     const device float* o_part, const device float* ml_part, const device int* params,
-    device T* out, uint row, uint lane) {
+    const device float* sinks, device T* out, uint row, uint lane) {
   const int E = params[kE], splits = params[kSplits];
   const int64_t rows = params[kRowsTotal];
   float m = -INFINITY;
@@ -149,7 +159,8 @@ void flash_merge(
       if (e < E) acc[i] += w * o_part[slot * E + e];
     }
   }
-  const float inv = inverse_sum(l);
+  const int head = (int(row) / params[kL]) % params[kHeadsQ];
+  const float inv = inverse_sum(l + sink_term(sinks, head, m));
   for (int i = 0; i < 8; ++i) {
     const int e = int(lane) + 32 * i;
     if (e < E) store(out, int64_t(row) * E + e, acc[i] * inv);

@@ -22,8 +22,8 @@ namespace fa {
 template <typename T, int E, typename KV>
 void flash_mma(
     const device T* q, KV k, KV v, const device float* mask_data,
-    const device int64_t* mask_base, const device int* params, device T* out, uint3 group,
-    uint sg, uint lane, uint tid, threadgroup float* o_tile, threadgroup float* kv_tile,
+    const device int64_t* mask_base, const device int* params, const device float* sinks, device T* out,
+    uint3 group, uint sg, uint lane, uint tid, threadgroup float* o_tile, threadgroup float* kv_tile,
     threadgroup float* s_tile, threadgroup float* alpha_tile, threadgroup uchar* hidden_tile,
     threadgroup int* flags) {
   constexpr int Br = mma_rows(), Bc = mma_keys(E), D = E / 8, KB = Bc / 8, kThreads = kMmaThreads;
@@ -157,7 +157,7 @@ void flash_mma(
   float inv[8];
   for (int r = 0; r < 8; ++r) {
     const float l = simd_sum(l_i[r]);
-    inv[r] = inverse_sum(l);
+    inv[r] = inverse_sum(l + sink_term(sinks, int(n_q % H_q), m_i[r]));
   }
   for (int i = int(lane); i < 8 * E; i += 32) {
     const int r = i / E, row = row0 + int(sg) * 8 + r;

@@ -122,15 +122,15 @@ RowState<EPT> attend_row(
 template <typename T, int EPT, typename KV>
 void flash_rows(
     const device T* q, KV k, KV v, const device float* mask_data,
-    const device int64_t* mask_base, const device int* params, device T* out, uint3 group, uint sg,
-    uint lane, threadgroup float* q_tile, threadgroup float* p_tile) {
+    const device int64_t* mask_base, const device int* params, const device float* sinks, device T* out,
+    uint3 group, uint sg, uint lane, threadgroup float* q_tile, threadgroup float* p_tile) {
   const RowTask t = row_task(params, group, sg);
   const RowState<EPT> st = attend_row<T, EPT, KV>(
       q, k, v, make_mask(mask_data, mask_base, params), params, t, lane, q_tile + sg * 32 * EPT,
       p_tile + sg * 32);
   if (!t.valid) return;
   const int L = params[kL], E = params[kE];
-  const float inv = inverse_sum(st.l);
+  const float inv = inverse_sum(st.l + sink_term(sinks, int(t.n_q % params[kHeadsQ]), st.m));
   device T* o = out + (t.n_q * L + t.row) * E;
   for (int i = 0; i < EPT; ++i) {
     const int e = int(lane) + 32 * i;
