@@ -664,3 +664,31 @@ def test_sinks_are_refused_on_the_gpu_with_their_reason():
     with pytest.raises(UnsupportedError, match="attention sinks run on the CPU and Metal so far") as info:
         flash_attention(q, q, q, sinks=mx.zeros((4,)), stream=mx.gpu)
     assert info.value.reason == "attention_sinks"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("L, S, window", [(300, 300, 64), (1, 5000, 700), (200, 3000, 1000)])
+def test_sliding_windows_run_as_the_same_boolean_mask(dtype, L, S, window):
+    # The CUDA kernels take the window as its band (no tiles skipped): the
+    # same rule, forward and gradients, against float64 and the CPU's own.
+    case = Case(batch=(1,), heads=(8, 2), L=L, S=S, E=64, mask="causal", dtype=dtype, layout="kv_cache")
+    q, k, v, _ = make_inputs(case, seed=9)
+    band = causal_mask(L, S, window)
+    out = flash_attention(q, k, v, mask="causal", window=window, stream=mx.gpu)
+    assert relative_error(out, attention_reference(q, k, v, mask=band)) <= TOLERANCE[dtype]
+    f = lambda q, k, v, stream: flash_attention(q, k, v, mask="causal", window=window, stream=stream)
+    d_out = mx.array(np.random.default_rng(3).standard_normal(q.shape)).astype(q.dtype)
+    gpu = mx.vjp(lambda q, k, v: f(q, k, v, mx.gpu), [q, k, v], [d_out])[1]
+    cpu = mx.vjp(lambda q, k, v: f(q, k, v, mx.cpu), [q, k, v], [d_out])[1]
+    for g, c in zip(gpu, cpu):
+        assert relative_error(g, np.array(c.astype(mx.float32))) <= (2e-5 if dtype == "float32" else 2e-2)
+
+
+def test_quantized_keys_are_refused_on_the_gpu_with_their_reason():
+    from flashattn_core import UnsupportedError
+
+    q = mx.zeros((1, 4, 8, 64))
+    kq = tuple(mx.quantize(mx.ones((1, 2, 8, 64)), group_size=64, bits=4))
+    with pytest.raises(UnsupportedError, match="quantized keys and values run on the CPU and Metal so far") as info:
+        flash_attention(q, kq, kq, stream=mx.gpu)
+    assert info.value.reason == "quantized_kv_cache"
