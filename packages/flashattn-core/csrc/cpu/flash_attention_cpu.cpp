@@ -54,8 +54,10 @@ Kernels choose_kernels() {
 
 // The decode kernel hides keys past a row's last one only: a sliding window
 // must leave every row of a tile the same first key (one query position).
+// Quantized keys and values it takes both or neither.
 bool decode_kernel_fits(const AttentionProblem& p) {
-  return p.E % 8 == 0 && p.E <= 256 && p.k.col_stride == 1 && p.v.col_stride == 1 && !p.quantized() &&
+  const bool quantized_alike = (p.k_quantized.bits == 0) == (p.v_quantized.bits == 0);
+  return p.E % 8 == 0 && p.E <= 256 && p.k.col_stride == 1 && p.v.col_stride == 1 && quantized_alike &&
       (p.mask_kind == MaskKind::none || p.mask_kind == MaskKind::causal) && (p.window == 0 || p.L == 1);
 }
 

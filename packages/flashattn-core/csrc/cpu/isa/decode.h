@@ -26,6 +26,9 @@
 // of the hardware prefetchers. float16 / bfloat16 rows are converted in
 // registers.
 //
+// Quantized keys and values (both) are dequantized a tile at a time into
+// float32 rows the products then read as they would read float32 inputs.
+//
 // Needs 32 vector registers (AVX-512), E a multiple of 8 up to 256, key and
 // value rows contiguous, and no array mask (none or causal); the planner's
 // other cases take attend.h.
@@ -47,6 +50,7 @@
 #include "../tiles.h"
 #include "../work.h"
 #include "convert.h"
+#include "dequantize.h"
 #include "exp2.h"
 
 namespace flashattn::cpu::FLASHATTN_ISA {
@@ -109,7 +113,9 @@ struct Ahead {
 
 } // namespace decode_detail
 
-template <int R, typename T>
+// T: the queries' and the output's dtype; KV: what the products read K and V
+// as (T itself, or float32 rows dequantized from a quantized cache).
+template <int R, typename T, typename KV = T>
 struct Decode {
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -126,6 +132,10 @@ struct Decode {
   alignas(64) float prob[R][Bc]; // scores, then P
   float m_i[R], l_i[R];
   int64_t out_off[R], limit[R]; // limit: the last key the causal mask shows
+  // A quantized tile's keys and values, dequantized (rows of E floats);
+  // untouched for plain inputs.
+  alignas(64) float k_tile[Bc * decode_detail::kMaxE];
+  alignas(64) float v_tile[Bc * decode_detail::kMaxE];
 
   void load_rows() {
     const int ratio = p.q_kv_heads_ratio;
@@ -151,10 +161,11 @@ struct Decode {
   }
 
   // 8 elements of a key or value row as float32, converted in registers.
-  static __m256 load8(const T* x) {
-    if constexpr (std::is_same_v<T, float>) {
+  template <typename U>
+  static __m256 load8(const U* x) {
+    if constexpr (std::is_same_v<U, float>) {
       return _mm256_loadu_ps(x);
-    } else if constexpr (std::is_same_v<T, mx::float16_t>) {
+    } else if constexpr (std::is_same_v<U, mx::float16_t>) {
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
     } else { // bfloat16 is the top half of a float32
       const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
@@ -162,10 +173,11 @@ struct Decode {
     }
   }
 
-  static __m512 load16(const T* x) {
-    if constexpr (std::is_same_v<T, float>) {
+  template <typename U>
+  static __m512 load16(const U* x) {
+    if constexpr (std::is_same_v<U, float>) {
       return _mm512_loadu_ps(x);
-    } else if constexpr (std::is_same_v<T, mx::float16_t>) {
+    } else if constexpr (std::is_same_v<U, mx::float16_t>) {
       return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
     } else {
       const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
@@ -174,15 +186,15 @@ struct Decode {
   }
 
   // Rows c0.. of K or V, read in place.
-  const T* rows_at(const StridedOperand& x, int64_t c0) const {
-    return static_cast<const T*>(x.data) + x.base[item.group] + c0 * x.row_stride;
+  const KV* rows_at(const StridedOperand& x, int64_t c0) const {
+    return static_cast<const KV*>(x.data) + x.base[item.group] + c0 * x.row_stride;
   }
 
   // partial[c][r] = the 8-lane partial sums of q_r . K_c.
   template <int EV>
-  void qk(const T* K, int64_t ks, const decode_detail::Ahead& ahead, int cols) {
+  void qk(const KV* K, int64_t ks, const decode_detail::Ahead& ahead, int cols) {
     for (int c = 0; c < cols; ++c) {
-      const T* k_row = K + c * ks;
+      const KV* k_row = K + c * ks;
       ahead.fetch(c);
       __m256 k[EV];
       for (int j = 0; j < EV; ++j) {
@@ -204,7 +216,7 @@ struct Decode {
     }
   }
 
-  void qk_any(const T* K, int64_t ks, const decode_detail::Ahead& ahead, int cols) {
+  void qk_any(const KV* K, int64_t ks, const decode_detail::Ahead& ahead, int cols) {
     switch (p.E / 8) {
 #define FLASHATTN_QK_CASE(n) \
   case n:                    \
@@ -216,7 +228,7 @@ struct Decode {
 #undef FLASHATTN_QK_CASE
       default: { // E in (128, 256]: K rows too long for registers, read as used
         for (int c = 0; c < cols; ++c) {
-          const T* k_row = K + c * ks;
+          const KV* k_row = K + c * ks;
           ahead.fetch(c);
           for (int r = 0; r < R; ++r) {
             __m256 a = _mm256_setzero_ps();
@@ -295,7 +307,7 @@ struct Decode {
   // o_r[e0, e0 + 16 NV) += P_r V over every key of the tile: NV 16-lane
   // vectors of every row's o stay in registers while the value rows stream.
   template <int NV>
-  void pv_block(const T* V, int64_t vs, int e0, const decode_detail::Ahead* ahead, int cols) {
+  void pv_block(const KV* V, int64_t vs, int e0, const decode_detail::Ahead* ahead, int cols) {
     __m512 acc[R][NV];
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < NV; ++j) {
@@ -306,7 +318,7 @@ struct Decode {
       if (ahead) {
         ahead->fetch(c);
       }
-      const T* v_row = V + c * vs + e0;
+      const KV* v_row = V + c * vs + e0;
       __m512 v[NV];
       for (int j = 0; j < NV; ++j) {
         v[j] = load16(v_row + 16 * j);
@@ -325,7 +337,7 @@ struct Decode {
     }
   }
 
-  void pv(const T* V, int64_t vs, const decode_detail::Ahead& ahead, int cols) {
+  void pv(const KV* V, int64_t vs, const decode_detail::Ahead& ahead, int cols) {
     int e0 = 0;
     if constexpr (R <= 7) {
       // 64 columns of up to 7 rows in 28 accumulators, the value row in 4:
@@ -365,7 +377,7 @@ struct Decode {
   // A causal tile that hides some keys from some rows: each row takes only
   // the keys it sees, so a hidden value (NaN or Inf included) never reaches
   // it (0 x NaN would).
-  void pv_visible(const T* V, int64_t vs, const int* visible) {
+  void pv_visible(const KV* V, int64_t vs, const int* visible) {
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < visible[r]; ++c) {
         const __m256 b = _mm256_broadcast_ss(prob[r] + c);
@@ -383,11 +395,15 @@ struct Decode {
     const int first = item.row_tile * plan.RB;
     const int64_t l_first = first / p.q_kv_heads_ratio;
     const int64_t l_last = (first + R - 1) / p.q_kv_heads_ratio;
-    const int64_t row_bytes = p.E * int64_t(sizeof(T));
+    const bool quantized = p.quantized();
+    const int64_t row_bytes = p.E * int64_t(sizeof(KV));
     const int64_t ahead_rows = decode_detail::kPrefetchBytes / row_bytes;
     auto ahead_of = [&](const StridedOperand& x, int64_t c0) {
-      const int64_t step = x.row_stride * int64_t(sizeof(T));
-      const char* base = static_cast<const char*>(x.data) + x.base[item.group] * int64_t(sizeof(T));
+      if (quantized) {  // the tiles are in L1; the packed stream is short
+        return decode_detail::Ahead{nullptr, 0, 0};
+      }
+      const int64_t step = x.row_stride * int64_t(sizeof(KV));
+      const char* base = static_cast<const char*>(x.data) + x.base[item.group] * int64_t(sizeof(KV));
       return decode_detail::Ahead{base + (c0 + ahead_rows) * step, step, row_bytes};
     };
     int visible[R];
@@ -399,9 +415,22 @@ struct Decode {
       if (visibility == TileVisibility::hidden) {
         continue;
       }
-      const T* K = rows_at(p.k, c0);
-      const T* V = rows_at(p.v, c0);
-      const int64_t ks = p.k.row_stride, vs = p.v.row_stride;
+      const KV* K;
+      const KV* V;
+      int64_t ks, vs;
+      if constexpr (std::is_same_v<KV, float>) {
+        if (quantized) {
+          dequantize_rows(p.k, p.k_quantized, item.group, c0, cols, p.E, k_tile);
+          dequantize_rows(p.v, p.v_quantized, item.group, c0, cols, p.E, v_tile);
+        }
+      }
+      if (quantized) {
+        K = reinterpret_cast<const KV*>(k_tile), V = reinterpret_cast<const KV*>(v_tile);
+        ks = vs = p.E;
+      } else {
+        K = rows_at(p.k, c0), V = rows_at(p.v, c0);
+        ks = p.k.row_stride, vs = p.v.row_stride;
+      }
       qk_any(K, ks, ahead_of(p.k, c0), cols);
       const bool partial_tile = visibility == TileVisibility::partial;
       softmax(c0, cols, partial_tile, visible);
@@ -438,14 +467,23 @@ struct Decode {
   }
 };
 
+template <int R, typename T>
+void decode_rows_of(const AttentionProblem& p, WorkPlan& plan, const WorkItem& item) {
+  if (p.quantized()) {
+    Decode<R, T, float>(p, plan, item).run();
+  } else {
+    Decode<R, T>(p, plan, item).run();
+  }
+}
+
 template <int R>
 void decode_rows(const AttentionProblem& p, WorkPlan& plan, const WorkItem& item) {
   if (p.dtype == mx::float32) {
-    Decode<R, float>(p, plan, item).run();
+    decode_rows_of<R, float>(p, plan, item);
   } else if (p.dtype == mx::float16) {
-    Decode<R, mx::float16_t>(p, plan, item).run();
+    decode_rows_of<R, mx::float16_t>(p, plan, item);
   } else {
-    Decode<R, mx::bfloat16_t>(p, plan, item).run();
+    decode_rows_of<R, mx::bfloat16_t>(p, plan, item);
   }
 }
 
