@@ -684,11 +684,73 @@ def test_sliding_windows_run_as_the_same_boolean_mask(dtype, L, S, window):
         assert relative_error(g, np.array(c.astype(mx.float32))) <= (2e-5 if dtype == "float32" else 2e-2)
 
 
-def test_quantized_keys_are_refused_on_the_gpu_with_their_reason():
-    from flashattn_core import UnsupportedError
+QUANTIZED_GPU_CASES = [  # (heads, L, S, E, bits, group size, dtype, mask)
+    ((14, 2), 1, 32768, 64, 4, 64, "bfloat16", None),  # decode against a long cache: many splits
+    ((14, 2), 1, 5000, 64, 8, 32, "float16", "causal"),
+    ((32, 8), 300, 300, 128, 4, 64, "bfloat16", "causal"),  # prefill: one split
+    ((8, 2), 64, 2000, 256, 2, 128, "float32", "bool"),
+    ((4, 4), 7, 100, 96, 8, 32, "float32", None),
+]
 
-    q = mx.zeros((1, 4, 8, 64))
-    kq = tuple(mx.quantize(mx.ones((1, 2, 8, 64)), group_size=64, bits=4))
-    with pytest.raises(UnsupportedError, match="quantized keys and values run on the CPU and Metal so far") as info:
-        flash_attention(q, kq, kq, stream=mx.gpu)
-    assert info.value.reason == "quantized_kv_cache"
+
+def quantized_case(heads, L, S, E, bits, group_size, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    q = mx.array(rng.standard_normal((1, heads[0], L, E))).astype(getattr(mx, dtype))
+
+    def quantized():  # sliced from a larger buffer, as mlx-lm's cache does
+        x = mx.array(rng.standard_normal((1, heads[1], S + 100, E))).astype(getattr(mx, dtype))
+        return tuple(p[..., :S, :] for p in mx.quantize(x, group_size=group_size, bits=bits))
+
+    return q, quantized(), quantized()
+
+
+@pytest.mark.parametrize("c", QUANTIZED_GPU_CASES, ids=[f"{c[0]}-L{c[1]}-S{c[2]}-E{c[3]}-{c[4]}bit-{c[6]}"
+                                                        for c in QUANTIZED_GPU_CASES])
+def test_quantized_keys_and_values(c):
+    # quantized.cu against float64 on the float64 dequantization; the dtype's
+    # own output and float32 attention over it.
+    from flashattn_core.reference import dequantize
+
+    heads, L, S, E, bits, group_size, dtype, mask_kind = c
+    q, kq, vq = quantized_case(heads, L, S, E, bits, group_size, dtype)
+    mask = mx.array(np.random.default_rng(2).random((L, S)) < 0.7) if mask_kind == "bool" else mask_kind
+    ref = attention_reference(q, dequantize(kq, E), dequantize(vq, E), mask=mask)
+    out = flash_attention(q, kq, vq, mask=mask, stream=mx.gpu)
+    wide = flash_attention(q, kq, vq, mask=mask, dtype=mx.float32, stream=mx.gpu)
+    assert out.dtype == q.dtype and wide.dtype == mx.float32
+    assert relative_error(out, ref) <= TOLERANCE[dtype]
+    assert relative_error(wide, ref) <= 2e-5
+
+
+def test_quantized_keys_beside_plain_values_and_a_window():
+    from flashattn_core.reference import dequantize
+
+    q, kq, vq = quantized_case((8, 2), 40, 900, 64, 4, 32, "float32")
+    v = mx.array(dequantize(vq, 64).astype(np.float32))
+    out = flash_attention(q, kq, v, mask="causal", window=100, stream=mx.gpu)
+    ref = attention_reference(q, dequantize(kq, 64), v, mask=causal_mask(40, 900, 100))
+    assert relative_error(out, ref) <= 2e-5
+
+
+def test_no_gradient_through_quantized_keys_on_the_gpu():
+    q, kq, vq = quantized_case((2, 1), 8, 8, 64, 4, 64, "float32")
+    with pytest.raises(ValueError, match="no gradient through quantized keys or values"):
+        mx.grad(lambda q: flash_attention(q, kq, vq, stream=mx.gpu).sum())(q)
+
+
+def test_patch_routes_quantized_caches_through_the_gpu_kernels():
+    import mlxlm_flash_patch
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    cache = QuantizedKVCache(group_size=64, bits=4)
+    k = mx.random.normal((1, 2, 300, 64)).astype(mx.bfloat16)
+    keys, values = cache.update_and_fetch(k, k * 0.5)
+    q = mx.random.normal((1, 14, 1, 64)).astype(mx.bfloat16)
+    expected = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.125, mask=None)
+    mlxlm_flash_patch.reset_stats()
+    with mlxlm_flash_patch.patched():
+        out = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.125, mask=None)
+    stats = mlxlm_flash_patch.stats()
+    assert (stats["flash_calls"], stats["fallbacks"]) == (1, {})
+    assert relative_error(out, np.array(expected.astype(mx.float32))) <= 2e-2

@@ -101,9 +101,9 @@ def test_quantized_kv_cache_goes_through_flash_attention(tokenizer, bits, group_
     assert s["flash_calls"] > 0 and not s["fallbacks"]
 
 
-def test_quantized_kv_cache_on_a_gpu_stream_falls_back_and_is_counted(monkeypatch):
-    # The GPU kernels take no quantized keys yet: refused with a reason, then
-    # mlx-lm's own quantized attention.
+def test_a_quantized_call_the_kernel_refuses_falls_back_and_is_counted(monkeypatch):
+    # A refusal (an unsupported bit width, say) names its reason; mlx-lm's own
+    # quantized attention runs instead.
     from mlx_lm.models import base
     from mlx_lm.models.cache import QuantizedKVCache
 
@@ -111,7 +111,7 @@ def test_quantized_kv_cache_on_a_gpu_stream_falls_back_and_is_counted(monkeypatc
     from mlxlm_flash_patch import attention
 
     def refuse(*args, **kwargs):
-        error = UnsupportedError("flash_attention: quantized keys and values run on the CPU and Metal so far")
+        error = UnsupportedError("flash_attention: quantized keys of 6 bits: the kernels read 2, 4 and 8 bits")
         error.reason = "quantized_kv_cache"
         raise error
 

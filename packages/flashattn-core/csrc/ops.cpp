@@ -387,10 +387,11 @@ mx::array cpu_attention(
   return sinks ? with_sinks(outputs[0], outputs[1], *sinks, stream) : outputs[0];
 }
 
-// Quantized keys and values on Metal: the *_q kernels read them (dispatch.cpp
-// dequantizes one whose partner is not quantized alike). No gradient flows
-// through them: asking for one is refused when the backward is built.
-mx::array quantized_metal_attention(
+// Quantized keys and values on a GPU: `run` launches the call (Metal's *_q
+// kernels, CUDA's quantized kernel; either dequantizes a quantized key whose
+// partner is not quantized alike). No gradient flows through them: asking
+// for one is refused when the backward is built.
+mx::array quantized_gpu_attention(
     const mx::array& queries,
     const KeysOrValues& keys,
     const KeysOrValues& values,
@@ -398,8 +399,7 @@ mx::array quantized_metal_attention(
     const Checked& c,
     int window,
     const std::optional<mx::array>& sinks,
-    const metal::Launcher& launch,
-    metal::Choice choice,
+    const std::function<mx::array(const AttentionCall&)>& run,
     mx::Stream stream) {
   const QuantizedArray* kq = std::get_if<QuantizedArray>(&keys);
   const QuantizedArray* vq = std::get_if<QuantizedArray>(&values);
@@ -409,8 +409,8 @@ mx::array quantized_metal_attention(
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m;
     if (has_mask_array(c.mask_kind)) m = c.mask;
-    const AttentionCall call{in[0], k, v, c.scale, c.mask_kind, m, stream, window, kq, vq, kv.quantization, sinks};
-    return std::vector<mx::array>{metal::flash_attention(call, launch, choice)};
+    return std::vector<mx::array>{
+        run({in[0], k, v, c.scale, c.mask_kind, m, stream, window, kq, vq, kv.quantization, sinks})};
   };
   auto refuse = [](const std::vector<mx::array>&, const std::vector<mx::array>&,
                    const std::vector<mx::array>&) -> std::vector<mx::array> {
@@ -443,9 +443,6 @@ mx::array flash_attention(
   const int window = check_window(window_arg, c.mask_kind);
   Backend backend = backend_for(requested_device(s));
   if (sinks) check_sinks(*sinks, queries, backend, any_tracer({queries, keys, values, *sinks}));
-  if (kv.quantization.any() && backend == Backend::cuda) {
-    fail(Reason::quantized, "quantized keys and values run on the CPU and Metal so far; use stream=mx.cpu");
-  }
   auto stream = mx::to_stream(s);
 
   // Empty problems are defined without running a kernel: no queries give an
@@ -459,8 +456,13 @@ mx::array flash_attention(
   if (window > 0 && backend == Backend::cuda) {
     // The CUDA kernels know no window yet: the same rule as a boolean (L, S)
     // mask, exact but holding L x S booleans and skipping no tile.
-    return flash_attention(queries, keys, values, softmax_scale, "array",
-                           causal_mask_array(queries.shape(-2), keys.shape(-2), window, stream), s, dtype, sinks);
+    return flash_attention(queries, keys_arg, values_arg, softmax_scale, "array",
+                           causal_mask_array(queries.shape(-2), keys.shape(-2), window, stream), s, dtype, sinks,
+                           std::nullopt, group_size, bits);
+  }
+  if (kv.quantization.any() && backend == Backend::cuda) {
+    auto run = [widen](const AttentionCall& call) { return cuda::quantized_attention(call, widen); };
+    return quantized_gpu_attention(queries, keys_arg, values_arg, kv, c, window, sinks, run, stream);
   }
   if (backend == Backend::cuda && !any_tracer({queries, keys, values, mask_arr.value_or(queries)})) {
     // No transformation can ask for a gradient: the launch alone, one node in
@@ -470,9 +472,12 @@ mx::array flash_attention(
     return cuda::flash_attention({queries, keys, values, softmax_scale, mask_kind, m, stream}, widen);
   }
   if (kv.quantization.any() && backend == Backend::metal) {
-    auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
-    return quantized_metal_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg,
-                                     values_arg, kv, c, window, sinks, launch, {}, stream);
+    auto run = [stream](const AttentionCall& call) {
+      return metal::flash_attention(
+          call, [stream](const metal::KernelCall& k) { return metal::launch_on_metal(k, stream); });
+    };
+    return quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg,
+                                   values_arg, kv, c, window, sinks, run, stream);
   }
   if (kv.quantization.any()) {
     if (!widen) return cpu_attention(queries, kv, c, window, sinks, stream);
@@ -540,8 +545,10 @@ mx::array flash_attention_metal_emulated(
     return mx::zeros(queries.shape(), queries.dtype(), stream);
   }
   if (kv.quantization.any()) {
-    return quantized_metal_attention(queries, keys_arg, values_arg, kv, c, window, sinks,
-                                     metal::emulated_launcher(emulation, stream), choice, stream);
+    auto run = [=](const AttentionCall& call) {
+      return metal::flash_attention(call, metal::emulated_launcher(emulation, stream), choice);
+    };
+    return quantized_gpu_attention(queries, keys_arg, values_arg, kv, c, window, sinks, run, stream);
   }
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m;

@@ -17,6 +17,10 @@ bool kernels_available();
 // calls run the float32 kernels on cast inputs).
 mx::array flash_attention(const AttentionCall& call, bool widen = false);
 
+// Quantized keys and values (quantized.cpp): call.k_quantized /
+// v_quantized hold them, call.k / v placeholders of their logical shape.
+mx::array quantized_attention(const AttentionCall& call, bool widen = false);
+
 // The fused backward (backward.cpp): dQ, dK and dV of `call` from its
 // output and the output's cotangent, never an L x S array.
 std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& out,
