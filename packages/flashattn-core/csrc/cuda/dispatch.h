@@ -17,8 +17,9 @@ bool kernels_available();
 // calls run the float32 kernels on cast inputs).
 mx::array flash_attention(const AttentionCall& call, bool widen = false);
 
-// Quantized keys and values (quantized.cpp): call.k_quantized /
-// v_quantized hold them, call.k / v placeholders of their logical shape.
+// Quantized keys and values (quantized.cpp: dequantized for the ordinary
+// kernels): call.k_quantized / v_quantized hold them, call.k / v
+// placeholders of their logical shape.
 mx::array quantized_attention(const AttentionCall& call, bool widen = false);
 
 // The fused backward (backward.cpp): dQ, dK and dV of `call` from its
