@@ -76,7 +76,7 @@ NB_MODULE(_ext, m) {
       "flashattn_core.UnsupportedError",
       "flash_attention refused its arguments (a ValueError). .reason names why: "
       "'unsupported_input', 'unsupported_head_dim', 'unsupported_dtype', "
-      "'unsupported_mask' or 'no_gpu_kernel'.",
+      "'unsupported_mask', 'no_gpu_kernel', 'attention_sinks' or 'quantized_kv_cache'.",
       PyExc_ValueError,
       nullptr);
   m.attr("UnsupportedError") = nb::steal(unsupported);
