@@ -106,6 +106,8 @@ def test_slow_reference_is_skipped_and_said_so():
         (["--kv-bits", "4", "--pass", "both"], "take no gradient"),
         (["--kv-bits", "4", "--kv-group-size", "128"], "128 does not divide head dim(s) [64]"),
         (["--window", "-1"], "--window"),
+        (["--sinks", "--kv-bits", "4"], "takes no sinks"),
+        (["--sinks", "--pass", "both"], "forward only"),
     ],
 )
 def test_kernel_bad_options(args, message):
@@ -310,3 +312,17 @@ def test_quantized_cases_against_mlx_lm_quantized_attention(bits):
             assert r["max_abs_error"] <= 1e-5, r
     assert "quantized_scaled_dot_product_attention" in data["machine"]["impls"]["mlx"]
     assert all({"flash-plain", "mlx"} <= set(r["speedup"]) for r in rows if r["impl"] == "flash")
+
+
+def test_cases_with_sinks_against_mlx_sdpa_with_sinks():
+    # flash_attention and MLX's SDPA take the same sinks; both against the
+    # float64 reference with them; torch (no sinks) is left out.
+    result = run(["kernel", "--shape", "qwen05b", "--prefill", "96", "--decode", "200", "--sinks",
+                  "--dtype", "float32", "--impl", "flash,mlx,torch", "-n", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["results"]
+    assert {(r["case"], r["impl"]) for r in rows} == {
+        (case, impl) for case in ("qwen05b prefill L=96 sinks", "qwen05b decode S=200 sinks")
+        for impl in ("flash", "mlx")}
+    for r in rows:
+        assert r["max_abs_error"] <= 1e-5, r

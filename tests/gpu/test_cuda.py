@@ -657,15 +657,6 @@ def test_patch_routes_through_the_gpu_kernels():
     assert relative_error(out, np.array(ref.astype(mx.float32))) <= 2e-2
 
 
-def test_sinks_are_refused_on_the_gpu_with_their_reason():
-    from flashattn_core import UnsupportedError
-
-    q = mx.zeros((1, 4, 8, 64))
-    with pytest.raises(UnsupportedError, match="attention sinks run on the CPU and Metal so far") as info:
-        flash_attention(q, q, q, sinks=mx.zeros((4,)), stream=mx.gpu)
-    assert info.value.reason == "attention_sinks"
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("L, S, window", [(300, 300, 64), (1, 5000, 700), (200, 3000, 1000)])
 def test_sliding_windows_run_as_the_same_boolean_mask(dtype, L, S, window):

@@ -210,8 +210,8 @@ Args:
     sinks (array, optional): ``(H_q,)``, one logit per query head that joins
         every row's softmax denominator and adds no value, as MLX's
         ``scaled_dot_product_attention(..., sinks=)``. On the CPU, and
-        differentiable there; on Metal outside transformations; CUDA
-        refuses them (an ``UnsupportedError`` with reason
+        differentiable there; on Metal and CUDA outside transformations
+        (under one, an ``UnsupportedError`` with reason
         ``"attention_sinks"``).
     group_size (int, optional), bits (int, optional): of quantized keys
         and values; when given, checked against their shapes (which define

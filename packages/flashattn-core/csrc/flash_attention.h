@@ -87,7 +87,7 @@ struct KVQuantization {
  * the inputs had been cast to float32 first (on CUDA the 16-bit decode does
  * it without the casts' copies). sinks: one logit per query head (H_q,) that
  * joins every row's softmax denominator and adds no value (MLX's SDPA
- * `sinks`); on the CPU. keys and values may each be quantized (on the CPU):
+ * `sinks`); on the GPUs outside transformations. keys and values may each be quantized (on the CPU):
  * the kernels dequantize them tile by tile; group_size and bits, when
  * given, must agree with their shapes. Bad input throws Unsupported.
  */
@@ -154,7 +154,7 @@ struct AttentionCall {
   const QuantizedArray* k_quantized = nullptr;
   const QuantizedArray* v_quantized = nullptr;
   KVQuantization quantization = {};
-  // Attention sinks (Metal forward): (H_q,), one logit per query head.
+  // Attention sinks (the GPUs' forward kernels): (H_q,), one logit per query head.
   std::optional<mx::array> sinks = std::nullopt;
 };
 

@@ -300,8 +300,8 @@ Fused cuda_backward(float scale, MaskKind mask_kind, mx::Stream stream) {
 }
 
 // Attention sinks: one float logit per query head. The CPU takes them
-// everywhere, Metal's forward kernels outside a transformation (traced: a
-// gradient may follow, which only the CPU's backward has), CUDA nowhere yet.
+// everywhere, the GPUs' forward kernels outside a transformation (traced: a
+// gradient may follow, which only the CPU's backward has).
 void check_sinks(const mx::array& sinks, const mx::array& queries, Backend backend, bool traced) {
   const int H_q = queries.shape(-3);
   if (sinks.ndim() != 1 || sinks.shape(0) != H_q) {
@@ -311,10 +311,7 @@ void check_sinks(const mx::array& sinks, const mx::array& queries, Backend backe
   if (!is_supported_float(sinks.dtype())) {
     fail(Reason::input, "sinks must be float32, float16 or bfloat16; got " + dtype_str(sinks.dtype()));
   }
-  if (backend == Backend::cuda) {
-    fail(Reason::sinks, "attention sinks run on the CPU and Metal so far; use stream=mx.cpu");
-  }
-  if (backend == Backend::metal && traced) {
+  if (backend != Backend::cpu && traced) {
     fail(Reason::sinks, "attention sinks under a transformation (a gradient, mx.compile) run on the CPU only so "
          "far; use stream=mx.cpu");
   }
@@ -469,7 +466,8 @@ mx::array flash_attention(
     // the graph (mlx-lm's generation calls this once per layer and token).
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = mask_arr;
-    return cuda::flash_attention({queries, keys, values, softmax_scale, mask_kind, m, stream}, widen);
+    return cuda::flash_attention(
+        {queries, keys, values, softmax_scale, mask_kind, m, stream, 0, nullptr, nullptr, {}, sinks}, widen);
   }
   if (kv.quantization.any() && backend == Backend::metal) {
     auto run = [stream](const AttentionCall& call) {

@@ -33,6 +33,8 @@ class Inputs:
     # A quantized case's keys and values, each (packed, scales, biases), one
     # pair per K/V set; the plain k, v above are what they were made from.
     quantized_sets: list[tuple[tuple, tuple]] = field(default_factory=list)
+    # A case with sinks: one logit per query head, which every implementation takes as sinks=.
+    sinks: mx.array | None = None
 
     @property
     def scale(self) -> float:
@@ -46,10 +48,13 @@ class Inputs:
 
     @property
     def flash_args(self) -> dict:
-        """flash_attention's mask arguments: a window where the case has one."""
-        if self.case.window:
-            return {"mask": "causal", "window": self.case.window}
-        return {"mask": self.mask}
+        """flash_attention's mask arguments (a window where the case has one) and sinks."""
+        args = {"mask": "causal", "window": self.case.window} if self.case.window else {"mask": self.mask}
+        return {**args, **self.sink_args}
+
+    @property
+    def sink_args(self) -> dict:
+        return {"sinks": self.sinks} if self.sinks is not None else {}
 
     def reference_kv(self) -> tuple:
         """The keys and values the float64 reference takes: a quantized case's
@@ -81,8 +86,10 @@ def make_inputs(case: KernelCase, seed: int = 0, kv_sets: int = 1) -> Inputs:
     if case.kv_bits:
         quantize = lambda x: tuple(mx.quantize(x, group_size=case.kv_group_size, bits=case.kv_bits))
         quantized = [(quantize(k_), quantize(v_)) for k_, v_ in sets]
-    mx.eval(q, sets, band, quantized)
-    return Inputs(case, q, k, v, sets, band, quantized)
+    # Logits around the scores' own size, so that each sink takes a real share of its rows.
+    sinks = mx.random.normal((s.H_q,), key=mx.random.key(seed + 1)) if case.sinks else None
+    mx.eval(q, sets, band, quantized, sinks)
+    return Inputs(case, q, k, v, sets, band, quantized, sinks)
 
 
 def kv_turns(inp: Inputs, quantized: bool = False) -> Callable[[], tuple]:
@@ -157,7 +164,7 @@ def mlx_lm_quantized_impl(inp: Inputs) -> Impl:
 def flash_dense_impl(inp: Inputs) -> Impl:
     """flash_attention given a windowed case's band as a boolean mask: what a
     caller that passes mlx-lm's sliding-window mask as it is gets."""
-    call = mlx_call(inp, flash_attention)
+    call = mlx_call(inp, flash_attention, {"mask": inp.mask, **inp.sink_args})
     return Impl("flash-dense", "flashattn_core.flash_attention, the window as a dense boolean mask", True,
                 lambda: call(inp.q), mlx_to_numpy, chain=call)
 
@@ -165,7 +172,7 @@ def flash_dense_impl(inp: Inputs) -> Impl:
 def mlx_impl(inp: Inputs) -> Impl:
     if inp.quantized_sets:
         return mlx_lm_quantized_impl(inp)
-    call = mlx_call(inp, mx.fast.scaled_dot_product_attention)
+    call = mlx_call(inp, mx.fast.scaled_dot_product_attention, {"mask": inp.mask, **inp.sink_args})
     return Impl(
         "mlx",
         f"mx.fast.scaled_dot_product_attention (MLX {mx.__version__})",
@@ -181,8 +188,8 @@ def torch_impls(inp: Inputs, grad: bool = False) -> list[Impl]:
     MLX runs there; on CUDA, its flash and cuDNN backends separately. With
     grad, each call runs the forward and the backward (autograd, against the
     same cotangent as the MLX implementations) and returns dQ."""
-    if inp.quantized_sets:
-        return []  # PyTorch's SDPA takes no quantized keys and values
+    if inp.quantized_sets or inp.sinks is not None:
+        return []  # PyTorch's SDPA takes no quantized keys and values, nor sinks
     try:
         import torch
     except ImportError:

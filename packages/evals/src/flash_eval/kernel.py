@@ -56,7 +56,8 @@ def reference_rows(inp: Inputs, max_rows: int = 16) -> tuple[np.ndarray, np.ndar
     # One BLAS thread: NumPy's OpenBLAS workers spin after a call and would
     # steal the cores from the timings that follow.
     with threadpool_limits(limits=1, user_api="blas"):
-        ref = attention_reference(inp.q[..., mx.array(rows), :], *inp.reference_kv(), scale=inp.scale, mask=mask)
+        ref = attention_reference(inp.q[..., mx.array(rows), :], *inp.reference_kv(), scale=inp.scale, mask=mask,
+                                  sinks=inp.sinks)
     return rows, ref
 
 
@@ -112,6 +113,9 @@ def total_memory_bytes() -> int:
                    "quantized attention (mx.quantized_matmul), torch is skipped.")
 @click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
               help="Group size of --kv-bits.")
+@click.option("--sinks", is_flag=True,
+              help="An attention sink per query head (random logits; gpt-oss), given to flash and mlx as "
+                   "sinks=; torch is skipped (its SDPA takes none).")
 @click.option("--impl", "impls", default="flash,mlx,torch", show_default=True,
               callback=comma_list(["flash", "flash-dense", "flash-plain", "mlx", "torch"]),
               help="Implementations; torch is skipped when PyTorch is not installed. flash-dense (with "
@@ -138,8 +142,8 @@ def total_memory_bytes() -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--markdown", is_flag=True, help="Print a markdown table instead.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), help="Write a PNG chart here.")
-def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, kv_group_size, impls, repeats,
-           max_call_seconds, calls, kv_sets, pass_, seed, as_json, markdown, plot):
+def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, kv_group_size, sinks, impls,
+           repeats, max_call_seconds, calls, kv_sets, pass_, seed, as_json, markdown, plot):
     """Time flash_attention, mx.fast.scaled_dot_product_attention and PyTorch's SDPA."""
     if "flash-dense" in impls and not window:
         raise click.BadParameter("flash-dense times a window passed as a dense mask: give --window",
@@ -151,6 +155,11 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, 
     if kv_bits and pass_ != "forward":
         raise click.BadParameter("quantized keys and values take no gradient: use --pass forward",
                                  param_hint="--kv-bits")
+    if sinks and kv_bits:
+        raise click.BadParameter("mlx-lm's quantized attention takes no sinks: drop --kv-bits or --sinks",
+                                 param_hint="--sinks")
+    if sinks and pass_ != "forward":
+        raise click.BadParameter("--sinks times the forward only: use --pass forward", param_hint="--sinks")
     odd = sorted({SHAPES[s].E for s in shapes if SHAPES[s].E % kv_group_size}) if kv_bits else []
     if odd:
         raise click.BadParameter(f"{kv_group_size} does not divide head dim(s) {odd}", param_hint="--kv-group-size")
@@ -160,7 +169,7 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, 
             f"a chunk's key length must exceed its {chunk_rows} rows (--chunk-rows), got {short}; "
             "time L = S with --prefill", param_hint="--chunk")
     cases = [
-        KernelCase(SHAPES[s], kind, n, dt, chunk_rows, window, kv_bits, kv_group_size)
+        KernelCase(SHAPES[s], kind, n, dt, chunk_rows, window, kv_bits, kv_group_size, sinks)
         for s in shapes
         for kind, lengths in (("prefill", prefill), ("chunk", chunk), ("decode", decode))
         for n in lengths

@@ -47,6 +47,7 @@ class KernelCase:
     window: int = 0  # causal cases: a sliding window of this many keys (0: none)
     kv_bits: int = 0  # keys and values quantized to this many bits (0: the dtype's own)
     kv_group_size: int = 64
+    sinks: bool = False  # an attention sink per query head (gpt-oss)
 
     @property
     def L(self) -> int:
@@ -93,6 +94,8 @@ class KernelCase:
         window = f" window={self.window}" if self.window else ""
         if self.kv_bits:
             window += f" {self.kv_bits}-bit KV"
+        if self.sinks:
+            window += " sinks"
         if self.kind == "chunk":
             return f"{self.shape.name} chunk L={self.rows} S={self.length}{window}"
         n = "L" if self.kind == "prefill" else "S"

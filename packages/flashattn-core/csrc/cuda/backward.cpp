@@ -51,7 +51,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
                           std::to_string(smem_allowed));
   }
 
-  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, s);
+  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, std::nullopt, s);
   const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(batch * H_q),
                                                      H_q,
                                                      H_kv,

@@ -45,15 +45,15 @@ mx::array flash_attention(const AttentionCall& call, bool widen) {
   // prefill takes are the float32 kernels' on cast inputs.
   auto cast = [&] {
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, s); };
-    return flash_attention({f32(q), f32(k), f32(v), call.scale, call.mask_kind, call.mask, s});
+    return flash_attention(
+        {f32(q), f32(k), f32(v), call.scale, call.mask_kind, call.mask, s, 0, nullptr, nullptr, {}, call.sinks});
   };
-  const bool mask_array = call.mask_kind == MaskKind::boolean || call.mask_kind == MaskKind::additive;
   const int nd = q.ndim();
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
-  MaskArgs m = mask_args(q, call.mask_kind, call.mask, s);
+  MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, s);
   const Dims d{batch, q.shape(-3), k.shape(-3), q.shape(-2), k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
-               static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen};
+               static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen, m.kind};
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
   if (head_elements * std::max(d.H_q, d.H_kv) > std::numeric_limits<int>::max()) {
@@ -65,7 +65,7 @@ mx::array flash_attention(const AttentionCall& call, bool widen) {
 
   // A model repeats its calls (recent.h): each thread keeps its last few plans,
   // and that a widened call is cast (nullopt: no plan).
-  const PlanKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), d.kind, d.mask_rs, d.mask_cs,
+  const PlanKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), d.kind_arg, d.mask_rs, d.mask_cs,
                     d.scale_log2, widen, s.device.index};
   thread_local Recent<PlanKey, std::optional<Planned>, 8> recent;
   std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
@@ -73,7 +73,7 @@ mx::array flash_attention(const AttentionCall& call, bool widen) {
   if (!planned->has_value()) return cast();
   const Planned& plan = **planned;
   std::vector<mx::array> inputs = {q, k, v};
-  if (mask_array) inputs.insert(inputs.end(), {m.data, m.base});
+  if (m.inputs) inputs.insert(inputs.end(), {m.data, m.base});
   // The node shares the cached plan (an aliasing pointer into `planned`).
   auto node = std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &plan.plan));
   auto outputs = mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs);

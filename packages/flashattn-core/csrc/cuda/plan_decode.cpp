@@ -71,14 +71,15 @@ bool has_decode_kernel(int E) {
 }
 
 // The tensor-core decode kernels: E = 64 or 128, no key inside the range
-// hidden (no mask, or causal with one query position), and one block's rows
+// hidden (no mask, or causal with one query position), no sinks (they read
+// no mask inputs, where the sinks come: kernels/mask_bits.h), and one block's rows
 // hold the group's: 16 for float16 / bfloat16 (decode_mma.cu), 8 for float32
 // (decode_tf32.cu). The family's name; empty: decode.cu takes the call.
 // Widened, the 16-bit one's float32 variant (decode_mma.cu: fa_decode_mma32_).
 std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
       (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1);
-  if (!hides_none || (d.E != 64 && d.E != 128)) return "";
+  if (!hides_none || d.sinks() || (d.E != 64 && d.E != 128)) return "";
   if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" : "";
   if (rows_per_group > kMmaDecodeRows) return "";
   return d.widen ? "fa_decode_mma32_" : "fa_decode_mma_";
@@ -119,7 +120,7 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   // The tensor-core decodes take no mask (decode_mma.cu, decode_tf32.cu).
   const bool masks = !mma;
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S};
-  if (masks) scalars.insert(scalars.end(), {d.kind, d.mask_rs, d.mask_cs});
+  if (masks) scalars.insert(scalars.end(), {d.kind_arg, d.mask_rs, d.mask_cs});
   scalars.insert(scalars.end(), {keys_per_split, d.scale_log2});
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
   const std::string family = mma ? tensor_core : "fa_decode_";

@@ -55,7 +55,7 @@ Launches generic_launches(const Dims& d, int splits, bool aligned) {
   if (threads > std::numeric_limits<int>::max()) {
     throw Unsupported(Reason::input, "flash_attention: too many query rows for one CUDA launch");
   }
-  std::vector<Scalar> scalars = {static_cast<int>(d.batch), d.H_q, d.H_kv, d.L, d.S, d.E, d.kind,
+  std::vector<Scalar> scalars = {static_cast<int>(d.batch), d.H_q, d.H_kv, d.L, d.S, d.E, d.kind_arg,
                                  d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
   const std::string suffix = d.dt + "_" + std::to_string((d.E + 31) / 32);
   const bool split = splits > 1 || d.widen;

@@ -154,7 +154,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
     return std::nullopt;
   }
   const int tiles = (d.L + rows - 1) / rows;
-  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind, d.mask_rs, d.mask_cs, d.scale_log2};
+  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind_arg, d.mask_rs, d.mask_cs, d.scale_log2};
   if (!grid) grid = {tiles * threads, d.H_q, static_cast<int>(d.batch)};
   if (wg && dtype != mx::float32) {
     // The 16-bit kernels' slices (the scheduled or split launch's; 0 for a

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels/mask_bits.h"
 #include "cuda/plan.h"
 
 namespace flashattn::cuda {
@@ -24,7 +25,9 @@ struct Dims {
   std::string dt;
   int kind, mask_rs, mask_cs;
   float scale_log2;
-  bool widen;  // float32 attention over 16-bit inputs, float32 output
+  bool widen;     // float32 attention over 16-bit inputs, float32 output
+  int kind_arg;   // the kernels' mask_kind argument: kind, and the sinks' bits (kernels/mask_bits.h)
+  bool sinks() const { return (kind_arg & fa::kSinks) != 0; }
 };
 
 // The decode launches, when decode takes the call; splits: the key splits chosen.

@@ -154,11 +154,11 @@ void Attention::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&)
 
 void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::Stream s = stream();
-  // inputs: q, k, v, and with an array mask its data (read row-contiguous)
-  // and base offsets.
+  // inputs: q, k, v, and with an array mask or sinks the mask's data (read
+  // row-contiguous) and base offsets (cuda/mask_args.h).
   std::array<std::optional<Rows>, 3> in_place;
-  const bool mask_array = inputs.size() > 3;
-  bool copy = mask_array && !inputs[3].flags().row_contiguous;
+  const bool mask_inputs = inputs.size() > 3;
+  bool copy = mask_inputs && !inputs[3].flags().row_contiguous;
   for (int i = 0; i < 3; ++i) {
     in_place[i] = rows_in_place(inputs[i]);
     copy |= !in_place[i].has_value();
@@ -187,10 +187,10 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     scalars.insert(scalars.end(), run.map_template.begin(), run.map_template.end());
   }
   // The kernels that read masks take their two pointers whether or not
-  // there is an array mask (without one the queries stand in, never read).
+  // there is an array mask or sinks (without, the queries stand in, never read).
   std::vector<mx::array> in = {inputs[0], inputs[1], inputs[2]};
   if (run.attend.mask_inputs) {
-    in.insert(in.end(), {mask_array ? inputs[3] : inputs[0], mask_array ? inputs[4] : inputs[0]});
+    in.insert(in.end(), {mask_inputs ? inputs[3] : inputs[0], mask_inputs ? inputs[4] : inputs[0]});
   }
   // Outputs [begin, end) that no launch of this run writes (the tensor maps'
   // scratch, or the partials of the other plan's kernels): allocated unused.

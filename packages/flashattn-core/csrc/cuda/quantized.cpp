@@ -24,7 +24,8 @@ mx::array quantized_attention(const AttentionCall& call, bool widen) {
   const mx::array q = mx::astype(call.q, dtype, call.stream);
   const mx::array k = plain(call.k_quantized, qz.k_bits, qz.k_group_size, call.k);
   const mx::array v = plain(call.v_quantized, qz.v_bits, qz.v_group_size, call.v);
-  return flash_attention({q, k, v, call.scale, call.mask_kind, call.mask, call.stream, call.window});
+  return flash_attention(
+      {q, k, v, call.scale, call.mask_kind, call.mask, call.stream, call.window, nullptr, nullptr, {}, call.sinks});
 }
 
 }  // namespace flashattn::cuda

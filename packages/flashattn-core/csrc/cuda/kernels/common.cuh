@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "causal.h"
+#include "mask_bits.h"
 
 #define FA_NEG_INF (-__int_as_float(0x7f800000))
 #define FA_LOG2E 1.4426950408889634f
@@ -19,6 +20,7 @@
 namespace fa {
 
 enum MaskKind { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
+
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
@@ -72,7 +74,7 @@ struct Mask {
 
   __device__ __forceinline__ Mask(int kind_, const void* data_, const int64_t* base_, int row_stride_,
                                   int col_stride_, int L, int S)
-      : kind(kind_), data(data_), base(base_), row_stride(row_stride_), col_stride(col_stride_),
+      : kind(kind_ & kKindBits), data(data_), base(base_), row_stride(row_stride_), col_stride(col_stride_),
         offset(causal_offset(L, S)) {}
 
   __device__ __forceinline__ int64_t row_base(int64_t n, int l) const {
@@ -107,5 +109,14 @@ struct Mask {
     return c0 + bc > S || is_array() || causal_hides(first, c0 + bc - 1);
   }
 };
+
+// Query head h's sink logit in the log2 domain, from the mask's launch
+// arguments (mask_bits.h); -inf without sinks (then add_sink, softmax.cuh,
+// changes nothing). Read where a row ends, from the arguments themselves: a
+// pointer kept in the Mask from the start cost the wgmma prefill spills.
+__device__ __forceinline__ float sink_log2(int mask_kind, const int64_t* mask_base, int h) {
+  if (!(mask_kind & kSinks)) return FA_NEG_INF;
+  return reinterpret_cast<const float*>(mask_base + (mask_kind >> kSinkWordsShift))[h] * FA_LOG2E;
+}
 
 }  // namespace fa

@@ -7,6 +7,8 @@
 
 #pragma once
 
+#include <type_traits>
+
 #include "combine.cuh"
 #include "common.cuh"
 #include "partials.h"
@@ -19,14 +21,20 @@ struct SameColumn {
   __device__ __forceinline__ int operator()(int, int e) const { return e; }
 };
 
+// No attention sinks (the tensor-core decodes, which take none).
+struct NoSink {
+  __device__ __forceinline__ float operator()(int) const { return FA_NEG_INF; }
+};
+
 // The warps' states merged (combine.cuh). row_of(r): row r's index among
 // the batch x H_q x L output rows (rows_total of them); col_of(r, e): the
-// column of o[w][r] that holds dim e.
-template <int W, int ROWS, int E, typename T, typename RowOf, typename ColOf>
+// column of o[w][r] that holds dim e; sink_of(r): row r's head's sink logit
+// (log2 domain, -inf: none), which joins the output or split 0's partials.
+template <int W, int ROWS, int E, typename T, typename RowOf, typename ColOf, typename SinkOf>
 __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E], const float (&m)[W][ROWS],
                                                      const float (&l)[W][ROWS], int R, RowOf row_of, ColOf col_of,
-                                                     T* out, float* o_part, float* ml_part, int split,
-                                                     int64_t rows_total) {
+                                                     SinkOf sink_of, T* out, float* o_part, float* ml_part,
+                                                     int split, int64_t rows_total) {
   for (int i = threadIdx.x; i < R * E; i += blockDim.x) {
     const int r = i / E, e = i % E;
     float m_max = FA_NEG_INF;
@@ -40,6 +48,9 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
       const float wgt = merge_weight(m[w][r], base);
       l_sum += wgt * l[w][r];
       acc += wgt * o[w][r][col];
+    }
+    if constexpr (!std::is_same_v<SinkOf, NoSink>) {
+      if (split == 0) acc *= add_sink(m_max, l_sum, sink_of(r));
     }
     const int64_t row = row_of(r);
     if (o_part == nullptr) {
@@ -307,12 +318,13 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
 // fused decode (fused: o_part and ml_part are the call's scratch, the
 // block's thread 0 having armed its group's ticket) merged too, in shares,
 // by the blocks that take the group's last tickets (kMergeShares).
-template <int E, int kBatch = 16, int W, int ROWS, typename T, typename RowOf, typename ColOf = SameColumn>
+template <int E, int kBatch = 16, int W, int ROWS, typename T, typename RowOf, typename ColOf = SameColumn,
+          typename SinkOf = NoSink>
 __device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E], const float (&m)[W][ROWS],
                                                     const float (&l)[W][ROWS], int R, RowOf row_of, T* out,
                                                     float* o_part, float* ml_part, int64_t rows_total,
-                                                    bool fused, ColOf col_of = {}) {
-  combine_decode_warps(o, m, l, R, row_of, col_of, out, o_part, ml_part, blockIdx.x, rows_total);
+                                                    bool fused, ColOf col_of = {}, SinkOf sink_of = {}) {
+  combine_decode_warps(o, m, l, R, row_of, col_of, sink_of, out, o_part, ml_part, blockIdx.x, rows_total);
   if (!fused) return;
   // Shares only where one block would need more than one batch of loads:
   // a helper starts a round trip after the last ticket (its wait's), so at

@@ -87,6 +87,13 @@ __device__ __forceinline__ void generic_attend(
     add_key_group(s, seen, add, m, l_sum, o, [&](int j, int i) { return to_f(vr[j][i]); });
   }
 
+  // The head's sink joins the row once: in the whole row, or in split 0's
+  // state (the merge then weighs it like any split's).
+  if (!kPartial || split == 0) {
+    const float a = add_sink(m, l_sum, sink_log2(mask_kind, mask_base, int(n % H_q)));
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) o[i] *= a;
+  }
   if (kPartial) {
     const int64_t slot = (int64_t)split * rows + row;
     if (lane == 0) {

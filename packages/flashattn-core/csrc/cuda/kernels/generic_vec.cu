@@ -96,6 +96,12 @@ __device__ __forceinline__ void generic_attend_vec(
     for (int i = 0; i < VE; ++i) o[i] = o[i] * a + __shfl_xor_sync(0xffffffffu, o[i], off) * c;
   }
 
+  // The head's sink joins split 0's state (the merge weighs it like any split's).
+  if (split == 0) {
+    const float a = add_sink(m, l_sum, sink_log2(mask_kind, mask_base, int(n % H_q)));
+#pragma unroll
+    for (int i = 0; i < VE; ++i) o[i] *= a;
+  }
   const int64_t slot = (int64_t)split * rows + row;
   if (lane == 0) {
     ml_part[slot * 2] = m;

@@ -185,13 +185,14 @@ struct PrefillBlock {
     n = b * H_q + h;
     l0 = tile * rows_per_tile;
     kv_end = S;
-    if (mask_kind == kCausal) kv_end = causal_kv_end(l0, rows_per_tile, L, S);
+    if ((mask_kind & kKindBits) == kCausal) kv_end = causal_kv_end(l0, rows_per_tile, L, S);
   }
 };
 
 // O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l
-// summed over the quad that shares a row. Rows that saw no visible key
-// (l = 0) are zeros; rows past L (the last tile's padding) are not written.
+// summed over the quad that shares a row, with the head's sink (sink2, log2
+// domain; -inf: none) in the sum. Rows that saw no visible key (l = 0) are
+// zeros; rows past L (the last tile's padding) are not written.
 //
 // 16-bit outputs, in groups of four column blocks (E = 80: blocks 8 and 9
 // as 32-bit stores, below): a quad holds columns 8 eb + 2 t, +1 of
@@ -202,14 +203,16 @@ struct PrefillBlock {
 // stores that fill half a sector each, which queued in the epilogue of a
 // block whose warpgroups store at once.
 template <typename T, int NO>
-__device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float* l_i, T* out,
-                                           int64_t n, int L, int E, int ra, int t) {
+__device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float* m_i, const float* l_i,
+                                           float sink2, T* out, int64_t n, int L, int E, int ra, int t) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float l_sum = l_i[rr];
     l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
     l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
-    const float inv = inverse_sum(l_sum);
+    float m = m_i[rr];
+    const float a = add_sink(m, l_sum, sink2);
+    const float inv = a * inverse_sum(l_sum);
     const int r = ra + rr * 8;
     T* dst = out + (n * (int64_t)L + r) * E;
     constexpr int kGrouped = sizeof(T) == 2 ? NO / 4 * 4 : 0;  // blocks stored 16 bytes a thread

@@ -190,7 +190,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 
   cp_async_wait_all();  // nothing may be in flight at exit (no key tiles: Q only)
 
-  store_rows<T, NO>(o, l_i, out, n, L, E, ra, t);
+  store_rows<T, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t);
 }
 
 }  // namespace fa

@@ -559,7 +559,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       const KeySplit<NO, kConsumers> ks(map_slots, tail, split_at / splits, piece, splits);
       store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
     }
-    if (store) store_rows<TO, NO>(o, l_i, out, n, L, E, ra, t);
+    if (store) store_rows<TO, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t);
     it0 += n_tiles;
     done += n_tiles;
   }

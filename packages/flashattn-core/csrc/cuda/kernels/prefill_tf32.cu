@@ -215,7 +215,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
     __syncthreads();
   }
 
-  store_rows<float, NO>(o, l_i, out, n, L, E, ra, t);
+  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t);
 }
 
 }  // namespace fa

@@ -348,7 +348,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
   }
 
-  store_rows<float, NO>(o, l_i, out, n, L, E, ra, t);
+  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t);
 }
 
 }  // namespace fa

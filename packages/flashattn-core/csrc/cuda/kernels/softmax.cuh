@@ -46,6 +46,20 @@ __device__ __forceinline__ float online_rescale(float& m, float tile_max, float&
   return alpha;
 }
 
+// An attention sink (a logit per query head, here in the log2 domain, that
+// joins each row's softmax denominator: a key whose value is zero): the
+// row's state (m, l) takes it in, and the factor returned rescales its o.
+// Without a sink (sink2 = -inf) m and l stay as they are and the factor is
+// 1 (0 for a row that saw no key, whose o is 0).
+__device__ __forceinline__ float add_sink(float& m, float& l, float sink2) {
+  const float m_new = fmaxf(m, sink2);
+  const float base = exp_base(m_new);
+  const float a = exp2f(m - base);
+  l = l * a + exp2f(sink2 - base);
+  m = m_new;
+  return a;
+}
+
 // 1 / l for a row's output: 0 for a row that saw no visible key (l = 0),
 // whose output is zeros, never NaN.
 __device__ __forceinline__ float inverse_sum(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }

@@ -1,0 +1,15 @@
+// The mask_kind launch argument, in plain C++ so that the host
+// (cuda/mask_args.cpp) and the kernels (common.cuh) share it: the mask's
+// kind in the low bits; with attention sinks also kSinks, and the sinks (one
+// float32 logit per query head) then lie in the base-offset array, after its
+// offsets (one 8-byte word each, none without an array mask), whose count
+// the bits from kSinkWordsShift hold. So every kernel that reads a mask
+// reads the sinks without a launch argument more.
+
+#pragma once
+
+namespace fa {
+
+constexpr int kKindBits = 3, kSinks = 4, kSinkWordsShift = 8;
+
+}  // namespace fa
