@@ -196,3 +196,24 @@ def test_bad_input(model_dir, text_file, other_models, command, model, args, opt
     text = " ".join(r.output.split())
     assert f"Invalid value for '{option}'" in text and message in text
     assert "patch" not in r.stdout.replace("--patch", "")  # no table
+
+
+def test_a_quantized_cache_mlx_lm_cannot_run_is_refused_unless_only_ours_is_asked(model_dir, monkeypatch):
+    # On CUDA mlx-lm's quantized attention has no kernel for some head shapes
+    # (mx.quantized_matmul raises): the patch-off pass is refused up front,
+    # and --patch on alone measures ours.
+    from mlx_lm.models import base
+
+    def no_kernel(*args, **kwargs):
+        raise RuntimeError("[quantized_matmul] No implementation for problem shape")
+
+    monkeypatch.setattr(base, "quantized_scaled_dot_product_attention", no_kernel)
+    args = ["throughput", "--model", model_dir, "-p", 16, "-g", 2, "--trials", 1, "--warmup", 0,
+            "--kv-bits", 4, "--kv-group-size", GROUP]
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "mlx-lm cannot run this model on a quantized KV cache" in text
+    assert "--patch on alone measures ours" in text
+    rep = as_json(*args, "--patch", "on")
+    assert [row["patch"] for row in rep["results"]] == ["on"]
+    assert all(not row["fallbacks"] for row in rep["results"])

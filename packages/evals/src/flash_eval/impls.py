@@ -86,8 +86,9 @@ def make_inputs(case: KernelCase, seed: int = 0, kv_sets: int = 1) -> Inputs:
     if case.kv_bits:
         quantize = lambda x: tuple(mx.quantize(x, group_size=case.kv_group_size, bits=case.kv_bits))
         quantized = [(quantize(k_), quantize(v_)) for k_, v_ in sets]
-    # Logits around the scores' own size, so that each sink takes a real share of its rows.
-    sinks = mx.random.normal((s.H_q,), key=mx.random.key(seed + 1)) if case.sinks else None
+    # Logits around the scores' own size, so that each sink takes a real share of its rows; in the
+    # inputs' dtype, as MLX's SDPA wants them.
+    sinks = mx.random.normal((s.H_q,), key=mx.random.key(seed + 1)).astype(dtype) if case.sinks else None
     mx.eval(q, sets, band, quantized, sinks)
     return Inputs(case, q, k, v, sets, band, quantized, sinks)
 

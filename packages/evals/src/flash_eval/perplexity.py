@@ -169,7 +169,7 @@ def perplexity(model_spec, dtype, dataset, context, stride, budget, patches, pre
         lm = load_model(model_spec, dtype, quiet, ranks)
     except (TextError, ModelError) as e:
         raise click.ClickException(str(e))
-    kv_cache.check(lm.model, kv)
+    kv_cache.check(lm.model, kv, patches)
     tokens = tokenize(lm.tokenizer, text.content)
     if len(tokens) < context + 1:
         raise click.ClickException(

@@ -249,7 +249,7 @@ def throughput(model_spec, dtype, prompt_lengths, generation_tokens, trials, war
         lm = load_model(model_spec, dtype, quiet, ranks)
     except ModelError as e:
         raise click.ClickException(str(e))
-    kv_cache.check(lm.model, kv)
+    kv_cache.check(lm.model, kv, patches)
     lm.tokenizer._eos_token_ids = {}  # always generate -g tokens, as mlx_lm.benchmark does
     vocab = lm.config.get("vocab_size") or lm.config["text_config"]["vocab_size"]
     mx.random.seed(seed)
