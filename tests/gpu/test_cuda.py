@@ -698,7 +698,7 @@ def quantized_case(heads, L, S, E, bits, group_size, dtype, seed=0):
 @pytest.mark.parametrize("c", QUANTIZED_GPU_CASES, ids=[f"{c[0]}-L{c[1]}-S{c[2]}-E{c[3]}-{c[4]}bit-{c[6]}"
                                                         for c in QUANTIZED_GPU_CASES])
 def test_quantized_keys_and_values(c):
-    # quantized.cu against float64 on the float64 dequantization; the dtype's
+    # cuda/quantized.cpp (dequantized in the call) against float64 on the float64 dequantization; the dtype's
     # own output and float32 attention over it.
     from flashattn_core.reference import dequantize
 

@@ -16,9 +16,13 @@ mx::array quantized_attention(const AttentionCall& call, bool widen) {
   // float32 attention dequantizes into float32 (exactly the format's values)
   // and runs the float32 kernels; otherwise the queries' dtype throughout.
   const mx::Dtype dtype = widen ? mx::float32 : call.q.dtype();
+  // The scales and biases in that dtype too: MLX's CUDA dequantize computes
+  // in theirs and casts after, which rounded a float32 dequantization of
+  // bfloat16 scales to bfloat16 (1.8e-3 off the format's values).
   auto plain = [&](const QuantizedArray* x, int bits, int group_size, const mx::array& array) {
     if (!x) return mx::astype(array, dtype, call.stream);
-    return mx::dequantize(x->packed, x->scales, x->biases, group_size, bits, "affine", std::nullopt, dtype,
+    return mx::dequantize(x->packed, mx::astype(x->scales, dtype, call.stream),
+                          mx::astype(x->biases, dtype, call.stream), group_size, bits, "affine", std::nullopt, dtype,
                           call.stream);
   };
   const mx::array q = mx::astype(call.q, dtype, call.stream);
