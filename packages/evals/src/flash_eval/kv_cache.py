@@ -87,9 +87,10 @@ def make_cache(model, kv: KVCacheSetting) -> list:
 
 def check(model, kv: KVCacheSetting, patches=("off",)) -> None:
     """Refuse, naming the option, a quantized cache mlx-lm cannot give this
-    model, or cannot run with each patch setting asked for (mlx-lm's own
-    quantized attention has no CUDA kernel for some head shapes); cheap (one
-    token through the model), so it runs before any long work."""
+    model, or cannot run: with its own quantized attention when the patch off
+    is asked for (it has no CUDA kernel for some head shapes), else with the
+    patch on; cheap (one token through the model), so it runs before any
+    long work."""
     if not kv.quantized:
         return
     from mlx_lm.models.cache import make_prompt_cache
@@ -113,15 +114,15 @@ def check(model, kv: KVCacheSetting, patches=("off",)) -> None:
         raise click.BadParameter(
             f"{kv.group_size} does not divide the model's head dim ({', '.join(map(str, sorted(dims)))}): mlx-lm "
             f"quantizes keys and values in groups along it; {choose}", param_hint=GROUP_HINT)
-    for patch in patches:
-        try:  # whatever else mlx-lm refuses on a quantized cache, it refuses here
-            with patch_setting(patch, "float32"):
-                mx.eval(model(mx.array([[0]]), cache=make_cache(model, kv)))
-        except Exception as e:
-            who = "mlx-lm" if patch == "off" else "mlx-lm with the patch on"
-            hint = "; --patch on alone measures ours" if patch == "off" and "on" in patches else ""
-            raise click.BadParameter(f"{kv.bits}: {who} cannot run this model on a quantized KV cache "
-                                     f"({type(e).__name__}: {e}){hint}", param_hint=BITS_HINT) from None
+    patch = "off" if "off" in patches else "on"
+    try:  # whatever else mlx-lm refuses on a quantized cache, it refuses here
+        with patch_setting(patch, "float32"):
+            mx.eval(model(mx.array([[0]]), cache=make_cache(model, kv)))
+    except Exception as e:
+        who = "mlx-lm" if patch == "off" else "mlx-lm with the patch on"
+        hint = "; --patch on alone measures ours" if patch == "off" and "on" in patches else ""
+        raise click.BadParameter(f"{kv.bits}: {who} cannot run this model on a quantized KV cache "
+                                 f"({type(e).__name__}: {e}){hint}", param_hint=BITS_HINT) from None
 
 
 def head_dims(model) -> set[int]:
