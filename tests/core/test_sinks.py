@@ -1,6 +1,6 @@
 """Attention sinks (`sinks=`, one logit per query head in every row's softmax
 denominator, as MLX's SDPA takes them) on the CPU: the forward against a
-float64 reference over the covering matrix, gradients (queries, keys,
+float64 reference over the covering matrix (on a GPU too, where there is one), gradients (queries, keys,
 values and the sinks themselves) against MLX's VJP of its own SDPA, through
 the fused backward; bad sinks refused."""
 
@@ -30,6 +30,18 @@ def test_matches_float64_reference(case):
     q, k, v, mask = make_inputs(case)
     sinks = sinks_for(case)
     out = flash_attention(q, k, v, mask=mask, sinks=sinks)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref = attention_reference(q, k, v, mask=mask, sinks=sinks)
+    assert relative_error(out, ref) <= TOLERANCE[case.dtype]
+
+
+@pytest.mark.skipif(not mx.is_available(mx.gpu), reason="needs a GPU (MLX's CUDA or Metal backend)")
+@pytest.mark.parametrize("case", MATRIX, ids=str)
+def test_matches_float64_reference_on_the_gpu(case):
+    # The GPU kernels' forward over the same matrix (the GPU suite runs it).
+    q, k, v, mask = make_inputs(case)
+    sinks = sinks_for(case)
+    out = flash_attention(q, k, v, mask=mask, sinks=sinks, stream=mx.gpu)
     assert out.shape == q.shape and out.dtype == q.dtype
     ref = attention_reference(q, k, v, mask=mask, sinks=sinks)
     assert relative_error(out, ref) <= TOLERANCE[case.dtype]

@@ -2,7 +2,7 @@
 i + S - L - W < j <= i + S - L, mlx-lm's create_causal_mask(window_size=W)):
 the forward against a float64 reference given the same rule as a boolean
 mask, over a covering matrix of sizes, windows, dtypes and layouts (prefill,
-chunked prefill, decode with split keys); gradients through the fused
+chunked prefill, decode with split keys; on a GPU too, where there is one); gradients through the fused
 backward against the reference and MLX's VJP of its SDPA with the boolean
 mask; keys outside the window never reach a row; bad windows refused."""
 
@@ -55,6 +55,18 @@ def test_matches_float64_reference(item):
     case, window = item
     q, k, v, _ = make_inputs(case)
     out = flash_attention(q, k, v, mask="causal", window=window)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref = attention_reference(q, k, v, mask=causal_mask(case.L, case.S, window))
+    assert relative_error(out, ref) <= TOLERANCE[case.dtype]
+
+
+@pytest.mark.skipif(not mx.is_available(mx.gpu), reason="needs a GPU (MLX's CUDA or Metal backend)")
+@pytest.mark.parametrize("item", MATRIX, ids=map(case_id, MATRIX))
+def test_matches_float64_reference_on_the_gpu(item):
+    # The GPU kernels' forward over the same matrix (the GPU suite runs it).
+    case, window = item
+    q, k, v, _ = make_inputs(case)
+    out = flash_attention(q, k, v, mask="causal", window=window, stream=mx.gpu)
     assert out.shape == q.shape and out.dtype == q.dtype
     ref = attention_reference(q, k, v, mask=causal_mask(case.L, case.S, window))
     assert relative_error(out, ref) <= TOLERANCE[case.dtype]
