@@ -1,7 +1,7 @@
 """Attention sinks on CUDA: every kernel family (tensor-core prefill, on
-wgmma on Hopper with its key splits and scheduled row tiles; the scalar
-and generic decodes with their fused and separate merges; float32
-attention over 16-bit inputs) against a float64 reference with the same
+wgmma on Hopper with its key splits and scheduled row tiles; the
+tensor-core, scalar and generic decodes with their fused and separate
+merges; float32 attention over 16-bit inputs) against a float64 reference with the same
 sinks; with masks, windows and quantized keys; refused under a gradient."""
 
 import mlx.core as mx
@@ -89,8 +89,9 @@ def test_float32_attention_over_16_bit_inputs(dtype, L, S):
 @pytest.mark.parametrize("heads,E", [((14, 2), 64), ((32, 8), 128), ((12, 4), 96), ((8, 8), 80), ((8, 4), 256)])
 @pytest.mark.parametrize("L,mask", [(1, "none"), (1, "causal"), (3, "causal"), (1, "bool_full")])
 def test_decode(S, dtype, heads, E, L, mask):
-    # decode.cu (one block per group, and fused splits merged in the same
-    # launch) and the generic kernel's splits with their separate merge.
+    # The tensor-core decodes' sinks kernels and decode.cu (one block per
+    # group, and fused splits merged in the same launch), and the generic
+    # kernel's splits with their separate merge.
     case = Case(batch=(1,), heads=heads, L=L, S=S, E=E, mask=mask, dtype=dtype, layout="kv_cache")
     q, k, v, m = make_inputs(case)
     sinks = sinks_for(heads[0])

@@ -28,6 +28,7 @@ struct Step {
   std::tuple<int, int, int> block;
   int smem = 0;
   bool mask_inputs = true;
+  bool sinks_input = false;  // the tensor-core decodes' *_sinks_* kernels: the sinks as a fourth input
 };
 
 // An attention kernel, and the merge when it split the keys (its partials

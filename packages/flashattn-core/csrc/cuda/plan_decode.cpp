@@ -71,18 +71,19 @@ bool has_decode_kernel(int E) {
 }
 
 // The tensor-core decode kernels: E = 64 or 128, no key inside the range
-// hidden (no mask, or causal with one query position), no sinks (they read
-// no mask inputs, where the sinks come: kernels/mask_bits.h), and one block's rows
+// hidden (no mask, or causal with one query position), and one block's rows
 // hold the group's: 16 for float16 / bfloat16 (decode_mma.cu), 8 for float32
 // (decode_tf32.cu). The family's name; empty: decode.cu takes the call.
 // Widened, the 16-bit one's float32 variant (decode_mma.cu: fa_decode_mma32_).
+// With sinks, the *_sinks_ kernels (the sinks their fourth input).
 std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
       (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1);
-  if (!hides_none || d.sinks() || (d.E != 64 && d.E != 128)) return "";
-  if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" : "";
+  if (!hides_none || (d.E != 64 && d.E != 128)) return "";
+  const std::string sinks = d.sinks() ? "sinks_" : "";
+  if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" + sinks : "";
   if (rows_per_group > kMmaDecodeRows) return "";
-  return d.widen ? "fa_decode_mma32_" : "fa_decode_mma_";
+  return (d.widen ? "fa_decode_mma32_" : "fa_decode_mma_") + sinks;
 }
 
 // Whether a decode kernel takes the call (the tensor-core ones or
@@ -130,7 +131,8 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const int threads = !mma ? kThreads
       : tf32 ? 32 * fa::decode_shapes::tf32_warps(d.E) : 32 * fa::decode_shapes::mma_warps(d.E);
   Step attend{family + variant + suffix, scalars,
-              {splits * threads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {threads, 1, 1}, 0, masks};
+              {splits * threads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {threads, 1, 1}, 0, masks,
+              mma && d.sinks()};
   if (splits == 1) return Launches{attend, std::nullopt};
   // the fused kernel's scratch past the m / l partials: a ticket word per
   // group, 8 bytes (decode_combine.cuh)

@@ -191,6 +191,10 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   std::vector<mx::array> in = {inputs[0], inputs[1], inputs[2]};
   if (run.attend.mask_inputs) {
     in.insert(in.end(), {mask_inputs ? inputs[3] : inputs[0], mask_inputs ? inputs[4] : inputs[0]});
+  } else if (run.attend.sinks_input) {
+    // No array mask reaches these kernels: the base-offset array holds the
+    // sinks alone (cuda/mask_args.cpp).
+    in.push_back(inputs[4]);
   }
   // Outputs [begin, end) that no launch of this run writes (the tensor maps'
   // scratch, or the partials of the other plan's kernels): views of the

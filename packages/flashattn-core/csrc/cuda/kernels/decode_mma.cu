@@ -99,7 +99,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
                                            float* __restrict__ o_part, float* __restrict__ ml_part,
                                            bool fused, unsigned long long tag, int H_q,
                                            int H_kv, int L, int S, int keys_per_split, float scale_log2,
-                                           Layout lay) {
+                                           Layout lay, const float* __restrict__ sinks = nullptr) {
   static_assert(E == 64 || E == 128, "tensor-core decode takes E = 64 or 128");
   constexpr int KC = 2048 / E;  // keys per chunk: what the registers hold
   constexpr int NT = KC / 8, KB = E / 32, KS = KC / 16, DB = E / 64, NO = 8 * DB;
@@ -232,8 +232,14 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
   __syncthreads();
 
   auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
-  finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
-                                      (int64_t)gridDim.z * H_q * L, fused, MmaDecodeColumn{});
+  if (sinks != nullptr) {  // the sinks kernels only (a constant nullptr elsewhere)
+    auto sink_of = [&](int r) { return sinks[kvh * ratio + r / L] * FA_LOG2E; };
+    finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
+                                        (int64_t)gridDim.z * H_q * L, fused, MmaDecodeColumn{}, sink_of);
+  } else {
+    finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
+                                        (int64_t)gridDim.z * H_q * L, fused, MmaDecodeColumn{});
+  }
 }
 
 }  // namespace fa
@@ -244,39 +250,50 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 // -DFA_F32=1: fa_decode_mma32_<dtype>_<E> and fa_decode_mma32_fused_<dtype>_<E>,
 // float32 attention (kF32 above) and a float32 output. The arguments are
 // q, k, v (no mask reaches here), then the output (the fused kernel's
-// scratch past it), then scalars.
+// scratch past it), then scalars. -DFA_SINKS=1: fa_decode_mma_sinks_* and
+// fa_decode_mma32_sinks_*, which take the sinks (float32, one a query head)
+// as a fourth input.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
 #if FA_DTYPE == 0
 #error "decode_mma.cu takes float16 or bfloat16"
 #endif
+#if defined(FA_SINKS) && FA_SINKS
+#define FA_SINKS_PARAM const float* sinks,
+#define FA_SINKS_ARG sinks
+#define FA_SINKS_NAME sinks_
+#else
+#define FA_SINKS_PARAM
+#define FA_SINKS_ARG nullptr
+#define FA_SINKS_NAME
+#endif
 #if defined(FA_F32) && FA_F32
 #define FA_MMA_F32 true
-#define FA_MMA_FAMILY fa_decode_mma32_
+#define FA_MMA_FAMILY FA_CAT3(fa_decode_mma32_, FA_SINKS_NAME, )
 #define FA_MMA_OUT float
 #else
 #define FA_MMA_F32 false
-#define FA_MMA_FAMILY fa_decode_mma_
+#define FA_MMA_FAMILY FA_CAT3(fa_decode_mma_, FA_SINKS_NAME, )
 #define FA_MMA_OUT FA_T
 #endif
 #define FA_DECODE_MMA_THREADS (32 * fa::decode_shapes::mma_warps(FA_E))
 #if FA_PARTIAL == 0
 extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_MMA_FAMILY, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const FA_T* k, const FA_T* v, FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
+    const FA_T* q, const FA_T* k, const FA_T* v, FA_SINKS_PARAM FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
     int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::decode_mma<FA_T, FA_MMA_F32, FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split,
-                                         scale_log2, FA_LAYOUT);
+                                         scale_log2, FA_LAYOUT, FA_SINKS_ARG);
 }
 #else
 // The fused kernel (at most kFusedMaxSplits splits): its one output holds the
 // attention output, then the splits' partials and tickets (fused_scratch in
 // decode_combine.cuh). tag_lo, tag_hi: the call's tag, 24 bits each.
 extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_MMA_FAMILY, fused_, FA_TNAME, _, FA_E)(
-    const FA_T* q, const FA_T* k, const FA_T* v, FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
+    const FA_T* q, const FA_T* k, const FA_T* v, FA_SINKS_PARAM FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
     int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
   const fa::FusedScratch part = fa::fused_scratch<FA_E>(out, (int64_t)gridDim.z * H_q * L);
   fa::decode_mma<FA_T, FA_MMA_F32, FA_E>(q, k, v, out, part.o_part, part.ml_part, true, fa::call_tag(tag_lo, tag_hi),
-                                         H_q, H_kv, L, S, keys_per_split, scale_log2, FA_LAYOUT);
+                                         H_q, H_kv, L, S, keys_per_split, scale_log2, FA_LAYOUT, FA_SINKS_ARG);
 }
 #endif

@@ -147,7 +147,8 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
                                             const float* __restrict__ v, float* __restrict__ out,
                                             float* __restrict__ o_part, float* __restrict__ ml_part, bool fused,
                                             unsigned long long tag, int H_q, int H_kv, int L, int S,
-                                            int keys_per_split, float scale_log2, Layout lay) {
+                                            int keys_per_split, float scale_log2, Layout lay,
+                                            const float* __restrict__ sinks = nullptr) {
   static_assert(E == 64 || E == 128, "the float32 tensor-core decode takes E = 64 or 128");
   constexpr int KC = 1024 / E;  // keys per chunk: what the registers hold
   constexpr int NT = KC / 8, QB = E / 16, VB = E / 32, NO = 4 * VB;
@@ -254,8 +255,14 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
   __syncthreads();
 
   auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
-  finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part, (int64_t)gridDim.z * H_q * L, fused,
-                         Tf32DecodeColumn{});
+  if (sinks != nullptr) {  // the sinks kernels only (a constant nullptr elsewhere)
+    auto sink_of = [&](int r) { return sinks[kvh * ratio + r / L] * FA_LOG2E; };
+    finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
+                                        (int64_t)gridDim.z * H_q * L, fused, Tf32DecodeColumn{}, sink_of);
+  } else {
+    finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
+                                        (int64_t)gridDim.z * H_q * L, fused, Tf32DecodeColumn{});
+  }
 }
 
 }  // namespace fa
@@ -264,7 +271,9 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 // = 32 decode_shapes::tf32_warps(E), one split; fa_decode_tf32_fused_float32_<E>:
 // several, merged in the same launch. The arguments are q, k, v (no mask
 // reaches here), then the output (the fused kernel's scratch past it:
-// fused_scratch in decode_combine.cuh), then scalars.
+// fused_scratch in decode_combine.cuh), then scalars. -DFA_SINKS=1:
+// fa_decode_tf32_sinks_*, which take the sinks (one a query head) as a
+// fourth input.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -272,20 +281,29 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 #error "decode_tf32.cu takes float32"
 #endif
 #define FA_DECODE_TF32_THREADS (32 * fa::decode_shapes::tf32_warps(FA_E))
+#if defined(FA_SINKS) && FA_SINKS
+#define FA_SINKS_PARAM const float* sinks,
+#define FA_SINKS_ARG sinks
+#define FA_TF32_FAMILY fa_decode_tf32_sinks_
+#else
+#define FA_SINKS_PARAM
+#define FA_SINKS_ARG nullptr
+#define FA_TF32_FAMILY fa_decode_tf32_
+#endif
 #if FA_PARTIAL == 0
-extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT3(fa_decode_tf32_float32_, FA_E, )(
-    const float* q, const float* k, const float* v, float* out, int H_q, int H_kv, int L, int S, int keys_per_split,
-    float scale_log2, FA_LAYOUT_PARAMS) {
+extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT5(FA_TF32_FAMILY, float32_, FA_E, , )(
+    const float* q, const float* k, const float* v, FA_SINKS_PARAM float* out, int H_q, int H_kv, int L, int S,
+    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
   fa::decode_tf32<FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split, scale_log2,
-                        FA_LAYOUT);
+                        FA_LAYOUT, FA_SINKS_ARG);
 }
 #else
 // tag_lo, tag_hi: the call's tag, 24 bits each (decode_combine.cuh).
-extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT3(fa_decode_tf32_fused_float32_, FA_E, )(
-    const float* q, const float* k, const float* v, float* out, int H_q, int H_kv, int L, int S, int keys_per_split,
-    float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT5(FA_TF32_FAMILY, fused_float32_, FA_E, , )(
+    const float* q, const float* k, const float* v, FA_SINKS_PARAM float* out, int H_q, int H_kv, int L, int S,
+    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
   const fa::FusedScratch part = fa::fused_scratch<FA_E>(out, (int64_t)gridDim.z * H_q * L);
   fa::decode_tf32<FA_E>(q, k, v, out, part.o_part, part.ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
-                        keys_per_split, scale_log2, FA_LAYOUT);
+                        keys_per_split, scale_log2, FA_LAYOUT, FA_SINKS_ARG);
 }
 #endif
