@@ -132,10 +132,9 @@ struct Decode {
   alignas(64) float prob[R][Bc]; // scores, then P
   float m_i[R], l_i[R];
   int64_t out_off[R], limit[R]; // limit: the last key the causal mask shows
-  // A quantized tile's keys and values, dequantized (rows of E floats);
-  // untouched for plain inputs.
-  alignas(64) float k_tile[Bc * decode_detail::kMaxE];
-  alignas(64) float v_tile[Bc * decode_detail::kMaxE];
+  // A quantized tile's keys, then its values, dequantized (rows of E floats)
+  // just before the products read them. Untouched for plain inputs.
+  alignas(64) float kv_tile[Bc * decode_detail::kMaxE];
 
   void load_rows() {
     const int ratio = p.q_kv_heads_ratio;
@@ -418,14 +417,11 @@ struct Decode {
       const KV* K;
       const KV* V;
       int64_t ks, vs;
-      if constexpr (std::is_same_v<KV, float>) {
-        if (quantized) {
-          dequantize_rows(p.k, p.k_quantized, item.group, c0, cols, p.E, k_tile);
-          dequantize_rows(p.v, p.v_quantized, item.group, c0, cols, p.E, v_tile);
-        }
-      }
       if (quantized) {
-        K = reinterpret_cast<const KV*>(k_tile), V = reinterpret_cast<const KV*>(v_tile);
+        if constexpr (std::is_same_v<KV, float>) {
+          dequantize_rows(p.k, p.k_quantized, item.group, c0, cols, p.E, kv_tile);
+        }
+        K = reinterpret_cast<const KV*>(kv_tile), V = K;
         ks = vs = p.E;
       } else {
         K = rows_at(p.k, c0), V = rows_at(p.v, c0);
@@ -434,6 +430,11 @@ struct Decode {
       qk_any(K, ks, ahead_of(p.k, c0), cols);
       const bool partial_tile = visibility == TileVisibility::partial;
       softmax(c0, cols, partial_tile, visible);
+      if constexpr (std::is_same_v<KV, float>) {
+        if (quantized) {  // the keys are done with: the values into their tile
+          dequantize_rows(p.v, p.v_quantized, item.group, c0, cols, p.E, kv_tile);
+        }
+      }
       if (partial_tile) {
         pv_visible(V, vs, visible);
       } else {
