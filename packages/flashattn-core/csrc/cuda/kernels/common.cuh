@@ -21,7 +21,6 @@ namespace fa {
 
 enum MaskKind { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
 
-
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -110,13 +109,20 @@ struct Mask {
   }
 };
 
-// Query head h's sink logit in the log2 domain, from the mask's launch
-// arguments (mask_bits.h); -inf without sinks (then add_sink, softmax.cuh,
-// changes nothing). Read where a row ends, from the arguments themselves: a
-// pointer kept in the Mask from the start cost the wgmma prefill spills.
+// The sinks (one float per query head) in the mask's launch arguments
+// (mask_bits.h), or nullptr. Read where a row ends, from the arguments
+// themselves: a pointer kept in the Mask from the start cost the wgmma
+// prefill spills.
+__device__ __forceinline__ const float* sinks_of(int mask_kind, const int64_t* mask_base) {
+  if (!(mask_kind & kSinks)) return nullptr;
+  return reinterpret_cast<const float*>(mask_base + (mask_kind >> kSinkWordsShift));
+}
+
+// Query head h's sink logit in the log2 domain; -inf without sinks (then
+// add_sink, softmax.cuh, changes nothing).
 __device__ __forceinline__ float sink_log2(int mask_kind, const int64_t* mask_base, int h) {
-  if (!(mask_kind & kSinks)) return FA_NEG_INF;
-  return reinterpret_cast<const float*>(mask_base + (mask_kind >> kSinkWordsShift))[h] * FA_LOG2E;
+  const float* sinks = sinks_of(mask_kind, mask_base);
+  return sinks == nullptr ? FA_NEG_INF : sinks[h] * FA_LOG2E;
 }
 
 }  // namespace fa

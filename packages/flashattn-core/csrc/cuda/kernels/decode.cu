@@ -242,8 +242,7 @@ __device__ __forceinline__ void decode(const T* __restrict__ q, const T* __restr
   }
   __syncthreads();
   finish_decode_block<E, kDecMergeBatch>(sm.o, sm.m, sm.l, R, [&](int r) { return row_n(r) * L + pos(r); }, out, o_part, ml_part,
-                      (int64_t)gridDim.z * H_q * L, fused, SameColumn{},
-                      [&](int r) { return sink_log2(mask_kind, mask_base, head(r)); });
+                      (int64_t)gridDim.z * H_q * L, fused, GroupSinks{sinks_of(mask_kind, mask_base), g * ratio, r0, L});
 }
 
 }  // namespace fa

@@ -7,8 +7,6 @@
 
 #pragma once
 
-#include <type_traits>
-
 #include "combine.cuh"
 #include "common.cuh"
 #include "partials.h"
@@ -21,19 +19,26 @@ struct SameColumn {
   __device__ __forceinline__ int operator()(int, int e) const { return e; }
 };
 
-// No attention sinks (the tensor-core decodes, which take none).
-struct NoSink {
-  __device__ __forceinline__ float operator()(int) const { return FA_NEG_INF; }
+// The sinks of a decode block's rows: row r of the block is query row
+// r0 + r of its group, of query head h0 + (r0 + r) / L. sinks: one per query
+// head, or nullptr (a kernel without sinks passes a constant nullptr, and
+// the compiler drops what reads them).
+struct GroupSinks {
+  const float* sinks;
+  int h0, r0, L;
+  __device__ __forceinline__ bool any() const { return sinks != nullptr; }
+  // Row r's sink logit, log2 domain.
+  __device__ __forceinline__ float operator()(int r) const { return sinks[h0 + (r0 + r) / L] * FA_LOG2E; }
 };
 
 // The warps' states merged (combine.cuh). row_of(r): row r's index among
 // the batch x H_q x L output rows (rows_total of them); col_of(r, e): the
-// column of o[w][r] that holds dim e; sink_of(r): row r's head's sink logit
-// (log2 domain, -inf: none), which joins the output or split 0's partials.
-template <int W, int ROWS, int E, typename T, typename RowOf, typename ColOf, typename SinkOf>
+// column of o[w][r] that holds dim e; the rows' sinks join the output or
+// split 0's partials.
+template <int W, int ROWS, int E, typename T, typename RowOf, typename ColOf>
 __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E], const float (&m)[W][ROWS],
                                                      const float (&l)[W][ROWS], int R, RowOf row_of, ColOf col_of,
-                                                     SinkOf sink_of, T* out, float* o_part, float* ml_part,
+                                                     GroupSinks sinks, T* out, float* o_part, float* ml_part,
                                                      int split, int64_t rows_total) {
   for (int i = threadIdx.x; i < R * E; i += blockDim.x) {
     const int r = i / E, e = i % E;
@@ -49,9 +54,7 @@ __device__ __forceinline__ void combine_decode_warps(const float (&o)[W][ROWS][E
       l_sum += wgt * l[w][r];
       acc += wgt * o[w][r][col];
     }
-    if constexpr (!std::is_same_v<SinkOf, NoSink>) {
-      if (split == 0) acc *= add_sink(m_max, l_sum, sink_of(r));
-    }
+    if (sinks.any() && split == 0) acc *= add_sink(m_max, l_sum, sinks(r));
     const int64_t row = row_of(r);
     if (o_part == nullptr) {
       out[row * E + e] = from_f<T>(acc * inverse_sum(l_sum));
@@ -318,13 +321,12 @@ __device__ __forceinline__ void merge_group(const float* o_part, const float* ml
 // fused decode (fused: o_part and ml_part are the call's scratch, the
 // block's thread 0 having armed its group's ticket) merged too, in shares,
 // by the blocks that take the group's last tickets (kMergeShares).
-template <int E, int kBatch = 16, int W, int ROWS, typename T, typename RowOf, typename ColOf = SameColumn,
-          typename SinkOf = NoSink>
+template <int E, int kBatch = 16, int W, int ROWS, typename T, typename RowOf, typename ColOf = SameColumn>
 __device__ __forceinline__ void finish_decode_block(const float (&o)[W][ROWS][E], const float (&m)[W][ROWS],
                                                     const float (&l)[W][ROWS], int R, RowOf row_of, T* out,
                                                     float* o_part, float* ml_part, int64_t rows_total,
-                                                    bool fused, ColOf col_of = {}, SinkOf sink_of = {}) {
-  combine_decode_warps(o, m, l, R, row_of, col_of, sink_of, out, o_part, ml_part, blockIdx.x, rows_total);
+                                                    bool fused, GroupSinks sinks, ColOf col_of = {}) {
+  combine_decode_warps(o, m, l, R, row_of, col_of, sinks, out, o_part, ml_part, blockIdx.x, rows_total);
   if (!fused) return;
   // Shares only where one block would need more than one batch of loads:
   // a helper starts a round trip after the last ticket (its wait's), so at

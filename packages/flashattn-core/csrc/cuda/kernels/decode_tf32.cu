@@ -255,14 +255,9 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
   __syncthreads();
 
   auto row_of = [&](int r) { return (b * H_q + kvh * ratio + r / L) * L + r % L; };
-  if (sinks != nullptr) {  // the sinks kernels only (a constant nullptr elsewhere)
-    auto sink_of = [&](int r) { return sinks[kvh * ratio + r / L] * FA_LOG2E; };
-    finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
-                                        (int64_t)gridDim.z * H_q * L, fused, Tf32DecodeColumn{}, sink_of);
-  } else {
-    finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
-                                        (int64_t)gridDim.z * H_q * L, fused, Tf32DecodeColumn{});
-  }
+  finish_decode_block<E, kMergeBatch>(sm.o, sm.m, sm.l, R, row_of, out, o_part, ml_part,
+                                      (int64_t)gridDim.z * H_q * L, fused, GroupSinks{sinks, kvh * ratio, 0, L},
+                                      Tf32DecodeColumn{});
 }
 
 }  // namespace fa
