@@ -27,6 +27,10 @@
 //       (its arithmetic is float32 whatever the inputs), reading the 16-bit
 //       cache in place; other prefill calls run the float32 path on cast
 //       inputs
+//   quantized keys and values (MLX's affine format, 4 or 8 bits, K and V
+//       alike): read in place by the 16-bit tensor-core decode's
+//       fa_decode_mmaq_ where it takes the call (no sinks, attention in the
+//       queries' dtype); otherwise nothing here (quantized.cpp dequantizes)
 //
 // Each family plans its own launches (plan_decode.cpp, plan_prefill.cpp,
 // plan_generic.cpp); here the call takes the first that accepts it, with
@@ -49,6 +53,9 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
   Plan& plan = out.plan;
   int splits = 0;
   auto decode = decode_launches(d, splits);
+  // Quantized keys and values: the quantized decode, or nothing (the caller
+  // dequantizes them for the other kernels).
+  if (d.quantized() && !decode) return std::nullopt;
   auto prefill = decode ? std::nullopt : prefill_launches(d, dtype, device_index);
   // A widened decode that no tensor-core decode takes (other head dims, an
   // array mask) goes to the generic kernel on the 16-bit inputs: a cast would
@@ -65,7 +72,8 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
     plan.aligned = generic_launches(d, splits, true);
   }
   // The same splits: the partials (outputs of the primitive) have one shape.
-  plan.any = generic_launches(d, splits);
+  // The quantized decode reads rows anywhere (it is its own fallback).
+  plan.any = d.quantized() ? plan.aligned : generic_launches(d, splits);
   const int rows = static_cast<int>(d.batch * d.H_q * d.L);
   std::vector<mx::Shape>& shapes = out.shapes;
   std::vector<mx::Dtype>& dtypes = out.dtypes;

@@ -29,6 +29,10 @@ struct Step {
   int smem = 0;
   bool mask_inputs = true;
   bool sinks_input = false;  // the tensor-core decodes' *_sinks_* kernels: the sinks as a fourth input
+  // The quantized decode (fa_decode_mmaq_*): it takes {q, K's codes, V's,
+  // K's scales, biases, V's scales, biases}, and after the layout the
+  // scales' rows (6 strides).
+  bool quantized = false;
 };
 
 // An attention kernel, and the merge when it split the keys (its partials

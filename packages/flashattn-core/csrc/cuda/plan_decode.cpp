@@ -80,6 +80,13 @@ std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
       (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1);
   if (!hides_none || (d.E != 64 && d.E != 128)) return "";
+  // Quantized rows read in place: the 16-bit kernel's fa_decode_mmaq_
+  // (attention in the queries' 16-bit dtype, no sinks).
+  if (d.quantized()) {
+    const bool takes = d.dt != "float32" && !d.widen && !d.sinks() && rows_per_group <= kMmaDecodeRows &&
+        (d.quant_bits == 4 || d.quant_bits == 8);
+    return takes ? "fa_decode_mmaq_" : "";
+  }
   const std::string sinks = d.sinks() ? "sinks_" : "";
   if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" + sinks : "";
   if (rows_per_group > kMmaDecodeRows) return "";
@@ -101,7 +108,8 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   const int rows_per_group = (d.H_q / d.H_kv) * d.L;
   const std::string tensor_core = tensor_core_decode(d, rows_per_group);
   const bool mma = !tensor_core.empty();
-  if (d.widen && !mma) return std::nullopt;  // widened: the tensor-core decode only
+  // widened or quantized: the tensor-core decode only
+  if ((d.widen || d.quantized()) && !mma) return std::nullopt;
   const int row_blocks = mma ? 1 : (rows_per_group + kDecodeBlockRows - 1) / kDecodeBlockRows;
   if (d.L >= kMinPrefillL || rows_per_group > kDecodeMaxRows || !decode_takes(d, rows_per_group) ||
       d.batch > 65535 || d.H_kv * row_blocks > 65535) {
@@ -123,6 +131,11 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S};
   if (masks) scalars.insert(scalars.end(), {d.kind_arg, d.mask_rs, d.mask_cs});
   scalars.insert(scalars.end(), {keys_per_split, d.scale_log2});
+  if (d.quantized()) {
+    int shift = 0;
+    while ((1 << shift) < d.quant_group) ++shift;
+    scalars.insert(scalars.end(), {d.quant_bits, shift});
+  }
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
   const std::string family = mma ? tensor_core : "fa_decode_";
   // Past one split the keys are always merged in the same launch (splits
@@ -132,7 +145,7 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
       : tf32 ? 32 * fa::decode_shapes::tf32_warps(d.E) : 32 * fa::decode_shapes::mma_warps(d.E);
   Step attend{family + variant + suffix, scalars,
               {splits * threads, d.H_kv * row_blocks, static_cast<int>(d.batch)}, {threads, 1, 1}, 0, masks,
-              mma && d.sinks()};
+              mma && d.sinks(), d.quantized()};
   if (splits == 1) return Launches{attend, std::nullopt};
   // the fused kernel's scratch past the m / l partials: a ticket word per
   // group, 8 bytes (decode_combine.cuh)

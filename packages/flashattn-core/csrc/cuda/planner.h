@@ -27,7 +27,11 @@ struct Dims {
   float scale_log2;
   bool widen;     // float32 attention over 16-bit inputs, float32 output
   int kind_arg;   // the kernels' mask_kind argument: kind, and the sinks' bits (kernels/mask_bits.h)
+  // Keys and values both quantized alike (MLX's affine format), read in
+  // place by the quantized decode: bits and group size; 0 otherwise.
+  int quant_bits = 0, quant_group = 0;
   bool sinks() const { return (kind_arg & fa::kSinks) != 0; }
+  bool quantized() const { return quant_bits != 0; }
 };
 
 // The decode launches, when decode takes the call; splits: the key splits chosen.

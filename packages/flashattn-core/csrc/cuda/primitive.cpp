@@ -152,49 +152,89 @@ void Attention::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&)
   throw std::runtime_error("flash_attention: the CUDA node ran on a CPU stream");
 }
 
-void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  const mx::Stream s = stream();
-  // inputs: q, k, v, and with an array mask or sinks the mask's data (read
-  // row-contiguous) and base offsets (cuda/mask_args.h).
-  std::array<std::optional<Rows>, 3> in_place;
-  const bool mask_inputs = inputs.size() > 3;
-  bool copy = mask_inputs && !inputs[3].flags().row_contiguous;
-  for (int i = 0; i < 3; ++i) {
-    in_place[i] = rows_in_place(inputs[i]);
-    copy |= !in_place[i].has_value();
-  }
-  std::array<Rows, 3> rows;
-  bool aligned = true;
-  for (int i = 0; i < 3; ++i) {
-    const mx::array& x = inputs[i];
-    const bool copied = copy && !x.flags().row_contiguous;  // MLX copies it: row-contiguous, offset 0
-    rows[i] = copied ? contiguous_rows(x) : *in_place[i];
-    aligned &= rows_aligned(rows[i], copied ? 0 : x.offset(), x.itemsize());
-  }
+namespace {
 
-  // Tensor maps take no negative stride (a reversed view): those go to the
-  // generic kernel.
-  bool forward = true;
-  for (const Rows& r : rows) forward &= r.sb >= 0 && r.sh >= 0 && r.sr >= 0;
-  const Launches& run = aligned && (forward || !plan_->aligned.tma()) ? plan_->aligned : plan_->any;
-  std::vector<Scalar> scalars = run.attend.scalars;
-  for (const Rows& r : rows) {
+// The quantized decode's launch: its inputs (q, K's codes, V's, K's scales,
+// biases, V's scales, biases) and the scalars' strides: q's, the codes',
+// then the scales' rows (a bias lies as its scale: where they do not, MLX
+// copies them all row-contiguous, as where the kernel cannot read an input
+// in place).
+void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs, std::vector<mx::array>& in,
+                      std::vector<Scalar>& scalars, bool& copy) {
+  std::array<std::optional<Rows>, 7> place;
+  copy = false;
+  for (int i = 0; i < 7; ++i) {
+    place[i] = rows_in_place(inputs[i]);
+    copy |= !place[i].has_value();
+  }
+  auto same = [&](int a, int b) {
+    return place[a] && place[b] && place[a]->sb == place[b]->sb && place[a]->sh == place[b]->sh &&
+        place[a]->sr == place[b]->sr;
+  };
+  copy |= !same(3, 4) || !same(5, 6);
+  scalars = run.attend.scalars;
+  for (int i : {0, 1, 2, 3, 5}) {
+    const mx::array& x = inputs[i];
+    const Rows r = copy && !x.flags().row_contiguous ? contiguous_rows(x) : *place[i];
     scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
   }
+  in.assign(inputs.begin(), inputs.begin() + 7);
+}
+
+}  // namespace
+
+void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::Stream s = stream();
+  const Launches* chosen = &plan_->aligned;
+  std::vector<Scalar> scalars;
+  std::vector<mx::array> in;
+  bool copy = false;
+  if (plan_->aligned.attend.quantized) {
+    quantized_inputs(plan_->aligned, inputs, in, scalars, copy);
+  } else {
+    // inputs: q, k, v, and with an array mask or sinks the mask's data (read
+    // row-contiguous) and base offsets (cuda/mask_args.h).
+    std::array<std::optional<Rows>, 3> in_place;
+    const bool mask_inputs = inputs.size() > 3;
+    copy = mask_inputs && !inputs[3].flags().row_contiguous;
+    for (int i = 0; i < 3; ++i) {
+      in_place[i] = rows_in_place(inputs[i]);
+      copy |= !in_place[i].has_value();
+    }
+    std::array<Rows, 3> rows;
+    bool aligned = true;
+    for (int i = 0; i < 3; ++i) {
+      const mx::array& x = inputs[i];
+      const bool copied = copy && !x.flags().row_contiguous;  // MLX copies it: row-contiguous, offset 0
+      rows[i] = copied ? contiguous_rows(x) : *in_place[i];
+      aligned &= rows_aligned(rows[i], copied ? 0 : x.offset(), x.itemsize());
+    }
+
+    // Tensor maps take no negative stride (a reversed view): those go to the
+    // generic kernel.
+    bool forward = true;
+    for (const Rows& r : rows) forward &= r.sb >= 0 && r.sh >= 0 && r.sr >= 0;
+    chosen = aligned && (forward || !plan_->aligned.tma()) ? &plan_->aligned : &plan_->any;
+    scalars = chosen->attend.scalars;
+    for (const Rows& r : rows) {
+      scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
+    }
+    // The kernels that read masks take their two pointers whether or not
+    // there is an array mask or sinks (without, the queries stand in, never read).
+    in = {inputs[0], inputs[1], inputs[2]};
+    if (chosen->attend.mask_inputs) {
+      in.insert(in.end(), {mask_inputs ? inputs[3] : inputs[0], mask_inputs ? inputs[4] : inputs[0]});
+    } else if (chosen->attend.sinks_input) {
+      // No array mask reaches these kernels: the base-offset array holds the
+      // sinks alone (cuda/mask_args.cpp).
+      in.push_back(inputs[4]);
+    }
+  }
+  const Launches& run = *chosen;
   if (run.fused || run.tma()) {
     const auto tag = next_tag();
     scalars.insert(scalars.end(), {tag[0], tag[1]});
     scalars.insert(scalars.end(), run.map_template.begin(), run.map_template.end());
-  }
-  // The kernels that read masks take their two pointers whether or not
-  // there is an array mask or sinks (without, the queries stand in, never read).
-  std::vector<mx::array> in = {inputs[0], inputs[1], inputs[2]};
-  if (run.attend.mask_inputs) {
-    in.insert(in.end(), {mask_inputs ? inputs[3] : inputs[0], mask_inputs ? inputs[4] : inputs[0]});
-  } else if (run.attend.sinks_input) {
-    // No array mask reaches these kernels: the base-offset array holds the
-    // sinks alone (cuda/mask_args.cpp).
-    in.push_back(inputs[4]);
   }
   // Outputs [begin, end) that no launch of this run writes (the tensor maps'
   // scratch, or the partials of the other plan's kernels): views of the

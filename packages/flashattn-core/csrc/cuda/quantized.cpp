@@ -1,17 +1,72 @@
-// Quantized keys and values on MLX's CUDA backend: dequantized in the call
-// (mx.dequantize, into the queries' dtype) and handed to the ordinary
-// kernels. A transient full-precision copy of the keys and values a layer
-// reads, O(S), never an L x S matrix. Measured on an H100 against a kernel
-// that dequantized each element as it read it (one warp a query row), this
-// is the faster design by far: that kernel took 0.69 ms for a 4-bit qwen05b
-// decode over 32K keys and 2.1 s for an hd128 8K prefill, where the
-// tensor-core kernels on the unquantized cache take 0.037 ms and 1.0 ms.
+// Quantized keys and values on MLX's CUDA backend. A decode that the 16-bit
+// tensor-core decode takes (no mask or causal with one query position, E =
+// 64 or 128, at most 16 query rows a KV head, attention in the queries'
+// 16-bit dtype, K and V quantized alike with 4 or 8 bits, no sinks) reads
+// the packed rows in place (fa_decode_mmaq_: decode_rows.cuh expands each
+// fragment in registers). Every other call is dequantized (mx.dequantize,
+// into the queries' dtype or float32) and handed to the ordinary kernels: a
+// transient full-precision copy of the keys and values a layer reads, O(S),
+// never an L x S matrix. (A kernel that dequantized each element as it read
+// it, one warp a query row, took 0.69 ms for a 4-bit qwen05b decode over
+// 32K keys and 2.1 s for an hd128 8K prefill on an H100, where the
+// tensor-core kernels on the unquantized cache take 0.037 ms and 1.0 ms.)
 
 #include "cuda/dispatch.h"
 
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cuda/mask_args.h"
+#include "cuda/planner.h"
+#include "cuda/primitive.h"
+#include "cuda/recent.h"
+
 namespace flashattn::cuda {
 
+namespace {
+
+// What the quantized decode's plan depends on (the queries' shape holds B,
+// H_q, L and E).
+struct QuantKey {
+  mx::Shape q_shape;
+  int H_kv, S, dtype, kind, bits, group;
+  float scale_log2;
+  int device;
+  bool operator==(const QuantKey&) const = default;
+};
+
+// The quantized decode's node, when it takes the call.
+std::optional<mx::array> quantized_decode(const AttentionCall& call, bool widen) {
+  const KVQuantization& qz = call.quantization;
+  const QuantizedArray *kq = call.k_quantized, *vq = call.v_quantized;
+  const mx::array& q = call.q;
+  if (widen || call.sinks || !kq || !vq || qz.k_bits != qz.v_bits || qz.k_group_size != qz.v_group_size ||
+      kq->scales.dtype() != q.dtype() || vq->scales.dtype() != q.dtype() || kq->biases.dtype() != q.dtype() ||
+      vq->biases.dtype() != q.dtype() || q.shape(-2) >= kMinPrefillL) {
+    return std::nullopt;
+  }
+  int64_t batch = 1;
+  for (int d = 0; d < q.ndim() - 3; ++d) batch *= q.shape(d);
+  const int kind = static_cast<int>(call.mask_kind);
+  Dims d{batch, q.shape(-3), call.k.shape(-3), q.shape(-2), call.k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
+         kind, 0, 0, call.scale * kLog2e, false, kind, qz.k_bits, qz.k_group_size};
+  const QuantKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), kind, d.quant_bits,
+                     d.quant_group, d.scale_log2, call.stream.device.index};
+  thread_local Recent<QuantKey, std::optional<Planned>, 8> recent;
+  std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
+  if (!planned) planned = recent.put(key, plan_call(d, q.dtype(), q.shape(), call.stream.device.index));
+  if (!planned->has_value()) return std::nullopt;
+  const Planned& plan = **planned;
+  std::vector<mx::array> inputs = {q, kq->packed, vq->packed, kq->scales, kq->biases, vq->scales, vq->biases};
+  auto node = std::make_shared<Attention>(call.stream, std::shared_ptr<const Plan>(planned, &plan.plan));
+  return mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs)[0];
+}
+
+}  // namespace
+
 mx::array quantized_attention(const AttentionCall& call, bool widen) {
+  if (auto out = quantized_decode(call, widen)) return *out;
   const KVQuantization& qz = call.quantization;
   // float32 attention dequantizes into float32 (exactly the format's values)
   // and runs the float32 kernels; otherwise the queries' dtype throughout.

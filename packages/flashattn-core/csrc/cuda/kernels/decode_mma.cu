@@ -23,6 +23,11 @@
 //               step and pairs them into B fragments, so output dim
 //               64d + 8n + i lands in tile i, column n.
 //
+// Quantized keys and values (kernels fa_decode_mmaq_*, MLX's affine format)
+// go the same way: a lane loads the codes of its 8 elements and their
+// group's scale and bias, and expands them to 16-bit values in registers
+// just before the product (decode_rows.cuh).
+//
 // Keys past the split's end load as zeros (P = 0 multiplies only zeros), so
 // no hidden value reaches a row. The warps' (m, l, o) are combined through
 // shared memory (decode_combine.cuh).
@@ -35,6 +40,7 @@
 // float32.
 
 #include "decode_combine.cuh"
+#include "decode_rows.cuh"
 #include "decode_shapes.h"
 #include "decode_walk.cuh"
 #include "mma.cuh"
@@ -49,23 +55,6 @@ struct MmaDecodeSmem {
   float o[W][16][E];
   float m[W][16], l[W][16];
 };
-
-// 16 bytes at p, or zeros when !valid; kFetch256: a miss brings the 256
-// bytes around p into L2 (the rows the next fragment loads read).
-template <bool kFetch256 = false>
-__device__ __forceinline__ uint4 load16(const void* p, bool valid) {
-  if constexpr (!kFetch256) {
-    return valid ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
-  } else {
-    uint4 r = make_uint4(0, 0, 0, 0);
-    if (valid) {
-      asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-          : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-          : "l"(p));
-    }
-    return r;
-  }
-}
 
 __device__ __forceinline__ uint32_t word(const uint4& u, int i) {
   return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
@@ -87,17 +76,17 @@ struct MmaDecodeColumn {
 };
 
 // W warps; each warp loads U chunks at once (a pass), then computes them.
-// kNextPass: each pass asks the next into L2; kFetch256: the loads' L2 hint
-// (decode_shapes.h).
+// KV: where K and V rows come from (decode_rows.cuh: plain, or quantized
+// and read in place); kNextPass: each pass asks the next into L2 (plain rows
+// only); the loads' L2 hint is KV's (decode_shapes.h says where each pays).
 // kF32: float32 attention (above), the output float32.
-template <typename T, bool kF32, int E, int W = decode_shapes::mma_warps(E),
-          int U = decode_shapes::mma_chunks_in_flight(E), bool kNextPass = decode_shapes::mma_prefetch_next_pass(E),
-          bool kFetch256 = decode_shapes::mma_fetch_256(E), int kMergeBatch = decode_shapes::mma_merge_batch(E),
-          typename TO = std::conditional_t<kF32, float, T>>
-__device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __restrict__ k,
-                                           const T* __restrict__ v, TO* __restrict__ out,
-                                           float* __restrict__ o_part, float* __restrict__ ml_part,
-                                           bool fused, unsigned long long tag, int H_q,
+template <typename T, bool kF32, int E, typename KV, int W = decode_shapes::mma_warps(E),
+          int U = decode_shapes::mma_chunks_in_flight(E),
+          bool kNextPass = decode_shapes::mma_prefetch_next_pass(E) && KV::kPrefetch,
+          int kMergeBatch = decode_shapes::mma_merge_batch(E), typename TO = std::conditional_t<kF32, float, T>>
+__device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_rows, const KV v_rows,
+                                           TO* __restrict__ out, float* __restrict__ o_part,
+                                           float* __restrict__ ml_part, bool fused, unsigned long long tag, int H_q,
                                            int H_kv, int L, int S, int keys_per_split, float scale_log2,
                                            Layout lay, const float* __restrict__ sinks = nullptr) {
   static_assert(E == 64 || E == 128, "tensor-core decode takes E = 64 or 128");
@@ -108,29 +97,28 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
   const int ratio = H_q / H_kv, R = ratio * L;  // R <= 16 (the dispatch's condition)
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const T* k_head = k + lay.k.at(b, kvh, 0);
-  const T* v_head = v + lay.v.at(b, kvh, 0);
-  const int64_t ks = lay.k.sr, vs = lay.v.sr;
   const int c_begin = split * keys_per_split;
   const int c_end = min(S, c_begin + keys_per_split);
   auto q_row = [&](int r) { return q + lay.q.at(b, kvh * ratio + r / L, r % L); };
 
-  const ChunkWalk<T, E, W, U, KC, kMmaAhead, kNextPass> walk{k_head, v_head, ks, vs, c_begin, c_end, w, lane};
+  const ChunkWalk<T, E, W, U, KC, kMmaAhead, kNextPass> walk{k_rows.prefetch_head(), v_rows.prefetch_head(),
+                                                            k_rows.prefetch_stride(), v_rows.prefetch_stride(),
+                                                            c_begin, c_end, w, lane};
   walk.prefetch_start();
 
   // Query fragments of rows g and g + 8 (zeros past R), per 32-dim block.
   uint4 qa[KB], qb[KB];
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb) {
-    qa[kb] = load16(q_row(g) + 32 * kb + 8 * t, g < R);
-    qb[kb] = load16(q_row(g + 8) + 32 * kb + 8 * t, g + 8 < R);
+    qa[kb] = load_query<KV::kAlignedQueries>(q_row(g) + 32 * kb + 8 * t, g < R);
+    qb[kb] = load_query<KV::kAlignedQueries>(q_row(g + 8) + 32 * kb + 8 * t, g + 8 < R);
   }
 
   float o[NO][4] = {};  // tile 8 db + i: dims 64 db + 8 n + i (n: the fragment's column)
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
   for (int base = c_begin; base < c_end; base += walk.PASS) {
     walk.prefetch_ahead(base);
-    uint4 kf[U][NT][KB], vf[U][KS][4][DB];
+    typename KV::Raw kf[U][NT][KB], vf[U][KS][4][DB];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c0 = walk.chunk_at(base, u);
@@ -139,7 +127,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
         const int key = c0 + 8 * nt + g;
 #pragma unroll
         for (int kb = 0; kb < KB; ++kb)
-          kf[u][nt][kb] = load16<kFetch256>(k_head + key * ks + 32 * kb + 8 * t, key < c_end);
+          kf[u][nt][kb] = k_rows.load(key, 32 * kb, 8 * t, key < c_end);
       }
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
@@ -148,7 +136,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
           const int key = c0 + 16 * s + 2 * t + (j & 1) + (j >> 1) * 8;
 #pragma unroll
           for (int db = 0; db < DB; ++db)
-            vf[u][s][j][db] = load16<kFetch256>(v_head + key * vs + 64 * db + 8 * g, key < c_end);
+            vf[u][s][j][db] = v_rows.load(key, 64 * db, 8 * g, key < c_end);
         }
       }
     }
@@ -165,11 +153,12 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int kb = 0; kb < KB; ++kb) {
+          const uint4 kx = k_rows.expand(kf[u][nt][kb]);
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const uint32_t a[4] = {word(qa[kb], 2 * j), word(qb[kb], 2 * j), word(qa[kb], 2 * j + 1),
                                    word(qb[kb], 2 * j + 1)};
-            mma16816<T>(sc[nt], a, word(kf[u][nt][kb], 2 * j), word(kf[u][nt][kb], 2 * j + 1));
+            mma16816<T>(sc[nt], a, word(kx, 2 * j), word(kx, 2 * j + 1));
           }
         }
       }
@@ -181,13 +170,18 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
       // sc[2 s], then sc[2 s + 1]), in 16 bits or (kF32) as PSplit's terms.
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
+        // V's fragments expanded where used (quantized rows are not float32
+        // attention: one term, so each is expanded once).
         auto p_times_v = [&](const uint32_t (&a)[4]) {
 #pragma unroll
-          for (int db = 0; db < DB; ++db)
+          for (int db = 0; db < DB; ++db) {
+            uint4 vx[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) vx[j] = v_rows.expand(vf[u][s][j][db]);
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-              mma16816<T>(o[8 * db + i], a, pair(vf[u][s][0][db], vf[u][s][1][db], i),
-                          pair(vf[u][s][2][db], vf[u][s][3][db], i));
+              mma16816<T>(o[8 * db + i], a, pair(vx[0], vx[1], i), pair(vx[2], vx[3], i));
+          }
         };
         float p[8];
 #pragma unroll
@@ -247,7 +241,12 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 // q, k, v (no mask reaches here), then the output (the fused kernel's
 // scratch past it), then scalars. -DFA_SINKS=1: fa_decode_mma_sinks_* and
 // fa_decode_mma32_sinks_*, which take the sinks (float32, one a query head)
-// as a fourth input.
+// as a fourth input. -DFA_QUANT=1: fa_decode_mmaq_*, keys and values in
+// MLX's affine format read in place (decode_rows.cuh): the arguments are q,
+// K's and V's packed codes, K's scales and biases, V's, then the output,
+// the scalars with bits and log2(group size) after the scale, the layout
+// (K's and V's rows: the packed codes', in words) and the scales' rows
+// (the biases lie alike); neither sinks nor float32 attention.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -267,28 +266,68 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const T* __r
 #define FA_MMA_F32 true
 #define FA_MMA_FAMILY FA_CAT3(fa_decode_mma32_, FA_SINKS_NAME, )
 #define FA_MMA_OUT float
+#elif defined(FA_QUANT) && FA_QUANT
+#if defined(FA_SINKS) && FA_SINKS
+#error "the quantized decode takes no sinks"
+#endif
+#define FA_MMA_F32 false
+#define FA_MMA_FAMILY fa_decode_mmaq_
+#define FA_MMA_OUT FA_T
 #else
 #define FA_MMA_F32 false
 #define FA_MMA_FAMILY FA_CAT3(fa_decode_mma_, FA_SINKS_NAME, )
 #define FA_MMA_OUT FA_T
 #endif
 #define FA_DECODE_MMA_THREADS (32 * fa::decode_shapes::mma_warps(FA_E))
+constexpr bool kFetch256 = fa::decode_shapes::mma_fetch_256(FA_E);  // the K / V loads' L2 hint
+#if defined(FA_QUANT) && FA_QUANT
+#define FA_KV_PARAMS                                                                                        \
+  const uint32_t *k, const uint32_t *v, const FA_T *k_scales, const FA_T *k_biases, const FA_T *v_scales, \
+      const FA_T *v_biases
+#define FA_QUANT_SCALARS int bits, int group_shift,
+#define FA_QUANT_LAYOUT , int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr
+// This block's KV head's rows (the biases lie as the scales).
+#define FA_KV_ROWS                                                                                       \
+  using Rows = fa::QuantRows16<FA_T, kFetch256>;                                                         \
+  const int64_t b = blockIdx.z;                                                                          \
+  const int kvh = blockIdx.y;                                                                            \
+  const int64_t ks_at = fa::Rows{ks_sb, ks_sh, ks_sr}.at(b, kvh, 0);                                     \
+  const int64_t vs_at = fa::Rows{vs_sb, vs_sh, vs_sr}.at(b, kvh, 0);                                     \
+  const Rows k_rows{k + fa::Rows{k_sb, k_sh, k_sr}.at(b, kvh, 0), k_scales + ks_at, k_biases + ks_at, k_sr, \
+                    ks_sr, bits, group_shift};                                                           \
+  const Rows v_rows{v + fa::Rows{v_sb, v_sh, v_sr}.at(b, kvh, 0), v_scales + vs_at, v_biases + vs_at, v_sr, \
+                    vs_sr, bits, group_shift};
+#else
+#define FA_KV_PARAMS const FA_T *k, const FA_T *v
+#define FA_QUANT_SCALARS
+#define FA_QUANT_LAYOUT
+#define FA_KV_ROWS                                                         \
+  using Rows = fa::PlainRows16<FA_T, kFetch256>;                           \
+  const int64_t b = blockIdx.z;                                            \
+  const int kvh = blockIdx.y;                                              \
+  const Rows k_rows{k + fa::Rows{k_sb, k_sh, k_sr}.at(b, kvh, 0), k_sr}; \
+  const Rows v_rows{v + fa::Rows{v_sb, v_sh, v_sr}.at(b, kvh, 0), v_sr};
+#endif
 #if FA_PARTIAL == 0
 extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_MMA_FAMILY, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const FA_T* k, const FA_T* v, FA_SINKS_PARAM FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
-    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_mma<FA_T, FA_MMA_F32, FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split,
-                                         scale_log2, FA_LAYOUT, FA_SINKS_ARG);
+    const FA_T* q, FA_KV_PARAMS, FA_SINKS_PARAM FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
+    int keys_per_split, float scale_log2, FA_QUANT_SCALARS FA_LAYOUT_PARAMS FA_QUANT_LAYOUT) {
+  FA_KV_ROWS
+  fa::decode_mma<FA_T, FA_MMA_F32, FA_E, Rows>(q, k_rows, v_rows, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S,
+                                               keys_per_split, scale_log2, FA_LAYOUT, FA_SINKS_ARG);
 }
 #else
 // The fused kernel (at most kFusedMaxSplits splits): its one output holds the
 // attention output, then the splits' partials and tickets (fused_scratch in
 // decode_combine.cuh). tag_lo, tag_hi: the call's tag, 24 bits each.
 extern "C" __global__ void __launch_bounds__(FA_DECODE_MMA_THREADS) FA_CAT5(FA_MMA_FAMILY, fused_, FA_TNAME, _, FA_E)(
-    const FA_T* q, const FA_T* k, const FA_T* v, FA_SINKS_PARAM FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
-    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+    const FA_T* q, FA_KV_PARAMS, FA_SINKS_PARAM FA_MMA_OUT* out, int H_q, int H_kv, int L, int S,
+    int keys_per_split, float scale_log2, FA_QUANT_SCALARS FA_LAYOUT_PARAMS FA_QUANT_LAYOUT, int tag_lo,
+    int tag_hi) {
+  FA_KV_ROWS
   const fa::FusedScratch part = fa::fused_scratch<FA_E>(out, (int64_t)gridDim.z * H_q * L);
-  fa::decode_mma<FA_T, FA_MMA_F32, FA_E>(q, k, v, out, part.o_part, part.ml_part, true, fa::call_tag(tag_lo, tag_hi),
-                                         H_q, H_kv, L, S, keys_per_split, scale_log2, FA_LAYOUT, FA_SINKS_ARG);
+  fa::decode_mma<FA_T, FA_MMA_F32, FA_E, Rows>(q, k_rows, v_rows, out, part.o_part, part.ml_part, true,
+                                               fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S, keys_per_split,
+                                               scale_log2, FA_LAYOUT, FA_SINKS_ARG);
 }
 #endif

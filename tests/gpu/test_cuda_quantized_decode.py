@@ -1,0 +1,134 @@
+"""The quantized decode on CUDA: keys and values in MLX's affine format (as
+mlx-lm's QuantizedKVCache holds them) read in place by the 16-bit
+tensor-core decode, against float64 attention on their float64
+dequantization, over a covering matrix of head layouts, query rows, cache
+lengths (one block, key splits merged in the launch), head dims, bits, group
+sizes, dtypes, masks, batch and memory layouts; the calls it does not take
+(float32 attention, more rows than a block holds) still exact; no
+full-precision copy of the cache."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from attention_cases import TOLERANCE
+from pairwise import pairwise
+
+from flashattn_core import flash_attention
+from flashattn_core.reference import attention_reference, causal_mask, dequantize, relative_error
+
+pytestmark = pytest.mark.skipif(
+    not (mx.is_available(mx.gpu) and mx.cuda.is_available()),
+    reason="needs MLX's CUDA backend and an NVIDIA GPU",
+)
+
+
+def quantized_decode_case(batch, heads, L, S, E, bits, group_size, dtype, layout, seed=0):
+    """Queries, and keys and values as (packed, scales, biases). layout:
+    "contiguous"; "kv_cache" (sliced from a longer buffer, as mlx-lm's
+    cache is); "odd_queries" (the queries' rows start 2 bytes past a
+    16-byte boundary)."""
+    rng = np.random.default_rng(seed)
+    H_q, H_kv = heads
+    t = getattr(mx, dtype)
+    if layout == "odd_queries":
+        q = mx.array(rng.standard_normal((*batch, H_q, L, E + 1))).astype(t)[..., 1:]
+    else:
+        q = mx.array(rng.standard_normal((*batch, H_q, L, E))).astype(t)
+    capacity = 256 * (S // 256 + 1) if layout == "kv_cache" else S
+
+    def quantized():
+        x = mx.array(rng.standard_normal((*batch, H_kv, capacity, E))).astype(t)
+        return tuple(p[..., :S, :] for p in mx.quantize(x, group_size=group_size, bits=bits))
+
+    return q, quantized(), quantized()
+
+
+MATRIX = [
+    row
+    for row in pairwise(
+        {
+            # (14, 2) Qwen2-0.5B, (32, 8) 7B-class, (8, 1) and (16, 1) a block's 16 rows full at L = 2 / 1,
+            # (4, 4) multi-head
+            "heads": [(14, 2), (32, 8), (8, 1), (16, 1), (4, 4)],
+            "L": [1, 2, 3],
+            "S": [1, 31, 100, 1024, 1025, 5000, 32768],
+            "E": [64, 128],
+            "bits": [4, 8],
+            "group_size": [32, 64, 128],
+            "dtype": ["bfloat16", "float16"],
+            "mask": ["none", "causal"],
+            "batch": [(), (1,), (3,)],
+            "layout": ["contiguous", "kv_cache", "odd_queries"],
+        },
+        accept=lambda r: math.prod(r["batch"]) * r["heads"][1] * r["S"] * r["E"] <= 20_000_000,
+        candidates=300,
+    )
+]
+for r in MATRIX:  # the largest group size up to the one drawn that divides E (MLX's format asks it)
+    r["group_size"] = max(g for g in (32, 64, 128) if g <= r["group_size"] and r["E"] % g == 0)
+
+
+def row_id(r):
+    b = "x".join(map(str, r["batch"])) or "-"
+    return (f"b{b}_h{r['heads'][0]}-{r['heads'][1]}_L{r['L']}_S{r['S']}_E{r['E']}_{r['bits']}bit_g{r['group_size']}"
+            f"_{r['mask']}_{r['dtype']}_{r['layout']}")
+
+
+@pytest.mark.parametrize("r", MATRIX, ids=map(row_id, MATRIX))
+def test_matches_float64_on_the_dequantized_cache(r):
+    q, kq, vq = quantized_decode_case(r["batch"], r["heads"], r["L"], r["S"], r["E"], r["bits"], r["group_size"],
+                                      r["dtype"], r["layout"])
+    mask = "causal" if r["mask"] == "causal" else None
+    out = flash_attention(q, kq, vq, mask=mask, stream=mx.gpu)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]),
+                              mask=causal_mask(r["L"], r["S"]) if mask else None)
+    assert relative_error(out, ref) <= TOLERANCE[r["dtype"]]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("E", [64, 128])
+def test_values_at_the_codes_extremes(dtype, E):
+    # Every code 0 or all ones (15 / 255): the expansion's shifts and masks
+    # reach each field whole. (Values kept positive: an output that cancels
+    # to near zero would measure 16-bit attention's rounding, not this.)
+    rng = np.random.default_rng(4)
+    S = 3000
+    q = mx.array(rng.standard_normal((1, 8, 1, E))).astype(getattr(mx, dtype))
+    for bits in (4, 8):
+        top = (1 << bits) - 1
+        codes = rng.choice([0, top], size=(1, 2, S, E))
+        x = mx.array(codes * 0.01 + 0.3).astype(getattr(mx, dtype))
+        kq, vq = mx.quantize(x, group_size=32, bits=bits), mx.quantize(x[..., ::-1, :], group_size=32, bits=bits)
+        out = flash_attention(q, kq, vq, stream=mx.gpu)
+        ref = attention_reference(q, dequantize(kq, E), dequantize(vq, E))
+        assert relative_error(out, ref) <= TOLERANCE[dtype]
+
+
+def test_reads_the_cache_in_place():
+    # A dequantized copy of K and V at S = 32768 (2 KV heads, E = 64,
+    # bfloat16) is 16 MiB; the fused decode's partials are well under 1 MiB.
+    q, kq, vq = quantized_decode_case((1,), (14, 2), 1, 32768, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
+    mx.eval(q, kq, vq)
+    out = flash_attention(q, kq, vq, stream=mx.gpu)  # the kernel's module loaded
+    mx.eval(out)
+    del out
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, kq, vq, stream=mx.gpu)
+    mx.eval(out)
+    extra = mx.get_peak_memory() - before
+    assert extra < 2**20, f"{extra / 2**20:.1f} MiB beyond the inputs"
+
+
+@pytest.mark.parametrize("L, heads, dtype", [(1, (14, 2), "float32"), (3, (16, 1), "bfloat16")])
+def test_calls_the_kernel_does_not_take_stay_exact(L, heads, dtype):
+    # float32 attention and 48 rows a KV head: dequantized for the ordinary kernels.
+    q, kq, vq = quantized_decode_case((1,), heads, L, 4000, 64, 4, 64, "bfloat16", "kv_cache", seed=6)
+    wide = dtype == "float32"
+    out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32 if wide else None, stream=mx.gpu)
+    ref = attention_reference(q, dequantize(kq, 64), dequantize(vq, 64), mask=causal_mask(L, 4000))
+    assert relative_error(out, ref) <= TOLERANCE[dtype]
