@@ -409,6 +409,9 @@ mx::array quantized_gpu_attention(
     return std::vector<mx::array>{
         run({in[0], k, v, c.scale, c.mask_kind, m, stream, window, kq, vq, kv.quantization, sinks})};
   };
+  // No transformation can ask for a gradient: the launch alone (a decode
+  // step calls this once a layer, and each graph node costs host time).
+  if (!queries.is_tracer()) return forward({queries})[0];
   auto refuse = [](const std::vector<mx::array>&, const std::vector<mx::array>&,
                    const std::vector<mx::array>&) -> std::vector<mx::array> {
     throw std::invalid_argument(

@@ -106,15 +106,17 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
                                                             c_begin, c_end, w, lane};
   walk.prefetch_start();
 
-  // Query fragments of rows g and g + 8 (zeros past R), per 32-dim block.
+  // Query fragments of rows g and g + 8 (zeros past R), per 32-dim block, in
+  // the order K's expanded fragments hold their dims (arrange_query).
   uint4 qa[KB], qb[KB];
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb) {
-    qa[kb] = load_query<KV::kAlignedQueries>(q_row(g) + 32 * kb + 8 * t, g < R);
-    qb[kb] = load_query<KV::kAlignedQueries>(q_row(g + 8) + 32 * kb + 8 * t, g + 8 < R);
+    qa[kb] = k_rows.arrange_query(load_query<KV::kAlignedQueries>(q_row(g) + 32 * kb + 8 * t, g < R));
+    qb[kb] = k_rows.arrange_query(load_query<KV::kAlignedQueries>(q_row(g + 8) + 32 * kb + 8 * t, g + 8 < R));
   }
 
-  float o[NO][4] = {};  // tile 8 db + i: dims 64 db + 8 n + i (n: the fragment's column)
+  // tile 8 db + i: dims 64 db + 8 n + element_dim(i) (n: the fragment's column)
+  float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
   for (int base = c_begin; base < c_end; base += walk.PASS) {
     walk.prefetch_ahead(base);
@@ -220,7 +222,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int r = g + 8 * (c >> 1), e = 64 * db + 8 * (2 * t + (c & 1)) + i;
+        const int r = g + 8 * (c >> 1), e = 64 * db + 8 * (2 * t + (c & 1)) + v_rows.element_dim(i);
         sm.o[w][r][MmaDecodeColumn{}(r, e)] = o[8 * db + i][c];
       }
   __syncthreads();

@@ -80,23 +80,65 @@ struct PlainRows16 {
     return load16<kFetch256>(head + key * static_cast<int64_t>(sr) + d0 + d1, valid);
   }
   __device__ __forceinline__ uint4 expand(const Raw& r) const { return r; }
+  __device__ __forceinline__ int element_dim(int i) const { return i; }
+  __device__ __forceinline__ uint4 arrange_query(const uint4& q) const { return q; }
+};
+
+// Arithmetic on two 16-bit values packed in a register (low half first).
+// kMagic: a constant whose pattern OR a small integer n in the low mantissa
+// bits is the value kMagic + n exactly (1024 + n, n < 1024 for float16;
+// 128 + n, n < 128 for bfloat16), so n becomes a 16-bit float in one logic
+// operation and a subtraction, with no conversion instruction (those run at
+// 1/8 of the FMA rate).
+template <typename T>
+struct Pair16;
+template <>
+struct Pair16<__half> {
+  static constexpr uint32_t kMagic = 0x64006400u;
+  static constexpr int kMagicBits = 10;
+  __device__ __forceinline__ static __half2 of(uint32_t x) { return *reinterpret_cast<__half2*>(&x); }
+  __device__ __forceinline__ static uint32_t bits(__half2 x) { return *reinterpret_cast<uint32_t*>(&x); }
+  __device__ __forceinline__ static uint32_t sub(uint32_t a, uint32_t b) { return bits(__hsub2(of(a), of(b))); }
+  __device__ __forceinline__ static uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
+    return bits(__hfma2(of(a), of(b), of(c)));
+  }
+};
+template <>
+struct Pair16<__nv_bfloat16> {
+  static constexpr uint32_t kMagic = 0x43004300u;
+  static constexpr int kMagicBits = 7;
+  __device__ __forceinline__ static __nv_bfloat162 of(uint32_t x) { return *reinterpret_cast<__nv_bfloat162*>(&x); }
+  __device__ __forceinline__ static uint32_t bits(__nv_bfloat162 x) { return *reinterpret_cast<uint32_t*>(&x); }
+  __device__ __forceinline__ static uint32_t sub(uint32_t a, uint32_t b) { return bits(__hsub2(of(a), of(b))); }
+  __device__ __forceinline__ static uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
+    return bits(__hfma2(of(a), of(b), of(c)));
+  }
 };
 
 // The head's rows in MLX's affine format (bits 4 or 8): element e of row r
 // is scale * code + bias, the code at bits (e mod 32 / bits) * bits of word
 // e * bits / 32 of the row, scale and bias those of group e / group_size
 // (32, 64 or 128: 8 elements at a multiple of 8 lie in one group).
-// Expanded to T as the 16-bit kernel's fragments: value = fma(code, scale,
-// bias) in float32, rounded once.
+//
+// A fragment's 8 elements expand in pairs by Pair16: one fused multiply-add
+// of scale and bias in T (one rounding), the codes picked out of their word
+// in place. So a register pairs the elements that lie 16 bits apart in the
+// word (4 bits: elements j and j + 4; 8 bits: j and j + 2 of each word),
+// not neighbours: element_dim says which element the kernel's slot i
+// holds, and arrange_query puts the queries' dims in the same order (the
+// head-dim sum of Q K^T runs in any order both share). bfloat16's 128 + n
+// holds n < 128 only: an 8-bit code goes in as its two nibbles, (16 scale)
+// hi + (scale lo + bias) (the inner sum rounded once more).
 template <typename T, bool kFetch256>
 struct QuantRows16 {
   struct Raw {
     uint32_t w0, w1;  // 8 codes: one word at 4 bits, two at 8
-    float scale, bias;
+    uint32_t sb;      // the group's scale (low half) and bias, as T
   };
   // No L2 prefetch of the rows ahead (ChunkWalk asks for rows of T), and
   // queries read without alignment (load8_any).
   static constexpr bool kPrefetch = false, kAlignedQueries = false;
+  using P = Pair16<T>;
   const uint32_t* packed;  // row 0 of this KV head
   const T* scales;
   const T* biases;
@@ -105,35 +147,65 @@ struct QuantRows16 {
   __device__ __forceinline__ const T* prefetch_head() const { return nullptr; }
   __device__ __forceinline__ int64_t prefetch_stride() const { return 0; }
 
+  // Dims [d0 + d1, +8) of row `key`, as loaded (zeros when !valid).
   __device__ __forceinline__ Raw load(int key, int d0, int d1, bool valid) const {
     const int dim = d0 + d1;
-    Raw r{0u, 0u, 0.0f, 0.0f};
+    Raw r{0u, 0u, 0u};
     if (valid) {
       const uint32_t* p = packed + key * static_cast<int64_t>(psr) + ((dim * bits) >> 5);
       r.w0 = load_word<kFetch256>(p);
       if (bits == 8) r.w1 = load_word<kFetch256>(p + 1);
       const int64_t gi = key * static_cast<int64_t>(ssr) + (dim >> group_shift);
-      r.scale = to_f(scales[gi]);
-      r.bias = to_f(biases[gi]);
+      const unsigned short s = reinterpret_cast<const unsigned short*>(scales)[gi];
+      const unsigned short b = reinterpret_cast<const unsigned short*>(biases)[gi];
+      r.sb = uint32_t(s) | uint32_t(b) << 16;
     }
     return r;
   }
 
+  // The 8 elements as 4 registers of T pairs; slot i (register i / 2, half
+  // i % 2) holds element element_dim(i).
   __device__ __forceinline__ uint4 expand(const Raw& r) const {
-    float x[8];
+    const uint32_t s2 = __byte_perm(r.sb, 0, 0x1010), b2 = __byte_perm(r.sb, 0, 0x3232);
+    auto value = [&](uint32_t field_pair) { return P::fma(P::sub(field_pair | P::kMagic, P::kMagic), s2, b2); };
+    uint32_t x[4];
     if (bits == 4) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = static_cast<float>((r.w0 >> (4 * i)) & 15u);
-    } else {
+      for (int j = 0; j < 4; ++j) x[j] = value((r.w0 >> (4 * j)) & 0x000F000Fu);
+    } else if constexpr (P::kMagicBits >= 8) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[i] = static_cast<float>((r.w0 >> (8 * i)) & 255u);
-        x[i + 4] = static_cast<float>((r.w1 >> (8 * i)) & 255u);
+      for (int j = 0; j < 4; ++j) x[j] = value(((j < 2 ? r.w0 : r.w1) >> (8 * (j & 1))) & 0x00FF00FFu);
+    } else {
+      const uint32_t s16 = P::fma(s2, 0x41804180u, 0u);  // 16 scale, exact (bfloat16 16.0 = 0x4180)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t w = (j < 2 ? r.w0 : r.w1) >> (8 * (j & 1));
+        const uint32_t lo = P::sub((w & 0x000F000Fu) | P::kMagic, P::kMagic);
+        const uint32_t hi = P::sub(((w >> 4) & 0x000F000Fu) | P::kMagic, P::kMagic);
+        x[j] = P::fma(hi, s16, P::fma(lo, s2, b2));
       }
     }
+    return make_uint4(x[0], x[1], x[2], x[3]);
+  }
+
+  // The element of the 8 that slot i holds (above).
+  __device__ __forceinline__ int element_dim(int i) const {
+    return bits == 4 ? (i >> 1) + 4 * (i & 1) : 4 * (i >> 2) + ((i >> 1) & 1) + 2 * (i & 1);
+  }
+
+  // 8 query elements in plain order (slot i element i) into expand's.
+  __device__ __forceinline__ uint4 arrange_query(const uint4& q) const {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    uint32_t x[4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = fmaf(x[i], r.scale, r.bias);
-    return make_uint4(pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
+    for (int r = 0; r < 4; ++r) {
+      // slot 2r + h holds element element_dim(2r + h): for 4 bits r + 4h
+      // (register r / 2 and 2 + r / 2, half r % 2), for 8 bits
+      // 4 (r / 2) + r % 2 + 2h (registers 2 (r / 2) and 2 (r / 2) + 1, half r % 2).
+      const uint32_t sel = (r & 1) ? 0x7632 : 0x5410;
+      x[r] = bits == 4 ? __byte_perm(w[r >> 1], w[2 + (r >> 1)], sel) : __byte_perm(w[2 * (r >> 1)], w[2 * (r >> 1) + 1], sel);
+    }
+    return make_uint4(x[0], x[1], x[2], x[3]);
   }
 };
 
