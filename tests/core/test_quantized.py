@@ -114,6 +114,26 @@ def test_decode_and_chunks_against_long_caches(bits, L, S, window):
     assert relative_error(out, ref) <= 2e-5
 
 
+DECODE_TILES = [  # every head dim and group size the format allows (the group divides E)
+    (bits, E, group_size, scales)
+    for bits in (4, 8)
+    for E in (32, 64, 96, 128, 256)
+    for group_size in (32, 64, 128)
+    for scales in ("float32", "float16", "bfloat16")
+    if E % group_size == 0
+]
+
+
+@pytest.mark.parametrize("bits, E, group_size, scales", DECODE_TILES)
+def test_decode_tiles_of_every_head_dim_and_group(bits, E, group_size, scales):
+    # The decode's own dequantization (4-bit rows paired, 8-bit byte by byte;
+    # isa/decode.h) over whole and partial key tiles, causal with two rows.
+    q, kq, vq = quantized_inputs((2,), (8, 2), 2, 1000, E, bits, group_size, "bfloat16", scales, "kv_cache", seed=7)
+    out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32)
+    ref = attention_reference(q, dequantize(kq, E), dequantize(vq, E), mask=causal_mask(2, 1000))
+    assert relative_error(out, ref) <= 2e-5
+
+
 def test_no_full_precision_copy_of_the_keys_and_values():
     # A float32 copy of K and V at S = 8192 (2 KV heads, E = 64) is 8 MiB; the
     # output is 28 MiB; an L x S score matrix per head would be 256 MiB.

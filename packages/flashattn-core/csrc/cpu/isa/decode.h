@@ -28,6 +28,14 @@
 //
 // Quantized keys and values (both) are dequantized a tile at a time into
 // float32 rows the products then read as they would read float32 inputs.
+// 4-bit rows go paired: each 32-element block's 16 bytes widen to 16 lanes
+// whose low nibbles are the block's even elements and high nibbles its odd
+// ones, stored in that order (evens, then odds) with no shuffle; the
+// queries take the same order once an item (Q K^T sums over dims in any
+// shared order) and o is put back in order at its end (P V keeps each
+// column's order). 8-bit rows widen 16 bytes to 16 lanes in order. perf had
+// dequantization at a third of the 4-bit decode's samples, its 16-element
+// vectors built by broadcasts and blends.
 //
 // Needs 32 vector registers (AVX-512), E a multiple of 8 up to 256, key and
 // value rows contiguous, and no array mask (none or causal); the planner's
@@ -122,9 +130,120 @@ struct Decode {
   const AttentionProblem& p;
   WorkPlan& plan;
   const WorkItem& item;
+  // Whether keys / values dequantize paired (above): 4 bits, E a multiple
+  // of 32, a row's words contiguous.
+  const bool k_paired, v_paired;
+
+  static bool pairs(const AttentionProblem& p, const StridedOperand& x, const Quantized& qz) {
+    return std::is_same_v<KV, float> && qz.bits == 4 && p.E % 32 == 0 && x.col_stride == 1;
+  }
 
   Decode(const AttentionProblem& p_, WorkPlan& plan_, const WorkItem& item_)
-      : p(p_), plan(plan_), item(item_) {}
+      : p(p_), plan(plan_), item(item_), k_paired(pairs(p_, p_.k, p_.k_quantized)),
+        v_paired(pairs(p_, p_.v, p_.v_quantized)) {}
+
+  // Paired position j of a 32-element block holds element paired_element(j).
+  static int paired_element(int j) {
+    return j < 16 ? 2 * j : 2 * (j - 16) + 1;
+  }
+
+  // Keys or values [c0, c0 + cols) of 4-bit rows into dst, paired.
+  template <typename Sc>
+  void dequantize_paired(const StridedOperand& x, const Quantized& qz, int64_t c0, int cols, float* dst) const {
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(static_cast<const uint32_t*>(x.data) + x.base[item.group]);
+    const Sc* scales = static_cast<const Sc*>(qz.scales.data) + qz.scales.base[item.group];
+    const Sc* biases = static_cast<const Sc*>(qz.biases.data) + qz.biases.base[item.group];
+    const int groups = p.E / qz.group_size, blocks_per_group = qz.group_size / 32;
+    const int64_t group_stride = qz.scales.col_stride, row_bytes = x.row_stride * 4;
+    const int64_t s_stride = qz.scales.row_stride, b_stride = qz.biases.row_stride;
+    const __m512i low = _mm512_set1_epi32(15);
+    // Pointers stepped row by row (recomputed from strides, the row's set-up
+    // outweighed its two blocks at E = 64).
+    const uint8_t* next_row = bytes + c0 * row_bytes;
+    const Sc* s = scales + c0 * s_stride;
+    const Sc* b = biases + c0 * b_stride;
+    float* d = dst;
+    for (int c = 0; c < cols; ++c, next_row += row_bytes, s += s_stride, b += b_stride) {
+      const uint8_t* row = next_row;
+      for (int g = 0; g < groups; ++g) {
+        const __m512 scale = _mm512_set1_ps(to_float(s[g * group_stride]));
+        const __m512 bias = _mm512_set1_ps(to_float(b[g * group_stride]));
+        for (int i = 0; i < blocks_per_group; ++i, row += 16, d += 32) {
+          const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+          const __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(w, low));
+          const __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+          _mm512_store_ps(d, _mm512_fmadd_ps(even, scale, bias));
+          _mm512_store_ps(d + 16, _mm512_fmadd_ps(odd, scale, bias));
+        }
+      }
+    }
+  }
+
+  // Keys or values [c0, c0 + cols) of 8-bit rows into dst, in order: 16
+  // bytes widen to 16 lanes (E a multiple of 16, a row's words contiguous).
+  template <typename Sc>
+  void dequantize_bytes(const StridedOperand& x, const Quantized& qz, int64_t c0, int cols, float* dst) const {
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(static_cast<const uint32_t*>(x.data) + x.base[item.group]);
+    const Sc* scales = static_cast<const Sc*>(qz.scales.data) + qz.scales.base[item.group];
+    const Sc* biases = static_cast<const Sc*>(qz.biases.data) + qz.biases.base[item.group];
+    const int groups = p.E / qz.group_size, vectors_per_group = qz.group_size / 16;
+    const int64_t group_stride = qz.scales.col_stride, row_bytes = x.row_stride * 4;
+    const int64_t s_stride = qz.scales.row_stride, b_stride = qz.biases.row_stride;
+    const uint8_t* next_row = bytes + c0 * row_bytes;
+    const Sc* s = scales + c0 * s_stride;
+    const Sc* b = biases + c0 * b_stride;
+    float* d = dst;
+    for (int c = 0; c < cols; ++c, next_row += row_bytes, s += s_stride, b += b_stride) {
+      const uint8_t* row = next_row;
+      for (int g = 0; g < groups; ++g) {
+        const __m512 scale = _mm512_set1_ps(to_float(s[g * group_stride]));
+        const __m512 bias = _mm512_set1_ps(to_float(b[g * group_stride]));
+        for (int i = 0; i < vectors_per_group; ++i, row += 16, d += 16) {
+          const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+          _mm512_store_ps(d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(w), scale, bias));
+        }
+      }
+    }
+  }
+
+  // A quantized tile's keys or values into kv_tile: 4-bit rows paired
+  // (above), 8-bit rows byte by byte, others by dequantize.h.
+  void dequantize_tile(const StridedOperand& x, const Quantized& qz, bool paired, int64_t c0, int cols) {
+    const bool bytes = qz.bits == 8 && p.E % 16 == 0 && x.col_stride == 1;
+    if (!paired && !bytes) {
+      return dequantize_rows(x, qz, item.group, c0, cols, p.E, kv_tile);
+    }
+    auto run = [&](auto scale_type) {
+      using Sc = decltype(scale_type);
+      if (paired) {
+        dequantize_paired<Sc>(x, qz, c0, cols, kv_tile);
+      } else {
+        dequantize_bytes<Sc>(x, qz, c0, cols, kv_tile);
+      }
+    };
+    if (qz.dtype == mx::float32) {
+      run(float{});
+    } else if (qz.dtype == mx::float16) {
+      run(mx::float16_t{});
+    } else {
+      run(mx::bfloat16_t{});
+    }
+  }
+
+  // A row of E elements from natural into paired order (to) or back.
+  void reorder(float* row, bool to_paired) const {
+    alignas(64) float block[32];
+    for (int e0 = 0; e0 < p.E; e0 += 32) {
+      for (int j = 0; j < 32; ++j) {
+        if (to_paired) {
+          block[j] = row[e0 + paired_element(j)];
+        } else {
+          block[paired_element(j)] = row[e0 + j];
+        }
+      }
+      std::copy(block, block + 32, row + e0);
+    }
+  }
 
   alignas(64) float q[R][decode_detail::kMaxE]; // scaled by scale * log2(e)
   alignas(64) float o[R][decode_detail::kMaxE];
@@ -148,6 +267,9 @@ struct Decode {
       const T* row = qp + p.q.base[n] + l * p.q.row_stride;
       for (int e = 0; e < p.E; ++e) {
         q[r][e] = to_float(row[e * p.q.col_stride]) * q_scale;
+      }
+      if (k_paired) {
+        reorder(q[r], true);
       }
       out_off[r] = (n * p.L + l) * p.E;
       limit[r] = p.causal().last_key(l);
@@ -419,7 +541,7 @@ struct Decode {
       int64_t ks, vs;
       if (quantized) {
         if constexpr (std::is_same_v<KV, float>) {
-          dequantize_rows(p.k, p.k_quantized, item.group, c0, cols, p.E, kv_tile);
+          dequantize_tile(p.k, p.k_quantized, k_paired, c0, cols);
         }
         K = reinterpret_cast<const KV*>(kv_tile), V = K;
         ks = vs = p.E;
@@ -432,13 +554,18 @@ struct Decode {
       softmax(c0, cols, partial_tile, visible);
       if constexpr (std::is_same_v<KV, float>) {
         if (quantized) {  // the keys are done with: the values into their tile
-          dequantize_rows(p.v, p.v_quantized, item.group, c0, cols, p.E, kv_tile);
+          dequantize_tile(p.v, p.v_quantized, v_paired, c0, cols);
         }
       }
       if (partial_tile) {
         pv_visible(V, vs, visible);
       } else {
         pv(V, vs, ahead_of(p.v, c0), cols);
+      }
+    }
+    if (v_paired) {  // o's columns back in order
+      for (int r = 0; r < R; ++r) {
+        reorder(o[r], false);
       }
     }
     if (plan.splits > 1) {
