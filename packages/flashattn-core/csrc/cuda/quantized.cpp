@@ -13,6 +13,7 @@
 
 #include "cuda/dispatch.h"
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -46,6 +47,10 @@ std::optional<mx::array> quantized_decode(const AttentionCall& call, bool widen)
       vq->biases.dtype() != q.dtype() || q.shape(-2) >= kMinPrefillL) {
     return std::nullopt;
   }
+  // Strides reach the kernel as 32-bit launch arguments: larger caches take
+  // the other route, whose kernels refuse them by name.
+  const int64_t cache_elements = static_cast<int64_t>(call.k.shape(-3)) * call.k.shape(-2) * q.shape(-1);
+  if (cache_elements > std::numeric_limits<int>::max()) return std::nullopt;
   int64_t batch = 1;
   for (int d = 0; d < q.ndim() - 3; ++d) batch *= q.shape(d);
   const int kind = static_cast<int>(call.mask_kind);
