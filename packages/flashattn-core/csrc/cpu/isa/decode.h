@@ -147,18 +147,20 @@ struct Decode {
     return j < 16 ? 2 * j : 2 * (j - 16) + 1;
   }
 
-  // Keys or values [c0, c0 + cols) of 4-bit rows into dst, paired.
-  template <typename Sc>
-  void dequantize_paired(const StridedOperand& x, const Quantized& qz, int64_t c0, int cols, float* dst) const {
+  // Keys or values [c0, c0 + cols) of 4- or 8-bit rows into dst: each 16
+  // bytes widen to 16 lanes, two 4-bit codes a lane (stored paired, above)
+  // or one 8-bit code (in order). Row pointers are stepped, not recomputed
+  // (the row's set-up outweighed its two blocks at E = 64).
+  template <int Bits, typename Sc>
+  void dequantize_widened(const StridedOperand& x, const Quantized& qz, int64_t c0, int cols, float* dst) const {
+    constexpr int kPerLoad = Bits == 4 ? 32 : 16;  // elements in 16 bytes
     const uint8_t* bytes = reinterpret_cast<const uint8_t*>(static_cast<const uint32_t*>(x.data) + x.base[item.group]);
     const Sc* scales = static_cast<const Sc*>(qz.scales.data) + qz.scales.base[item.group];
     const Sc* biases = static_cast<const Sc*>(qz.biases.data) + qz.biases.base[item.group];
-    const int groups = p.E / qz.group_size, blocks_per_group = qz.group_size / 32;
+    const int groups = p.E / qz.group_size, loads_per_group = qz.group_size / kPerLoad;
     const int64_t group_stride = qz.scales.col_stride, row_bytes = x.row_stride * 4;
     const int64_t s_stride = qz.scales.row_stride, b_stride = qz.biases.row_stride;
     const __m512i low = _mm512_set1_epi32(15);
-    // Pointers stepped row by row (recomputed from strides, the row's set-up
-    // outweighed its two blocks at E = 64).
     const uint8_t* next_row = bytes + c0 * row_bytes;
     const Sc* s = scales + c0 * s_stride;
     const Sc* b = biases + c0 * b_stride;
@@ -168,39 +170,16 @@ struct Decode {
       for (int g = 0; g < groups; ++g) {
         const __m512 scale = _mm512_set1_ps(to_float(s[g * group_stride]));
         const __m512 bias = _mm512_set1_ps(to_float(b[g * group_stride]));
-        for (int i = 0; i < blocks_per_group; ++i, row += 16, d += 32) {
+        for (int i = 0; i < loads_per_group; ++i, row += 16, d += kPerLoad) {
           const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
-          const __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(w, low));
-          const __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
-          _mm512_store_ps(d, _mm512_fmadd_ps(even, scale, bias));
-          _mm512_store_ps(d + 16, _mm512_fmadd_ps(odd, scale, bias));
-        }
-      }
-    }
-  }
-
-  // Keys or values [c0, c0 + cols) of 8-bit rows into dst, in order: 16
-  // bytes widen to 16 lanes (E a multiple of 16, a row's words contiguous).
-  template <typename Sc>
-  void dequantize_bytes(const StridedOperand& x, const Quantized& qz, int64_t c0, int cols, float* dst) const {
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(static_cast<const uint32_t*>(x.data) + x.base[item.group]);
-    const Sc* scales = static_cast<const Sc*>(qz.scales.data) + qz.scales.base[item.group];
-    const Sc* biases = static_cast<const Sc*>(qz.biases.data) + qz.biases.base[item.group];
-    const int groups = p.E / qz.group_size, vectors_per_group = qz.group_size / 16;
-    const int64_t group_stride = qz.scales.col_stride, row_bytes = x.row_stride * 4;
-    const int64_t s_stride = qz.scales.row_stride, b_stride = qz.biases.row_stride;
-    const uint8_t* next_row = bytes + c0 * row_bytes;
-    const Sc* s = scales + c0 * s_stride;
-    const Sc* b = biases + c0 * b_stride;
-    float* d = dst;
-    for (int c = 0; c < cols; ++c, next_row += row_bytes, s += s_stride, b += b_stride) {
-      const uint8_t* row = next_row;
-      for (int g = 0; g < groups; ++g) {
-        const __m512 scale = _mm512_set1_ps(to_float(s[g * group_stride]));
-        const __m512 bias = _mm512_set1_ps(to_float(b[g * group_stride]));
-        for (int i = 0; i < vectors_per_group; ++i, row += 16, d += 16) {
-          const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
-          _mm512_store_ps(d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(w), scale, bias));
+          if constexpr (Bits == 4) {
+            const __m512 even = _mm512_cvtepi32_ps(_mm512_and_si512(w, low));
+            const __m512 odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+            _mm512_store_ps(d, _mm512_fmadd_ps(even, scale, bias));
+            _mm512_store_ps(d + 16, _mm512_fmadd_ps(odd, scale, bias));
+          } else {
+            _mm512_store_ps(d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(w), scale, bias));
+          }
         }
       }
     }
@@ -216,9 +195,9 @@ struct Decode {
     auto run = [&](auto scale_type) {
       using Sc = decltype(scale_type);
       if (paired) {
-        dequantize_paired<Sc>(x, qz, c0, cols, kv_tile);
+        dequantize_widened<4, Sc>(x, qz, c0, cols, kv_tile);
       } else {
-        dequantize_bytes<Sc>(x, qz, c0, cols, kv_tile);
+        dequantize_widened<8, Sc>(x, qz, c0, cols, kv_tile);
       }
     };
     if (qz.dtype == mx::float32) {

@@ -8,6 +8,8 @@
 
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -91,24 +93,13 @@ struct PlainRows16 {
 // operation and a subtraction, with no conversion instruction (those run at
 // 1/8 of the FMA rate).
 template <typename T>
-struct Pair16;
-template <>
-struct Pair16<__half> {
-  static constexpr uint32_t kMagic = 0x64006400u;
-  static constexpr int kMagicBits = 10;
-  __device__ __forceinline__ static __half2 of(uint32_t x) { return *reinterpret_cast<__half2*>(&x); }
-  __device__ __forceinline__ static uint32_t bits(__half2 x) { return *reinterpret_cast<uint32_t*>(&x); }
-  __device__ __forceinline__ static uint32_t sub(uint32_t a, uint32_t b) { return bits(__hsub2(of(a), of(b))); }
-  __device__ __forceinline__ static uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
-    return bits(__hfma2(of(a), of(b), of(c)));
-  }
-};
-template <>
-struct Pair16<__nv_bfloat16> {
-  static constexpr uint32_t kMagic = 0x43004300u;
-  static constexpr int kMagicBits = 7;
-  __device__ __forceinline__ static __nv_bfloat162 of(uint32_t x) { return *reinterpret_cast<__nv_bfloat162*>(&x); }
-  __device__ __forceinline__ static uint32_t bits(__nv_bfloat162 x) { return *reinterpret_cast<uint32_t*>(&x); }
+struct Pair16 {
+  static constexpr bool kHalf = std::is_same<T, __half>::value;
+  using V = std::conditional_t<kHalf, __half2, __nv_bfloat162>;
+  static constexpr uint32_t kMagic = kHalf ? 0x64006400u : 0x43004300u;
+  static constexpr int kMagicBits = kHalf ? 10 : 7;
+  __device__ __forceinline__ static V of(uint32_t x) { return *reinterpret_cast<V*>(&x); }
+  __device__ __forceinline__ static uint32_t bits(V x) { return *reinterpret_cast<uint32_t*>(&x); }
   __device__ __forceinline__ static uint32_t sub(uint32_t a, uint32_t b) { return bits(__hsub2(of(a), of(b))); }
   __device__ __forceinline__ static uint32_t fma(uint32_t a, uint32_t b, uint32_t c) {
     return bits(__hfma2(of(a), of(b), of(c)));
