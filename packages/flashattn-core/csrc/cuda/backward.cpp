@@ -1,8 +1,10 @@
-// The fused backward on MLX's CUDA backend (kernels/backward.cu): two
-// launches through MLX's custom-kernel API, ordered in MLX's graph by the
-// statistics the second reads: the rows pass (dQ, and each row's
-// log-sum-exp and D) and the keys pass (dK, dV; under GQA float32 sums of
-// the group's heads, cast to the inputs' dtype after). Both read their inputs
+// The fused backward on MLX's CUDA backend: two launches through MLX's
+// custom-kernel API, ordered in MLX's graph by the statistics the second
+// reads. 16-bit inputs up to E = 128 (kernels/backward_f16.cu): a statistics
+// pass (each row's log-sum-exp and D) and a keys pass for all three
+// gradients (dQ as float32 sums). Others (kernels/backward.cu): the rows pass
+// (dQ and the statistics) and the keys pass (dK, dV). Under GQA dK and dV are
+// float32 sums of the group's heads; sums are cast to the inputs' dtype after. Both read their inputs
 // row-contiguous (MLX copies a strided view first: O(L) memory, like the
 // gradients themselves). A call the kernels cannot take (a GPU with less
 // shared memory a block than they use, sm_86 / sm_89 above E = 64) throws
@@ -42,7 +44,8 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     throw Unsupported(Reason::input, "flash_attention: too many query rows or keys for one CUDA backward launch");
   }
 
-  const int smem_needed = std::max(bs::rows_smem_bytes(EB) + bs::kRows * 4, bs::keys_smem_bytes(EB));  // + D's static array
+  const int bytes = static_cast<int>(q.itemsize());
+  const int smem_needed = std::max(bs::rows_smem(EB, bytes) + bs::kRows * 4, bs::keys_smem(EB, bytes));  // + D's static array
   const int smem_allowed = max_shared_memory_per_block(s.device.index);
   if (smem_allowed > 0 && smem_needed > smem_allowed) {
     throw Unsupported(Reason::no_gpu_kernel,
@@ -75,13 +78,23 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
                                              /* ensure_row_contiguous */ true, s);
   };
   const mx::array dO = mx::astype(d_out, q.dtype(), s);
-  auto rows = launch("fa_backward_rows_" + suffix, {q, k, v, out, dO, m.data, m.base},
-                     {q.shape(), {static_cast<int>(batch * H_q * L * 2)}}, {q.dtype(), mx::float32}, row_blocks,
-                     bs::rows_smem_bytes(EB), poison_value());
   const bool group_sums = H_q != H_kv;  // the keys pass adds into float32 zeros
   const mx::Dtype kv_dtype = group_sums ? mx::float32 : k.dtype();
+  const mx::Shape stats_shape = {static_cast<int>(batch * H_q * L * 2)};
+  if (bs::f16_kernel(EB, bytes)) {
+    // Statistics, then one pass for all three gradients (dQ float32 sums).
+    auto stats = launch("fa_backward_stats_" + suffix, {q, k, out, dO, m.data, m.base}, {stats_shape},
+                        {mx::float32}, row_blocks, bs::rows_smem(EB, bytes), poison_value());
+    auto grads = launch("fa_backward_keysq_" + suffix, {q, k, v, dO, stats[0], m.data, m.base},
+                        {k.shape(), v.shape(), q.shape()}, {kv_dtype, kv_dtype, mx::float32}, key_blocks,
+                        bs::keys_smem(EB, bytes), 0.0f);
+    return {mx::astype(grads[2], q.dtype(), s), mx::astype(grads[0], k.dtype(), s),
+            mx::astype(grads[1], v.dtype(), s)};
+  }
+  auto rows = launch("fa_backward_rows_" + suffix, {q, k, v, out, dO, m.data, m.base}, {q.shape(), stats_shape},
+                     {q.dtype(), mx::float32}, row_blocks, bs::rows_smem(EB, bytes), poison_value());
   auto keys = launch("fa_backward_keys_" + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
-                     {kv_dtype, kv_dtype}, key_blocks, bs::keys_smem_bytes(EB),
+                     {kv_dtype, kv_dtype}, key_blocks, bs::keys_smem(EB, bytes),
                      group_sums ? std::optional<float>(0.0f) : poison_value());
   return {rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)};
 }

@@ -20,6 +20,7 @@
 
 #include <type_traits>
 
+#include "backward_parts.cuh"
 #include "backward_shapes.h"
 #include "mma.cuh"
 #include "unit.cuh"
@@ -154,69 +155,6 @@ __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)
   }
 }
 
-// accumulate for a tile of X that holds a value that is not finite: in
-// float32 FMA, skipping zero weights, so that a value a row (or key) cannot
-// see never meets its zero weight (0 x inf is NaN). Weight k of rows g,
-// g + 8 lies in lane 4 g + (k % 8) / 2. Rare: not unrolled over k.
-template <int NB, int NO, int EB>
-__device__ __forceinline__ void accumulate_guarded(float (&acc)[NO][4], const float (&w)[NB][4],
-                                                   const float* x_rows, int col0, int lane) {
-  constexpr int LD = bs::ld(EB);
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll 1
-  for (int k = 0; k < NB * 8; ++k) {
-    const int kb = k >> 3, odd = k & 1;
-    float wa = 0.0f, wb = 0.0f;
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      if (b == kb) wa = odd ? w[b][1] : w[b][0], wb = odd ? w[b][3] : w[b][2];
-    }
-    const int src = 4 * g + ((k & 7) >> 1);
-    const float p[2] = {__shfl_sync(0xffffffffu, wa, src), __shfl_sync(0xffffffffu, wb, src)};
-    const float* xr = x_rows + k * LD + col0 + 2 * t;
-#pragma unroll
-    for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (p[i >> 1] != 0.0f) acc[eb][i] = fmaf(p[i >> 1], xr[eb * 8 + (i & 1)], acc[eb][i]);
-  }
-}
-
-template <int NO>
-__device__ __forceinline__ void zero(float (&acc)[NO][4]) {
-#pragma unroll
-  for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[eb][i] = 0.0f;
-}
-
-// acc's rows (accumulator layout: rows r0, r0 + 8 of this thread, columns
-// col0 + ...) times `mul` into dst (row-contiguous, E columns), rows < N.
-template <typename T, int NO>
-__device__ __forceinline__ void store_acc(const float (&acc)[NO][4], T* dst, int r0, int N, int E, int col0,
-                                          float mul, int lane) {
-  const int t = lane & 3;
-#pragma unroll
-  for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
-      if (r < N && e < E) dst[(int64_t)r * E + e] = from_f<T>(acc[eb][i] * mul);
-    }
-}
-
-// The blocks of a pass: grid.x = tiles x slices (slice: batch x head, the
-// query head's), slice-minor, so that blocks start tile by tile in every
-// slice at once: the heaviest tiles under a causal mask (the last rows, the
-// first keys) are given the lowest tile index and start first. grid.z: the
-// gradient's column half.
-struct BackwardBlock {
-  int64_t slice;
-  int tile, col0;
-  __device__ BackwardBlock(int64_t slices, int EB)
-      : slice(blockIdx.x % slices), tile(int(blockIdx.x / slices)), col0(blockIdx.z * bs::out_cols(EB)) {}
-};
-
 template <typename T, int EB>
 __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* __restrict__ k,
                                               const T* __restrict__ v, const T* __restrict__ o,
@@ -237,7 +175,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
   const int tiles = (L + BR - 1) / BR;
-  const BackwardBlock blk(slices, EB);
+  const BackwardBlock blk(slices, bs::out_cols(EB));
   const int64_t n = blk.slice;  // b H_q + h
   const int l0 = (tiles - 1 - blk.tile) * BR;  // the last rows first
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / (H_q / H_kv);
@@ -273,21 +211,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   // The tile's scores in the log2 domain, -inf where hidden.
   auto masked_scores = [&](float (&s)[NB][4], int c0) {
     scores<kSplit, NB, EB>(s, q_w, k_s, lane);
-    const bool need_mask = mask.tile_hides(c0, BC, l0, S);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = ra + 8 * (i >> 1), c = c0 + nb * 8 + 2 * t + (i & 1);
-        float x = s[nb][i] * scale_log2;
-        if (need_mask) {
-          const float add = mask.hides(rb[i >> 1], r, c, L, S) ? FA_NEG_INF
-                            : mask.is_array()                   ? mask.term(rb[i >> 1], c)
-                                                                : 0.0f;
-          x = add == FA_NEG_INF ? FA_NEG_INF : x + add;
-        }
-        s[nb][i] = x;
-      }
+    mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, S), scale_log2, t, L, S);
   };
 
   // The rows' log-sum-exp: the forward's online softmax without V.
@@ -297,28 +221,11 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     __syncthreads();
     float s[NB][4];
     masked_scores(s, c0);
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float mx = FA_NEG_INF;
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * rr], s[nb][2 * rr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      float base;
-      l[rr] *= online_rescale<false>(m[rr], mx, base);
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) l[rr] += exp2f(s[nb][2 * rr] - base) + exp2f(s[nb][2 * rr + 1] - base);
-    }
+    lse_step<NB>(s, m, l);
     __syncthreads();
   }
   float lse[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
-    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-    // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0.
-    lse[rr] = l[rr] == 0.0f ? INFINITY : exp_base(m[rr]) + log2f(l[rr]);
-  }
+  lse_final(m, l, lse);
 
   float acc[NO][4];
   zero(acc);
@@ -330,16 +237,9 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     float s[NB][4], dp[NB][4];
     masked_scores(s, c0);
     scores<kSplit, NB, EB>(dp, do_w, v_s, lane);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float p = exp2f(s[nb][i] - lse[i >> 1]);
-        // p = 0 (a hidden key): dS = 0 whatever dP holds (NaN of a hidden value).
-        s[nb][i] = p == 0.0f ? 0.0f : p * (dp[nb][i] - D[i >> 1]);
-      }
+    row_ds<NB>(s, dp, lse, D);
     if (guard) {
-      accumulate_guarded<NB, NO, EB>(acc, s, k_s, blk.col0, lane);
+      accumulate_guarded<float, LD, NB, NO>(acc, s, k_s, blk.col0, lane);
     } else {
       accumulate<kSplit, NB, NO, EB>(acc, s, k_s, blk.col0, lane);
     }
@@ -357,22 +257,6 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
       }
     }
   }
-}
-
-// acc times `mul` added into dst (float32, row-contiguous, E columns) at
-// rows r0, r0 + 8 (< N): the query heads of a GQA group add their share of
-// dK and dV.
-template <int NO>
-__device__ __forceinline__ void add_acc(const float (&acc)[NO][4], float* dst, int r0, int N, int E, int col0,
-                                        float mul, int lane) {
-  const int t = lane & 3;
-#pragma unroll
-  for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
-      if (r < N && e < E) atomicAdd(dst + (int64_t)r * E + e, acc[eb][i] * mul);
-    }
 }
 
 // One block: 64 keys against the rows of one query head. Without GQA it
@@ -398,7 +282,7 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   float* d_s = lse_s + BR;
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
-  const BackwardBlock blk(slices, EB);
+  const BackwardBlock blk(slices, bs::out_cols(EB));
   const int64_t n = blk.slice;  // b H_q + h
   const int c0 = blk.tile * BK;  // the first keys first: under a causal mask they have the most rows
   const int ratio = H_q / H_kv;
@@ -433,31 +317,14 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     float p[NB][4], ds[NB][4];
     scores<kSplit, NB, EB>(p, k_w, q_s, lane);    // S^T: keys x rows
     scores<kSplit, NB, EB>(ds, v_w, do_s, lane);  // dP^T
-    const bool need_mask = mask.tile_hides(c0, BK, r0, S);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = ka + 8 * (i >> 1), j = nb * 8 + 2 * t + (i & 1), r = r0 + j;
-        float x = p[nb][i] * scale_log2;
-        if (need_mask) {
-          const int64_t rb = mask.is_array() && r < L ? mask.row_base(n, r) : 0;
-          const float add = mask.hides(rb, r, c, L, S) ? FA_NEG_INF
-                            : mask.is_array()          ? mask.term(rb, c)
-                                                       : 0.0f;
-          x = add == FA_NEG_INF ? FA_NEG_INF : x + add;
-        }
-        const float pv = exp2f(x - lse_s[j]);
-        p[nb][i] = pv;
-        ds[nb][i] = pv == 0.0f ? 0.0f : pv * (ds[nb][i] - d_s[j]);
-      }
+    key_tile_ds<NB>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, S), lse_s, d_s, scale_log2, t, L, S);
     if (guard_do) {
-      accumulate_guarded<NB, NO, EB>(dv_acc, p, do_s, blk.col0, lane);
+      accumulate_guarded<float, LD, NB, NO>(dv_acc, p, do_s, blk.col0, lane);
     } else {
       accumulate<kSplit, NB, NO, EB>(dv_acc, p, do_s, blk.col0, lane);
     }
     if (guard_q) {
-      accumulate_guarded<NB, NO, EB>(dk_acc, ds, q_s, blk.col0, lane);
+      accumulate_guarded<float, LD, NB, NO>(dk_acc, ds, q_s, blk.col0, lane);
     } else {
       accumulate<kSplit, NB, NO, EB>(dk_acc, ds, q_s, blk.col0, lane);
     }

@@ -1,0 +1,423 @@
+// FlashAttention-2's backward for float16 and bfloat16 at head dims up to
+// 128, on 16-bit tensor cores (mma.sync m16n8k16). backward.cu's header has
+// the algebra; here, as in FlashAttention-2, one pass over the keys makes all
+// three gradients, dQ added into float32 by atomics:
+//   fa_backward_stats: 4 warps x 16 query rows; each row's log-sum-exp (a
+//     walk over the K tiles: the forward kernels do not keep it) and D.
+//   fa_backward_keysq: 4 warps x 16 keys against one query head's rows, a
+//     row tile at a time: S^T, dP^T, then dV += P^T dO and dK += dS^T Q in
+//     registers, and dQ += dS K from dS^T put in shared memory, added to the
+//     float32 dQ (zeros before the launch).
+// Tiles stay 16-bit in shared memory, fragments are read by ldmatrix, and a
+// loop's next tile is copied by cp.async while this one's products run. P and
+// dS enter their products rounded to the inputs' dtype, as in
+// FlashAttention-2; products accumulate in float32. Inputs arrive
+// row-contiguous; rows whose E is a multiple of 8 from 16-byte aligned
+// pointers are copied 16 bytes at a time, others element by element.
+
+#include <cstdint>
+
+#include "backward_parts.cuh"
+#include "backward_shapes.h"
+#include "mma.cuh"
+#include "unit.cuh"
+
+namespace fa {
+
+namespace bs = backward_shapes;
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t bits16(T x) {
+  return *reinterpret_cast<const unsigned short*>(&x);
+}
+
+// ROWS rows of E elements (row-contiguous from src) into dst (row stride
+// ld16(EB)), zeros past `count` rows and E columns, in 16-byte chunks. A
+// thread copies chunks threadIdx.x + i kThreads: by cp.async when `vec`,
+// else element by element and stored at once, so that either way the chunks
+// a thread scans (tile_nonfinite) are its own.
+template <typename T, int EB, int ROWS>
+__device__ __forceinline__ void copy_tile(T* dst, const T* src, int count, int E, bool vec) {
+  constexpr int LD = bs::ld16(EB), CH = EB / 8;
+  static_assert(ROWS * CH % bs::kThreads == 0, "whole chunks a thread");
+#pragma unroll
+  for (int i = 0; i < ROWS * CH / bs::kThreads; ++i) {
+    const int idx = threadIdx.x + i * bs::kThreads, r = idx / CH, c = idx % CH;
+    T* d = dst + r * LD + c * 8;
+    if (vec) {
+      const bool ok = r < count && c * 8 < E;
+      cp_async16(d, ok ? src + (int64_t)r * E + c * 8 : src, ok);
+    } else {
+      uint32_t x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = c * 8 + 2 * j;
+        const T lo = r < count && e < E ? src[(int64_t)r * E + e] : from_f<T>(0.0f);
+        const T hi = r < count && e + 1 < E ? src[(int64_t)r * E + e + 1] : from_f<T>(0.0f);
+        x[j] = bits16(lo) | bits16(hi) << 16;
+      }
+      *reinterpret_cast<uint4*>(d) = make_uint4(x[0], x[1], x[2], x[3]);
+    }
+  }
+}
+
+// Whether the chunks this thread copied into a tile hold a value that is not
+// finite (read once its copies have landed).
+template <typename T, int EB, int ROWS>
+__device__ __forceinline__ bool tile_nonfinite(const T* tile) {
+  constexpr int LD = bs::ld16(EB), CH = EB / 8;
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < ROWS * CH / bs::kThreads; ++i) {
+    const int idx = threadIdx.x + i * bs::kThreads;
+    const uint4 w = *reinterpret_cast<const uint4*>(tile + (idx / CH) * LD + (idx % CH) * 8);
+    bad |= pair_nonfinite<T>(w.x) | pair_nonfinite<T>(w.y) | pair_nonfinite<T>(w.z) | pair_nonfinite<T>(w.w);
+  }
+  return bad;
+}
+
+// s = A B^T for the warp's 16 rows of A (a_rows) against NB x 8 rows of B
+// (b_rows), both 16-bit in shared memory, inner dim EB. ldmatrix lanes: A's
+// 16 x 16 blocks as rows lane % 16, column half lane / 16; B's two 8-row
+// blocks as rows lane % 8 (+ 8 from lane 16), column half (lane / 8) % 2.
+template <typename T, int NB, int EB>
+__device__ __forceinline__ void scores16(float (&s)[NB][4], const T* a_rows, const T* b_rows, int lane) {
+  constexpr int LD = bs::ld16(EB);
+  static_assert(NB % 2 == 0, "key blocks in pairs");
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[nb][i] = 0.0f;
+  const T* a = a_rows + (lane & 15) * LD + (lane >> 4) * 8;
+  const T* b = b_rows + ((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < EB / 16; ++kk) {
+    uint32_t af[4];
+    ldmatrix_x4(af, a + kk * 16);
+#pragma unroll
+    for (int nb = 0; nb < NB; nb += 2) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, b + nb * 8 * LD + kk * 16);
+      mma16816<T>(s[nb], af, bf[0], bf[1]);
+      mma16816<T>(s[nb + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc (16 x NO*8) += W X, W (16 x NB*8, accumulator layout: P or dS) rounded
+// to T as the A operand (two accumulator blocks make one 16 x 16 block), X's
+// NB*8 rows in shared memory read transposed by ldmatrix (rows lane % 16,
+// column half lane / 16).
+template <typename T, int NB, int NO, int EB>
+__device__ __forceinline__ void accumulate16(float (&acc)[NO][4], const float (&w)[NB][4], const T* x_rows,
+                                             int lane) {
+  constexpr int LD = bs::ld16(EB);
+  static_assert(NB % 2 == 0 && NO % 2 == 0, "blocks in pairs");
+  uint32_t a[NB / 2][4];
+#pragma unroll
+  for (int kb = 0; kb < NB / 2; ++kb) {
+    a[kb][0] = pack2<T>(w[2 * kb][0], w[2 * kb][1]);
+    a[kb][1] = pack2<T>(w[2 * kb][2], w[2 * kb][3]);
+    a[kb][2] = pack2<T>(w[2 * kb + 1][0], w[2 * kb + 1][1]);
+    a[kb][3] = pack2<T>(w[2 * kb + 1][2], w[2 * kb + 1][3]);
+  }
+  const T* x = x_rows + (lane & 15) * LD + (lane >> 4) * 8;
+#pragma unroll
+  for (int eb = 0; eb < NO; eb += 2)
+#pragma unroll
+    for (int kb = 0; kb < NB / 2; ++kb) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, x + kb * 16 * LD + eb * 8);
+      mma16816<T>(acc[eb], a[kb], bf[0], bf[1]);
+      mma16816<T>(acc[eb + 1], a[kb], bf[2], bf[3]);
+    }
+}
+
+// Whether every input can be copied 16 bytes at a time.
+__device__ __forceinline__ bool vector_copies(int E, const void* a, const void* b, const void* c, const void* d) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+                         reinterpret_cast<uintptr_t>(c) | reinterpret_cast<uintptr_t>(d);
+  return E % 8 == 0 && (bits & 15) == 0;
+}
+
+// Each row's log-sum-exp (log2 domain) and D = rowsum(dO * O), as
+// (lse, D) pairs in stats; a row that sees no key gets lse = +inf.
+template <typename T, int EB>
+__device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const T* __restrict__ k,
+                                                 const T* __restrict__ o, const T* __restrict__ d_out,
+                                                 const void* mask_data, const int64_t* __restrict__ mask_base,
+                                                 float* __restrict__ stats, int64_t slices, int H_q, int H_kv, int L,
+                                                 int S, int E, int mask_kind, int mask_rs, int mask_cs,
+                                                 float scale_log2) {
+  constexpr int LD = bs::ld16(EB), BR = bs::kRows, BC = bs::kKeyTile16, NB = BC / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* q_s = reinterpret_cast<T*>(smem_raw);
+  T* k_s = q_s + BR * LD;  // two buffers
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+
+  const int row_tiles = (L + BR - 1) / BR;
+  const BackwardBlock blk(slices, EB);
+  const int64_t n = blk.slice;  // b H_q + h
+  const int l0 = (row_tiles - 1 - blk.tile) * BR;  // the last rows first
+  const int64_t kv_slice = n / H_q * H_kv + n % H_q / (H_q / H_kv);
+  const T* k_head = k + kv_slice * S * E;
+  const int64_t first = n * L + l0;  // the block's first row, of all
+  const int count = min(BR, L - l0);
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+  const int kv_end = mask_kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
+  const int tiles = (kv_end + BC - 1) / BC;
+  const bool vec = vector_copies(E, q, k, q, k);
+
+  copy_tile<T, EB, BR>(q_s, q + first * E, count, E, vec);
+  if (tiles > 0) copy_tile<T, EB, BC>(k_s, k_head, min(BC, S), E, vec);
+  cp_async_commit();
+  // D while the first tiles land.
+  for (int r = w; r < count; r += bs::kWarps) {
+    float d = 0.0f;
+    for (int e = lane; e < E; e += 32) d += to_f(d_out[(first + r) * E + e]) * to_f(o[(first + r) * E + e]);
+    d = warp_sum(d);
+    if (lane == 0) stats[(first + r) * 2 + 1] = d;
+  }
+
+  const int ra = l0 + w * 16 + g;
+  const T* q_w = q_s + w * 16 * LD;
+  int64_t rb[2] = {0, 0};
+  if (mask.is_array()) {
+    rb[0] = ra < L ? mask.row_base(n, ra) : 0;
+    rb[1] = ra + 8 < L ? mask.row_base(n, ra + 8) : 0;
+  }
+  // Tile i lies in buffer i % 2, copied during tile i - 1.
+  float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
+  for (int i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles) {
+      const int c = (i + 1) * BC;
+      copy_tile<T, EB, BC>(k_s + ((i + 1) & 1) * BC * LD, k_head + (int64_t)c * E, min(BC, S - c), E, vec);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int c0 = i * BC;
+    float s[NB][4];
+    scores16<T, NB, EB>(s, q_w, k_s + (i & 1) * BC * LD, lane);
+    mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, S), scale_log2, t, L, S);
+    lse_step<NB>(s, m, l);
+    __syncthreads();  // the buffer this tile read is the next copy's
+  }
+  cp_async_wait<0>();
+  float lse[2];
+  lse_final(m, l, lse);
+  if (t == 0) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = ra + 8 * rr;
+      if (r < L) stats[(n * L + r) * 2] = lse[rr];
+    }
+  }
+}
+
+// x (a pair of dQ's columns e, e + 1) added into row-contiguous float32 dQ;
+// one 8-byte atomic where the pair is whole and aligned (sm_90).
+__device__ __forceinline__ void add_pair(float* dst, float x0, float x1, int e, int E) {
+#if __CUDA_ARCH__ >= 900
+  if (e + 1 < E && E % 2 == 0) {
+    atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
+    return;
+  }
+#endif
+  atomicAdd(dst, x0);
+  if (e + 1 < E) atomicAdd(dst + 1, x1);
+}
+
+// One block: 64 keys against the rows of one query head. dK and dV in T
+// without GQA; with it, float32 sums of the group's heads (zeros before the
+// launch). dQ: every block adds its keys' share into float32 (zeros before
+// the launch).
+template <typename T, int EB>
+__device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const T* __restrict__ k,
+                                                 const T* __restrict__ v, const T* __restrict__ d_out,
+                                                 const float* __restrict__ stats, const void* mask_data,
+                                                 const int64_t* __restrict__ mask_base, void* dk, void* dv,
+                                                 float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
+                                                 int S, int E, int mask_kind, int mask_rs, int mask_cs,
+                                                 float scale_log2, float scale) {
+  constexpr int LD = bs::ld16(EB), BK = bs::kKeys, BR = bs::row_tile16(EB), NB = BR / 8, NO = EB / 8;
+  constexpr int LDS = bs::ld_ds16(EB), WN = EB / 32;  // dQ: warps across 32-column blocks
+  static_assert(BR / 32 * WN == bs::kWarps, "dQ's 32 x 32 blocks, one a warp");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* k_s = reinterpret_cast<T*>(smem_raw);
+  T* v_s = k_s + BK * LD;
+  T* q_s = v_s + BK * LD;       // two buffers
+  T* do_s = q_s + 2 * BR * LD;  // two buffers
+  T* ds_s = do_s + 2 * BR * LD;  // dS^T: BK keys x BR rows
+  float* lse_s = reinterpret_cast<float*>(ds_s + BK * LDS);  // two buffers
+  float* d_s = lse_s + 2 * BR;                                // two buffers
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+
+  const BackwardBlock blk(slices, EB);
+  const int64_t n = blk.slice;  // b H_q + h
+  const int c0 = blk.tile * BK;  // the first keys first: under a causal mask they have the most rows
+  const int ratio = H_q / H_kv;
+  const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+  // Rows before the first that sees key c0 see none of the block's keys.
+  const int row_begin = mask_kind == kCausal ? max(0, c0 - mask.offset) : 0;
+  const int tiles = row_begin < L ? (L - row_begin + BR - 1) / BR : 0;
+  const bool vec = vector_copies(E, q, k, v, d_out);
+
+  // Row tile i (rows row_begin + i BR ...) into buffer b: Q, dO and the rows'
+  // (lse, D), lse = +inf past L (P = 0).
+  auto copy_rows = [&](int i, int b) {
+    const int r0 = row_begin + i * BR, count = min(BR, L - r0);
+    copy_tile<T, EB, BR>(q_s + b * BR * LD, q + (n * L + r0) * E, count, E, vec);
+    copy_tile<T, EB, BR>(do_s + b * BR * LD, d_out + (n * L + r0) * E, count, E, vec);
+    if (threadIdx.x < BR) {
+      const int j = threadIdx.x;
+      if (j < count) {
+        cp_async4(lse_s + b * BR + j, stats + (n * L + r0 + j) * 2);
+        cp_async4(d_s + b * BR + j, stats + (n * L + r0 + j) * 2 + 1);
+      } else {
+        lse_s[b * BR + j] = INFINITY;
+        d_s[b * BR + j] = 0.0f;
+      }
+    }
+  };
+
+  const int kc = min(BK, S - c0);
+  copy_tile<T, EB, BK>(k_s, k + (kv_slice * S + c0) * E, kc, E, vec);
+  copy_tile<T, EB, BK>(v_s, v + (kv_slice * S + c0) * E, kc, E, vec);
+  cp_async_commit();
+  if (tiles > 0) copy_rows(0, 0);
+  cp_async_commit();
+  cp_async_wait<1>();
+  const bool guard_k = __syncthreads_or(tile_nonfinite<T, EB, BK>(k_s));
+
+  const int ka = c0 + w * 16 + g;  // this thread's keys: ka, ka + 8
+  const T* k_w = k_s + w * 16 * LD;
+  const T* v_w = v_s + w * 16 * LD;
+  const int wm = w / WN, wn = w % WN;  // this warp's dQ block: rows 32 wm, columns 32 wn
+  float dk_acc[NO][4], dv_acc[NO][4];
+  zero(dk_acc);
+  zero(dv_acc);
+  for (int i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles) copy_rows(i + 1, (i + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    const int b = i & 1, r0 = row_begin + i * BR;
+    const T* q_t = q_s + b * BR * LD;
+    const T* do_t = do_s + b * BR * LD;
+    const bool guard = __syncthreads_or(tile_nonfinite<T, EB, BR>(q_t) | tile_nonfinite<T, EB, BR>(do_t));
+    float p[NB][4], ds[NB][4];
+    scores16<T, NB, EB>(p, k_w, q_t, lane);    // S^T: keys x rows
+    scores16<T, NB, EB>(ds, v_w, do_t, lane);  // dP^T
+    key_tile_ds<NB>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, S), lse_s + b * BR, d_s + b * BR,
+                    scale_log2, t, L, S);
+    if (guard) {
+      accumulate_guarded<T, LD, NB, NO>(dv_acc, p, do_t, 0, lane);
+      accumulate_guarded<T, LD, NB, NO>(dk_acc, ds, q_t, 0, lane);
+    } else {
+      accumulate16<T, NB, NO, EB>(dv_acc, p, do_t, lane);
+      accumulate16<T, NB, NO, EB>(dk_acc, ds, q_t, lane);
+    }
+    // dS^T to shared memory, rounded as dK's product took it.
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      T* at = ds_s + (w * 16 + g) * LDS + nb * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(at) = pack2<T>(ds[nb][0], ds[nb][1]);
+      *reinterpret_cast<uint32_t*>(at + 8 * LDS) = pack2<T>(ds[nb][2], ds[nb][3]);
+    }
+    __syncthreads();
+    // dQ's rows 32 wm .. (two 16-row blocks) x columns 32 wn .. (four 8-column
+    // blocks) += dS K: dS read transposed from dS^T, K (keys x E) transposed.
+    float qa[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) zero(qa[mt]);
+    if (!guard_k) {
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+          ldmatrix_x4_trans(a[mt], ds_s + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + wm * 32 + mt * 16 +
+                                       ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t bf[4];
+          ldmatrix_x4_trans(bf, k_s + (kk * 16 + (lane & 15)) * LD + wn * 32 + np * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma16816<T>(qa[mt][2 * np], a[mt], bf[0], bf[1]);
+            mma16816<T>(qa[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+          }
+        }
+      }
+    } else {
+      // A key that is not finite: float32 FMA skipping zero weights.
+#pragma unroll 1
+      for (int kk = 0; kk < BK; ++kk)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const float x = to_f(ds_s[kk * LDS + wm * 32 + mt * 16 + g + 8 * (j >> 1)]);
+              if (x != 0.0f) qa[mt][nt][j] = fmaf(x, to_f(k_s[kk * LD + wn * 32 + nt * 8 + 2 * t + (j & 1)]), qa[mt][nt][j]);
+            }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = r0 + wm * 32 + mt * 16 + g + 8 * h, e = wn * 32 + nt * 8 + 2 * t;
+          if (r < L && e < E) {
+            add_pair(dq + (n * L + r) * E + e, qa[mt][nt][2 * h] * scale, qa[mt][nt][2 * h + 1] * scale, e, E);
+          }
+        }
+    __syncthreads();  // the buffers this tile read are the next copy's
+  }
+  cp_async_wait<0>();
+
+  const int64_t at = kv_slice * S * E;
+  if (ratio == 1) {
+    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, 0, scale, lane);
+    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, 0, 1.0f, lane);
+  } else if (tiles > 0) {
+    add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, 0, scale, lane);
+    add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, 0, 1.0f, lane);
+  }
+}
+
+}  // namespace fa
+
+// The extern "C" entry points of one unit (-DFA_DTYPE 1 | 2, -DFA_E 64 | 128:
+// the head-dim bucket, -DFA_PASS=0 stats | 1 keys): fa_backward_stats_<dtype>_<E>
+// and fa_backward_keysq_<dtype>_<E>. Inputs, then outputs, then scalars, as
+// MLX passes them; backward.cu's scalars.
+#if !defined(FA_E) || !defined(FA_PASS) || FA_DTYPE == 0 || FA_E > 128
+#error "backward_f16.cu: a 16-bit dtype, FA_E 64 or 128, and FA_PASS"
+#endif
+#define FA_BACKWARD_SCALARS                                                                                  \
+  int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs, int mask_cs, float scale_log2, \
+      float scale
+
+#if FA_PASS == 0
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_stats_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
+    float* stats, FA_BACKWARD_SCALARS) {
+  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, stats, slices, H_q, H_kv, L, S, E, mask_kind,
+                                   mask_rs, mask_cs, scale_log2);
+}
+#else
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_keysq_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
+    const int64_t* mask_base, void* dk, void* dv, float* dq, FA_BACKWARD_SCALARS) {
+  fa::backward_keysq16<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,
+                                   mask_kind, mask_rs, mask_cs, scale_log2, scale);
+}
+#endif

@@ -1,0 +1,185 @@
+// What the two backward kernels share (backward.cu on TF32 for every dtype,
+// backward_f16.cu on 16-bit tensor cores): the blocks' order, the softmax
+// steps on a warp's tile of scores (accumulator layout: rows g and g + 8,
+// columns 2t and 2t + 1 of each 8-column block), the guarded product for
+// tiles that hold values that are not finite, and the gradients' stores.
+// FlashAttention-2's Algorithm 2 with P = softmax(S):
+//   dV = P^T dO    dP = dO V^T    D = rowsum(dO * O)    dS = P * (dP - D)
+
+#pragma once
+
+#include "common.cuh"
+#include "softmax.cuh"
+
+namespace fa {
+
+// The blocks of a pass: grid.x = tiles x slices (slice: batch x head, the
+// query head's), slice-minor, so that blocks start tile by tile in every
+// slice at once: the heaviest tiles under a causal mask (the last rows, the
+// first keys) are given the lowest tile index and start first. grid.z: the
+// gradient's column half (out_cols wide).
+struct BackwardBlock {
+  int64_t slice;
+  int tile, col0;
+  __device__ BackwardBlock(int64_t slices, int out_cols)
+      : slice(blockIdx.x % slices), tile(int(blockIdx.x / slices)), col0(blockIdx.z * out_cols) {}
+};
+
+// The rows pass's scores (rows ra, ra + 8 against keys c0 ...) into the log2
+// domain, -inf where hidden; rb: the rows' bases in an array mask.
+template <int NB>
+__device__ __forceinline__ void mask_row_scores(float (&s)[NB][4], const Mask& mask, const int64_t (&rb)[2], int ra,
+                                                int c0, bool need_mask, float scale_log2, int t, int L, int S) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = ra + 8 * (i >> 1), c = c0 + nb * 8 + 2 * t + (i & 1);
+      float x = s[nb][i] * scale_log2;
+      if (need_mask) {
+        const float add = mask.hides(rb[i >> 1], r, c, L, S) ? FA_NEG_INF
+                          : mask.is_array()                   ? mask.term(rb[i >> 1], c)
+                                                              : 0.0f;
+        x = add == FA_NEG_INF ? FA_NEG_INF : x + add;
+      }
+      s[nb][i] = x;
+    }
+}
+
+// One tile of the rows' log-sum-exp: the forward's online softmax without V.
+template <int NB>
+__device__ __forceinline__ void lse_step(const float (&s)[NB][4], float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = FA_NEG_INF;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * rr], s[nb][2 * rr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float base;
+    l[rr] *= online_rescale<false>(m[rr], mx, base);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) l[rr] += exp2f(s[nb][2 * rr] - base) + exp2f(s[nb][2 * rr + 1] - base);
+  }
+}
+
+// The rows' log-sum-exp (log2 domain) once every tile has passed.
+__device__ __forceinline__ void lse_final(const float (&m)[2], float (&l)[2], float (&lse)[2]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+    // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0.
+    lse[rr] = l[rr] == 0.0f ? INFINITY : exp_base(m[rr]) + log2f(l[rr]);
+  }
+}
+
+// s (masked scores) becomes dS = P (dP - D) in the rows pass.
+template <int NB>
+__device__ __forceinline__ void row_ds(float (&s)[NB][4], const float (&dp)[NB][4], const float (&lse)[2],
+                                       const float (&D)[2]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float p = exp2f(s[nb][i] - lse[i >> 1]);
+      // p = 0 (a hidden key): dS = 0 whatever dP holds (NaN of a hidden value).
+      s[nb][i] = p == 0.0f ? 0.0f : p * (dp[nb][i] - D[i >> 1]);
+    }
+}
+
+// The keys pass's transposed tile (keys ka, ka + 8 against rows r0 ...): p
+// holds S^T and ds dP^T on entry, P^T and dS^T on return; lse_s and d_s:
+// the rows' statistics (lse = +inf past L).
+template <int NB>
+__device__ __forceinline__ void key_tile_ds(float (&p)[NB][4], float (&ds)[NB][4], const Mask& mask, int64_t n,
+                                            int ka, int r0, bool need_mask, const float* lse_s, const float* d_s,
+                                            float scale_log2, int t, int L, int S) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = ka + 8 * (i >> 1), j = nb * 8 + 2 * t + (i & 1), r = r0 + j;
+      float x = p[nb][i] * scale_log2;
+      if (need_mask) {
+        const int64_t rb = mask.is_array() && r < L ? mask.row_base(n, r) : 0;
+        const float add = mask.hides(rb, r, c, L, S) ? FA_NEG_INF
+                          : mask.is_array()          ? mask.term(rb, c)
+                                                     : 0.0f;
+        x = add == FA_NEG_INF ? FA_NEG_INF : x + add;
+      }
+      const float pv = exp2f(x - lse_s[j]);
+      p[nb][i] = pv;
+      ds[nb][i] = pv == 0.0f ? 0.0f : pv * (ds[nb][i] - d_s[j]);
+    }
+}
+
+// acc += W X[:, col0 ..] for a tile of X (rows of row stride LD in shared
+// memory, float32 or 16-bit) that holds a value that is not finite: in
+// float32 FMA, skipping zero weights, so that a value a row (or key) cannot
+// see never meets its zero weight (0 x inf is NaN). W: 16 x NB*8 in the
+// accumulator layout; weight k of rows g, g + 8 lies in lane
+// 4 g + (k % 8) / 2. Rare: not unrolled over k.
+template <typename X, int LD, int NB, int NO>
+__device__ __forceinline__ void accumulate_guarded(float (&acc)[NO][4], const float (&w)[NB][4], const X* x_rows,
+                                                   int col0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll 1
+  for (int k = 0; k < NB * 8; ++k) {
+    const int kb = k >> 3, odd = k & 1;
+    float wa = 0.0f, wb = 0.0f;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      if (b == kb) wa = odd ? w[b][1] : w[b][0], wb = odd ? w[b][3] : w[b][2];
+    }
+    const int src = 4 * g + ((k & 7) >> 1);
+    const float p[2] = {__shfl_sync(0xffffffffu, wa, src), __shfl_sync(0xffffffffu, wb, src)};
+    const X* xr = x_rows + k * LD + col0 + 2 * t;
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (p[i >> 1] != 0.0f) acc[eb][i] = fmaf(p[i >> 1], to_f(xr[eb * 8 + (i & 1)]), acc[eb][i]);
+  }
+}
+
+template <int NO>
+__device__ __forceinline__ void zero(float (&acc)[NO][4]) {
+#pragma unroll
+  for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[eb][i] = 0.0f;
+}
+
+// acc's rows (accumulator layout: rows r0, r0 + 8 of this thread, columns
+// col0 + ...) times `mul` into dst (row-contiguous, E columns), rows < N.
+template <typename T, int NO>
+__device__ __forceinline__ void store_acc(const float (&acc)[NO][4], T* dst, int r0, int N, int E, int col0,
+                                          float mul, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
+      if (r < N && e < E) dst[(int64_t)r * E + e] = from_f<T>(acc[eb][i] * mul);
+    }
+}
+
+// acc times `mul` added into dst (float32, row-contiguous, E columns) at
+// rows r0, r0 + 8 (< N): the query heads of a GQA group add their share of
+// dK and dV.
+template <int NO>
+__device__ __forceinline__ void add_acc(const float (&acc)[NO][4], float* dst, int r0, int N, int E, int col0,
+                                        float mul, int lane) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
+      if (r < N && e < E) atomicAdd(dst + (int64_t)r * E + e, acc[eb][i] * mul);
+    }
+}
+
+}  // namespace fa
