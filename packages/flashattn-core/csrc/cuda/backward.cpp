@@ -39,12 +39,13 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const int EB = bs::bucket(E);
   // Each launch's threads, as MLX counts them, in an int.
   const int64_t row_blocks = (L + bs::kRows - 1) / bs::kRows * batch * H_q;
-  const int64_t key_blocks = (S + bs::kKeys - 1) / bs::kKeys * batch * H_q;
-  if (std::max(row_blocks, key_blocks) * bs::kThreads > std::numeric_limits<int>::max()) {
+  const int bytes = static_cast<int>(q.itemsize());
+  const int key_threads = bs::keys_threads(EB, bytes), block_keys = bs::keys_block(EB, bytes);
+  const int64_t key_blocks = (S + block_keys - 1) / block_keys * batch * H_q;
+  if (std::max(row_blocks * bs::kThreads, key_blocks * key_threads) > std::numeric_limits<int>::max()) {
     throw Unsupported(Reason::input, "flash_attention: too many query rows or keys for one CUDA backward launch");
   }
 
-  const int bytes = static_cast<int>(q.itemsize());
   const int smem_needed = std::max(bs::rows_smem(EB, bytes) + bs::kRows * 4, bs::keys_smem(EB, bytes));  // + D's static array
   const int smem_allowed = max_shared_memory_per_block(s.device.index);
   if (smem_allowed > 0 && smem_needed > smem_allowed) {
@@ -69,12 +70,12 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const std::string suffix = std::string(dtype_name(q.dtype())) + "_" + std::to_string(EB);
   auto launch = [&](const std::string& kernel, const std::vector<mx::array>& inputs,
                     const std::vector<mx::Shape>& shapes, const std::vector<mx::Dtype>& dtypes, int64_t blocks,
-                    int smem, std::optional<float> init) {
+                    int threads, int smem, std::optional<float> init) {
     const std::string* image = find_image(kernel, s.device.index);
     if (!image) throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
-    const std::tuple<int, int, int> grid{static_cast<int>(blocks) * bs::kThreads, 1, bs::col_blocks(EB)};
+    const std::tuple<int, int, int> grid{static_cast<int>(blocks) * threads, 1, bs::col_blocks(EB)};
     return mx::fast::precompiled_cuda_kernel(kernel, *image, inputs, shapes, dtypes, scalars, grid,
-                                             {bs::kThreads, 1, 1}, smem, init,
+                                             {threads, 1, 1}, smem, init,
                                              /* ensure_row_contiguous */ true, s);
   };
   const mx::array dO = mx::astype(d_out, q.dtype(), s);
@@ -84,17 +85,17 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   if (bs::f16_kernel(EB, bytes)) {
     // Statistics, then one pass for all three gradients (dQ float32 sums).
     auto stats = launch("fa_backward_stats_" + suffix, {q, k, out, dO, m.data, m.base}, {stats_shape},
-                        {mx::float32}, row_blocks, bs::rows_smem(EB, bytes), poison_value());
+                        {mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
     auto grads = launch("fa_backward_keysq_" + suffix, {q, k, v, dO, stats[0], m.data, m.base},
                         {k.shape(), v.shape(), q.shape()}, {kv_dtype, kv_dtype, mx::float32}, key_blocks,
-                        bs::keys_smem(EB, bytes), 0.0f);
+                        key_threads, bs::keys_smem(EB, bytes), 0.0f);
     return {mx::astype(grads[2], q.dtype(), s), mx::astype(grads[0], k.dtype(), s),
             mx::astype(grads[1], v.dtype(), s)};
   }
   auto rows = launch("fa_backward_rows_" + suffix, {q, k, v, out, dO, m.data, m.base}, {q.shape(), stats_shape},
-                     {q.dtype(), mx::float32}, row_blocks, bs::rows_smem(EB, bytes), poison_value());
+                     {q.dtype(), mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
   auto keys = launch("fa_backward_keys_" + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
-                     {kv_dtype, kv_dtype}, key_blocks, bs::keys_smem(EB, bytes),
+                     {kv_dtype, kv_dtype}, key_blocks, key_threads, bs::keys_smem(EB, bytes),
                      group_sums ? std::optional<float>(0.0f) : poison_value());
   return {rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)};
 }

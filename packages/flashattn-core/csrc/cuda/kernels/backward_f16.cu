@@ -4,7 +4,7 @@
 // three gradients, dQ added into float32 by atomics:
 //   fa_backward_stats: 4 warps x 16 query rows; each row's log-sum-exp (a
 //     walk over the K tiles: the forward kernels do not keep it) and D.
-//   fa_backward_keysq: 4 warps x 16 keys against one query head's rows, a
+//   fa_backward_keysq: 8 warps x 16 keys against one query head's rows, a
 //     row tile at a time: S^T, dP^T, then dV += P^T dO and dK += dS^T Q in
 //     registers, and dQ += dS K from dS^T put in shared memory, added to the
 //     float32 dQ (zeros before the launch).
@@ -37,16 +37,16 @@ __device__ __forceinline__ uint32_t bits16(T x) {
 
 // ROWS rows of E elements (row-contiguous from src) into dst (row stride
 // ld16(EB)), zeros past `count` rows and E columns, in 16-byte chunks. A
-// thread copies chunks threadIdx.x + i kThreads: by cp.async when `vec`,
+// thread copies chunks threadIdx.x + i THREADS: by cp.async when `vec`,
 // else element by element and stored at once, so that either way the chunks
 // a thread scans (tile_nonfinite) are its own.
-template <typename T, int EB, int ROWS>
+template <typename T, int EB, int ROWS, int THREADS>
 __device__ __forceinline__ void copy_tile(T* dst, const T* src, int count, int E, bool vec) {
   constexpr int LD = bs::ld16(EB), CH = EB / 8;
-  static_assert(ROWS * CH % bs::kThreads == 0, "whole chunks a thread");
+  static_assert(ROWS * CH % THREADS == 0, "whole chunks a thread");
 #pragma unroll
-  for (int i = 0; i < ROWS * CH / bs::kThreads; ++i) {
-    const int idx = threadIdx.x + i * bs::kThreads, r = idx / CH, c = idx % CH;
+  for (int i = 0; i < ROWS * CH / THREADS; ++i) {
+    const int idx = threadIdx.x + i * THREADS, r = idx / CH, c = idx % CH;
     T* d = dst + r * LD + c * 8;
     if (vec) {
       const bool ok = r < count && c * 8 < E;
@@ -67,13 +67,13 @@ __device__ __forceinline__ void copy_tile(T* dst, const T* src, int count, int E
 
 // Whether the chunks this thread copied into a tile hold a value that is not
 // finite (read once its copies have landed).
-template <typename T, int EB, int ROWS>
+template <typename T, int EB, int ROWS, int THREADS>
 __device__ __forceinline__ bool tile_nonfinite(const T* tile) {
   constexpr int LD = bs::ld16(EB), CH = EB / 8;
   bool bad = false;
 #pragma unroll
-  for (int i = 0; i < ROWS * CH / bs::kThreads; ++i) {
-    const int idx = threadIdx.x + i * bs::kThreads;
+  for (int i = 0; i < ROWS * CH / THREADS; ++i) {
+    const int idx = threadIdx.x + i * THREADS;
     const uint4 w = *reinterpret_cast<const uint4*>(tile + (idx / CH) * LD + (idx % CH) * 8);
     bad |= pair_nonfinite<T>(w.x) | pair_nonfinite<T>(w.y) | pair_nonfinite<T>(w.z) | pair_nonfinite<T>(w.w);
   }
@@ -126,10 +126,13 @@ __device__ __forceinline__ void accumulate16(float (&acc)[NO][4], const float (&
     a[kb][3] = pack2<T>(w[2 * kb + 1][2], w[2 * kb + 1][3]);
   }
   const T* x = x_rows + (lane & 15) * LD + (lane >> 4) * 8;
+  // Column blocks inner: NO independent accumulators between two products
+  // into one (k inner chained them, and the warps stalled on the tensor
+  // cores' latency).
 #pragma unroll
-  for (int eb = 0; eb < NO; eb += 2)
+  for (int kb = 0; kb < NB / 2; ++kb)
 #pragma unroll
-    for (int kb = 0; kb < NB / 2; ++kb) {
+    for (int eb = 0; eb < NO; eb += 2) {
       uint32_t bf[4];
       ldmatrix_x4_trans(bf, x + kb * 16 * LD + eb * 8);
       mma16816<T>(acc[eb], a[kb], bf[0], bf[1]);
@@ -172,8 +175,8 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const int tiles = (kv_end + BC - 1) / BC;
   const bool vec = vector_copies(E, q, k, q, k);
 
-  copy_tile<T, EB, BR>(q_s, q + first * E, count, E, vec);
-  if (tiles > 0) copy_tile<T, EB, BC>(k_s, k_head, min(BC, S), E, vec);
+  copy_tile<T, EB, BR, bs::kThreads>(q_s, q + first * E, count, E, vec);
+  if (tiles > 0) copy_tile<T, EB, BC, bs::kThreads>(k_s, k_head, min(BC, S), E, vec);
   cp_async_commit();
   // D while the first tiles land.
   for (int r = w; r < count; r += bs::kWarps) {
@@ -195,7 +198,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   for (int i = 0; i < tiles; ++i) {
     if (i + 1 < tiles) {
       const int c = (i + 1) * BC;
-      copy_tile<T, EB, BC>(k_s + ((i + 1) & 1) * BC * LD, k_head + (int64_t)c * E, min(BC, S - c), E, vec);
+      copy_tile<T, EB, BC, bs::kThreads>(k_s + ((i + 1) & 1) * BC * LD, k_head + (int64_t)c * E, min(BC, S - c), E, vec);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -204,7 +207,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
     float s[NB][4];
     scores16<T, NB, EB>(s, q_w, k_s + (i & 1) * BC * LD, lane);
     mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, S), scale_log2, t, L, S);
-    lse_step<NB>(s, m, l);
+    lse_step<NB, true>(s, m, l);
     __syncthreads();  // the buffer this tile read is the next copy's
   }
   cp_async_wait<0>();
@@ -232,7 +235,7 @@ __device__ __forceinline__ void add_pair(float* dst, float x0, float x1, int e, 
   if (e + 1 < E) atomicAdd(dst + 1, x1);
 }
 
-// One block: 64 keys against the rows of one query head. dK and dV in T
+// One block: 128 keys against the rows of one query head. dK and dV in T
 // without GQA; with it, float32 sums of the group's heads (zeros before the
 // launch). dQ: every block adds its keys' share into float32 (zeros before
 // the launch).
@@ -244,9 +247,9 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
                                                  float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
                                                  int S, int E, int mask_kind, int mask_rs, int mask_cs,
                                                  float scale_log2, float scale) {
-  constexpr int LD = bs::ld16(EB), BK = bs::kKeys, BR = bs::row_tile16(EB), NB = BR / 8, NO = EB / 8;
-  constexpr int LDS = bs::ld_ds16(EB), WN = EB / 32;  // dQ: warps across 32-column blocks
-  static_assert(BR / 32 * WN == bs::kWarps, "dQ's 32 x 32 blocks, one a warp");
+  constexpr int LD = bs::ld16(EB), BK = bs::kKeys16, BR = bs::row_tile16(EB), NB = BR / 8, NO = EB / 8;
+  constexpr int TH = bs::kKeysThreads16, LDS = bs::ld_ds16(EB), WN = EB / 32;  // dQ: warps across 32-column blocks
+  static_assert(BR / 16 * WN == TH / 32, "dQ's 16 x 32 blocks, one a warp");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);
   T* v_s = k_s + BK * LD;
@@ -272,8 +275,8 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
   // (lse, D), lse = +inf past L (P = 0).
   auto copy_rows = [&](int i, int b) {
     const int r0 = row_begin + i * BR, count = min(BR, L - r0);
-    copy_tile<T, EB, BR>(q_s + b * BR * LD, q + (n * L + r0) * E, count, E, vec);
-    copy_tile<T, EB, BR>(do_s + b * BR * LD, d_out + (n * L + r0) * E, count, E, vec);
+    copy_tile<T, EB, BR, TH>(q_s + b * BR * LD, q + (n * L + r0) * E, count, E, vec);
+    copy_tile<T, EB, BR, TH>(do_s + b * BR * LD, d_out + (n * L + r0) * E, count, E, vec);
     if (threadIdx.x < BR) {
       const int j = threadIdx.x;
       if (j < count) {
@@ -287,18 +290,18 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
   };
 
   const int kc = min(BK, S - c0);
-  copy_tile<T, EB, BK>(k_s, k + (kv_slice * S + c0) * E, kc, E, vec);
-  copy_tile<T, EB, BK>(v_s, v + (kv_slice * S + c0) * E, kc, E, vec);
+  copy_tile<T, EB, BK, TH>(k_s, k + (kv_slice * S + c0) * E, kc, E, vec);
+  copy_tile<T, EB, BK, TH>(v_s, v + (kv_slice * S + c0) * E, kc, E, vec);
   cp_async_commit();
   if (tiles > 0) copy_rows(0, 0);
   cp_async_commit();
   cp_async_wait<1>();
-  const bool guard_k = __syncthreads_or(tile_nonfinite<T, EB, BK>(k_s));
+  const bool guard_k = __syncthreads_or(tile_nonfinite<T, EB, BK, TH>(k_s));
 
   const int ka = c0 + w * 16 + g;  // this thread's keys: ka, ka + 8
   const T* k_w = k_s + w * 16 * LD;
   const T* v_w = v_s + w * 16 * LD;
-  const int wm = w / WN, wn = w % WN;  // this warp's dQ block: rows 32 wm, columns 32 wn
+  const int wm = w / WN, wn = w % WN;  // this warp's dQ block: rows 16 wm, columns 32 wn
   float dk_acc[NO][4], dv_acc[NO][4];
   zero(dk_acc);
   zero(dv_acc);
@@ -309,11 +312,11 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
     const int b = i & 1, r0 = row_begin + i * BR;
     const T* q_t = q_s + b * BR * LD;
     const T* do_t = do_s + b * BR * LD;
-    const bool guard = __syncthreads_or(tile_nonfinite<T, EB, BR>(q_t) | tile_nonfinite<T, EB, BR>(do_t));
+    const bool guard = __syncthreads_or(tile_nonfinite<T, EB, BR, TH>(q_t) | tile_nonfinite<T, EB, BR, TH>(do_t));
     float p[NB][4], ds[NB][4];
     scores16<T, NB, EB>(p, k_w, q_t, lane);    // S^T: keys x rows
     scores16<T, NB, EB>(ds, v_w, do_t, lane);  // dP^T
-    key_tile_ds<NB>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, S), lse_s + b * BR, d_s + b * BR,
+    key_tile_ds<NB, true>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, S), lse_s + b * BR, d_s + b * BR,
                     scale_log2, t, L, S);
     if (guard) {
       accumulate_guarded<T, LD, NB, NO>(dv_acc, p, do_t, 0, lane);
@@ -330,28 +333,21 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
       *reinterpret_cast<uint32_t*>(at + 8 * LDS) = pack2<T>(ds[nb][2], ds[nb][3]);
     }
     __syncthreads();
-    // dQ's rows 32 wm .. (two 16-row blocks) x columns 32 wn .. (four 8-column
-    // blocks) += dS K: dS read transposed from dS^T, K (keys x E) transposed.
-    float qa[2][4][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) zero(qa[mt]);
+    // dQ's rows 16 wm .. x columns 32 wn .. (four 8-column blocks) += dS K:
+    // dS read transposed from dS^T, K (keys x E) transposed.
+    float qa[4][4];
+    zero(qa);
     if (!guard_k) {
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        uint32_t a[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          ldmatrix_x4_trans(a[mt], ds_s + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + wm * 32 + mt * 16 +
-                                       ((lane >> 3) & 1) * 8);
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, ds_s + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + wm * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           uint32_t bf[4];
           ldmatrix_x4_trans(bf, k_s + (kk * 16 + (lane & 15)) * LD + wn * 32 + np * 16 + (lane >> 4) * 8);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma16816<T>(qa[mt][2 * np], a[mt], bf[0], bf[1]);
-            mma16816<T>(qa[mt][2 * np + 1], a[mt], bf[2], bf[3]);
-          }
+          mma16816<T>(qa[2 * np], a, bf[0], bf[1]);
+          mma16816<T>(qa[2 * np + 1], a, bf[2], bf[3]);
         }
       }
     } else {
@@ -359,26 +355,20 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
 #pragma unroll 1
       for (int kk = 0; kk < BK; ++kk)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const float x = to_f(ds_s[kk * LDS + wm * 32 + mt * 16 + g + 8 * (j >> 1)]);
-              if (x != 0.0f) qa[mt][nt][j] = fmaf(x, to_f(k_s[kk * LD + wn * 32 + nt * 8 + 2 * t + (j & 1)]), qa[mt][nt][j]);
-            }
+          for (int j = 0; j < 4; ++j) {
+            const float x = to_f(ds_s[kk * LDS + wm * 16 + g + 8 * (j >> 1)]);
+            if (x != 0.0f) qa[nt][j] = fmaf(x, to_f(k_s[kk * LD + wn * 32 + nt * 8 + 2 * t + (j & 1)]), qa[nt][j]);
+          }
     }
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = r0 + wm * 32 + mt * 16 + g + 8 * h, e = wn * 32 + nt * 8 + 2 * t;
-          if (r < L && e < E) {
-            add_pair(dq + (n * L + r) * E + e, qa[mt][nt][2 * h] * scale, qa[mt][nt][2 * h + 1] * scale, e, E);
-          }
-        }
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + wm * 16 + g + 8 * h, e = wn * 32 + nt * 8 + 2 * t;
+        if (r < L && e < E) add_pair(dq + (n * L + r) * E + e, qa[nt][2 * h] * scale, qa[nt][2 * h + 1] * scale, e, E);
+      }
     __syncthreads();  // the buffers this tile read are the next copy's
   }
   cp_async_wait<0>();
@@ -414,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_C
                                    mask_rs, mask_cs, scale_log2);
 }
 #else
-extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_keysq_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16) FA_CAT5(fa_backward_keysq_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
     const int64_t* mask_base, void* dk, void* dv, float* dq, FA_BACKWARD_SCALARS) {
   fa::backward_keysq16<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,

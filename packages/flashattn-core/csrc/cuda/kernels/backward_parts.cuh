@@ -5,6 +5,7 @@
 // tiles that hold values that are not finite, and the gradients' stores.
 // FlashAttention-2's Algorithm 2 with P = softmax(S):
 //   dV = P^T dO    dP = dO V^T    D = rowsum(dO * O)    dS = P * (dP - D)
+// kFast: the steps' exponentials by fast_exp2 (the 16-bit kernels) or exp2f.
 
 #pragma once
 
@@ -47,7 +48,7 @@ __device__ __forceinline__ void mask_row_scores(float (&s)[NB][4], const Mask& m
 }
 
 // One tile of the rows' log-sum-exp: the forward's online softmax without V.
-template <int NB>
+template <int NB, bool kFast = false>
 __device__ __forceinline__ void lse_step(const float (&s)[NB][4], float (&m)[2], float (&l)[2]) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -57,9 +58,11 @@ __device__ __forceinline__ void lse_step(const float (&s)[NB][4], float (&m)[2],
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     float base;
-    l[rr] *= online_rescale<false>(m[rr], mx, base);
+    l[rr] *= online_rescale<kFast>(m[rr], mx, base);
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) l[rr] += exp2f(s[nb][2 * rr] - base) + exp2f(s[nb][2 * rr + 1] - base);
+    for (int nb = 0; nb < NB; ++nb) {
+      l[rr] += exp2_of<kFast>(s[nb][2 * rr] - base) + exp2_of<kFast>(s[nb][2 * rr + 1] - base);
+    }
   }
 }
 
@@ -75,14 +78,14 @@ __device__ __forceinline__ void lse_final(const float (&m)[2], float (&l)[2], fl
 }
 
 // s (masked scores) becomes dS = P (dP - D) in the rows pass.
-template <int NB>
+template <int NB, bool kFast = false>
 __device__ __forceinline__ void row_ds(float (&s)[NB][4], const float (&dp)[NB][4], const float (&lse)[2],
                                        const float (&D)[2]) {
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float p = exp2f(s[nb][i] - lse[i >> 1]);
+      const float p = exp2_of<kFast>(s[nb][i] - lse[i >> 1]);
       // p = 0 (a hidden key): dS = 0 whatever dP holds (NaN of a hidden value).
       s[nb][i] = p == 0.0f ? 0.0f : p * (dp[nb][i] - D[i >> 1]);
     }
@@ -91,7 +94,7 @@ __device__ __forceinline__ void row_ds(float (&s)[NB][4], const float (&dp)[NB][
 // The keys pass's transposed tile (keys ka, ka + 8 against rows r0 ...): p
 // holds S^T and ds dP^T on entry, P^T and dS^T on return; lse_s and d_s:
 // the rows' statistics (lse = +inf past L).
-template <int NB>
+template <int NB, bool kFast = false>
 __device__ __forceinline__ void key_tile_ds(float (&p)[NB][4], float (&ds)[NB][4], const Mask& mask, int64_t n,
                                             int ka, int r0, bool need_mask, const float* lse_s, const float* d_s,
                                             float scale_log2, int t, int L, int S) {
@@ -108,7 +111,7 @@ __device__ __forceinline__ void key_tile_ds(float (&p)[NB][4], float (&ds)[NB][4
                                                      : 0.0f;
         x = add == FA_NEG_INF ? FA_NEG_INF : x + add;
       }
-      const float pv = exp2f(x - lse_s[j]);
+      const float pv = exp2_of<kFast>(x - lse_s[j]);
       p[nb][i] = pv;
       ds[nb][i] = pv == 0.0f ? 0.0f : pv * (ds[nb][i] - d_s[j]);
     }

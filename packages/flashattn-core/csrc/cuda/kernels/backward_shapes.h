@@ -36,24 +36,31 @@ constexpr int kRowTile = 32;
 FA_HOST_DEVICE constexpr int keys_smem_bytes(int EB) { return ((2 * kKeys + 2 * kRowTile) * ld(EB) + 2 * kRowTile) * 4; }
 
 // 16-bit inputs at E <= 128 (backward_f16.cu): a statistics pass (64 rows a
-// block, key tiles of 64) and a keys pass that makes all three gradients (64
-// keys a block; row tiles of 64 at E = 64 and 32 at E = 128, where dK and dV
-// take 128 registers a thread). Tiles stay 16-bit in shared memory for
-// m16n8k16, rows padded by 8 elements (16 bytes, so that the 8 rows an
-// ldmatrix reads hit distinct banks); the tiles a loop walks (K; Q, dO and
-// the rows' statistics) double-buffered, the next copied by cp.async during
-// this one's products. The keys pass keeps the tile's dS^T too, for dQ.
+// block of 4 warps, key tiles of 64) and a keys pass that makes all three
+// gradients: 128 keys a block of 8 warps (every block adds its keys' share
+// of dQ by atomics: 64 keys a block took ~2x the L2 traffic), row tiles of
+// 64 at E = 64 and 32 at E = 128, where dK and dV take 128 registers a
+// thread. Tiles stay 16-bit in shared memory for m16n8k16, rows padded by 8
+// elements (16 bytes, so that the 8 rows an ldmatrix reads hit distinct
+// banks); the tiles a loop walks (K; Q, dO and the rows' statistics)
+// double-buffered, the next copied by cp.async during this one's products.
+// The keys pass keeps the tile's dS^T too, for dQ.
 FA_HOST_DEVICE constexpr bool f16_kernel(int EB, int bytes) { return bytes == 2 && EB <= 128; }
 FA_HOST_DEVICE constexpr int ld16(int EB) { return EB + 8; }
 constexpr int kKeyTile16 = 64;
+constexpr int kKeysThreads16 = 256;
+constexpr int kKeys16 = 16 * kKeysThreads16 / 32;
 FA_HOST_DEVICE constexpr int row_tile16(int EB) { return EB > 64 ? 32 : 64; }
 FA_HOST_DEVICE constexpr int ld_ds16(int EB) { return row_tile16(EB) + 8; }
 FA_HOST_DEVICE constexpr int rows_smem_bytes16(int EB) { return (kRows + 2 * kKeyTile16) * ld16(EB) * 2; }
 FA_HOST_DEVICE constexpr int keys_smem_bytes16(int EB) {
-  return ((2 * kKeys + 4 * row_tile16(EB)) * ld16(EB) + kKeys * ld_ds16(EB)) * 2 + 4 * row_tile16(EB) * 4;
+  return ((2 * kKeys16 + 4 * row_tile16(EB)) * ld16(EB) + kKeys16 * ld_ds16(EB)) * 2 + 4 * row_tile16(EB) * 4;
 }
 
-// A launch's dynamic shared memory, for inputs of `bytes` bytes an element.
+// A keys pass launch's keys a block and threads a block, and a launch's
+// dynamic shared memory, for inputs of `bytes` bytes an element.
+FA_HOST_DEVICE constexpr int keys_block(int EB, int bytes) { return f16_kernel(EB, bytes) ? kKeys16 : kKeys; }
+FA_HOST_DEVICE constexpr int keys_threads(int EB, int bytes) { return f16_kernel(EB, bytes) ? kKeysThreads16 : kThreads; }
 FA_HOST_DEVICE constexpr int rows_smem(int EB, int bytes) {
   return f16_kernel(EB, bytes) ? rows_smem_bytes16(EB) : rows_smem_bytes(EB);
 }
