@@ -227,13 +227,51 @@ def test_attention_sinks_with_quantized_keys(emulator):
     assert relative_error(out, ref) <= 2e-5
 
 
-def test_attention_sinks_under_a_gradient_are_refused(emulator):
-    case = Case(batch=(1,), heads=(2, 1), L=8, S=8, E=16)
-    q, k, v, _ = make_inputs(case)
-    sinks = mx.array([0.5, 1.0])
-    with pytest.raises(ValueError, match="attention sinks under a transformation") as info:
-        mx.grad(lambda q: emulator.attention(q, k, v, sinks=sinks).sum())(q)
-    assert info.value.reason == "attention_sinks"
+SINK_GRADIENT_CASES = SINK_CASES + [
+    Case(batch=(2,), heads=(4, 2), L=50, S=70, E=32, mask="bool_LS"),
+    Case(batch=(1,), heads=(3, 1), L=33, S=33, E=16, mask="additive_full"),
+]
+
+
+@pytest.mark.parametrize("case", SINK_GRADIENT_CASES, ids=str)
+def test_attention_sinks_gradients(emulator, case):
+    # flash_backward_rows counts each head's sink in its rows' log-sum-exp, so
+    # that P is the forward's; the sinks' own gradient is -sum p_sink D over
+    # the (lse, D) it writes. One head has no sink (-inf): its gradient is 0.
+    q, k, v, mask = make_inputs(case)
+    sinks = sinks_for(case)
+    d_out = d_out_for(q)
+    seed = zlib.crc32(f"{case}-sinks-backward".encode())
+    reset_gradient_stats()
+    f = lambda q, k, v, s: emulator.attention(q, k, v, mask=mask, sinks=s, seed=seed)
+    grads = mx.vjp(f, [q, k, v, sinks], [d_out])[1]
+    assert gradient_stats() == {"fused": 1, "recomputed": {}}
+    refs, sizes = attention_gradients_reference(q, k, v, d_out, mask=mask, sinks=sinks, sizes=True)
+    for name, g, x, ref, size in zip(("dq", "dk", "dv", "dsinks"), grads, (q, k, v, sinks), refs, sizes):
+        assert g.shape == x.shape and g.dtype == x.dtype, name
+        got = np.array(g.astype(mx.float32), dtype=np.float64)
+        error = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), size, 1e-30)
+        assert error <= TOLERANCE[case.dtype], f"{name}: {error:.2e}"
+    assert np.array(grads[3].astype(mx.float32))[0] == 0.0
+
+
+def test_attention_sinks_gradients_with_an_additive_masks_own(emulator):
+    # The mask's gradient (dS, L x S) is recomputed with MLX operations, with
+    # the sinks in its softmax; MLX's VJP of its own SDPA is the reference.
+    case = Case(batch=(1,), heads=(4, 2), L=24, S=40, E=32, mask="additive_full")
+    q, k, v, mask = make_inputs(case)
+    sinks = sinks_for(case)
+    d_out = d_out_for(q)
+    ours = lambda q, k, v, m, s: emulator.attention(q, k, v, mask=m, sinks=s)
+    mlx = lambda q, k, v, m, s: mx.fast.scaled_dot_product_attention(q, k, v, scale=case.E**-0.5, mask=m, sinks=s)
+    got = mx.vjp(ours, [q, k, v, mask, sinks], [d_out])[1]
+    with mx.stream(mx.cpu):
+        want = mx.vjp(mlx, [q, k, v, mask, sinks], [d_out])[1]
+    for name, g, w in zip(("dq", "dk", "dv", "dmask", "dsinks"), got, want):
+        assert g.shape == w.shape, name
+        w = np.array(w, dtype=np.float64)
+        keep = np.isfinite(w)  # MLX's dmask is NaN where the mask is -inf
+        assert relative_error(np.array(g)[keep], w[keep]) <= 2e-5, name
 
 
 def test_explicit_scale(emulator):

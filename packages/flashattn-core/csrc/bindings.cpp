@@ -76,7 +76,7 @@ NB_MODULE(_ext, m) {
       "flashattn_core.UnsupportedError",
       "flash_attention refused its arguments (a ValueError). .reason names why: "
       "'unsupported_input', 'unsupported_head_dim', 'unsupported_dtype', "
-      "'unsupported_mask', 'no_gpu_kernel', 'attention_sinks' or 'quantized_kv_cache'.",
+      "'unsupported_mask', 'no_gpu_kernel' or 'quantized_kv_cache'.",
       PyExc_ValueError,
       nullptr);
   m.attr("UnsupportedError") = nb::steal(unsupported);
@@ -209,10 +209,8 @@ Args:
         CUDA the tensor-core decode reads the 16-bit inputs as they are).
     sinks (array, optional): ``(H_q,)``, one logit per query head that joins
         every row's softmax denominator and adds no value, as MLX's
-        ``scaled_dot_product_attention(..., sinks=)``. On the CPU, and
-        differentiable there; on Metal and CUDA outside transformations
-        (under one, an ``UnsupportedError`` with reason
-        ``"attention_sinks"``).
+        ``scaled_dot_product_attention(..., sinks=)``, on every backend;
+        differentiable (their gradient too) by the fused backward.
     group_size (int, optional), bits (int, optional): of quantized keys
         and values; when given, checked against their shapes (which define
         them).

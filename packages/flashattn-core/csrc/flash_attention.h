@@ -27,10 +27,10 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 
 // Why a call was refused, decided where it is checked: callers that fall back
 // (mlxlm-flash-patch) count by it instead of reading the message.
-enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel, sinks, quantized };
+enum class Reason { input, head_dim, dtype, mask, no_gpu_kernel, quantized };
 
 // "unsupported_input", "unsupported_head_dim", ..., "no_gpu_kernel",
-// "attention_sinks", "quantized_kv_cache".
+// "quantized_kv_cache".
 const char* reason_name(Reason reason);
 
 // The error every check throws: a std::invalid_argument (Python ValueError)
@@ -87,7 +87,7 @@ struct KVQuantization {
  * the inputs had been cast to float32 first (on CUDA the 16-bit decode does
  * it without the casts' copies). sinks: one logit per query head (H_q,) that
  * joins every row's softmax denominator and adds no value (MLX's SDPA
- * `sinks`); on the GPUs outside transformations. keys and values may each be quantized (on the CPU):
+ * `sinks`), differentiable on every backend. keys and values may each be quantized (on the CPU):
  * the kernels dequantize them tile by tile; group_size and bits, when
  * given, must agree with their shapes. Bad input throws Unsupported.
  */
@@ -110,9 +110,10 @@ mx::array flash_attention(
 mx::array causal_mask_array(int L, int S, int window, mx::Stream s);
 
 // Gradients of softmax(scale Q K^T + mask) V with respect to the primals
-// {queries, keys, values[, mask]} named in argnums, by recomputation through
-// MLX operations (vjp.cpp). A mask primal may be in its own broadcastable
-// shape; its gradient comes back in that shape.
+// {queries, keys, values[, mask][, sinks]} named in argnums, by recomputation
+// through MLX operations (vjp.cpp). A mask primal may be in its own
+// broadcastable shape; its gradient comes back in that shape. sinks_arg:
+// the index of attention sinks among the primals (-1: none).
 std::vector<mx::array> attention_vjp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& cotangents,
@@ -121,7 +122,15 @@ std::vector<mx::array> attention_vjp(
     float scale,
     MaskKind mask_kind,
     mx::Stream stream,
-    int window = 0);
+    int window = 0,
+    int sinks_arg = -1);
+
+// The gradient of attention sinks (H_q,) from a GPU backward's row
+// statistics: stats holds (lse, D) per query row of q (B..., H_q, L), rows in
+// order, lse in the log2 domain and counting the sink, +inf for a row that
+// sees no key; its length may be padded past them. d sink = -sum over a
+// head's rows of p_sink D, p_sink = e^sink / 2^lse.
+mx::array sinks_gradient(const mx::array& stats, const mx::array& sinks, const mx::array& q, mx::Stream s);
 
 // How gradients were taken since the last reset: by the fused backward, or
 // by recomputation (attention_vjp) per reason ("mask_gradient": an additive
@@ -154,7 +163,7 @@ struct AttentionCall {
   const QuantizedArray* k_quantized = nullptr;
   const QuantizedArray* v_quantized = nullptr;
   KVQuantization quantization = {};
-  // Attention sinks (the GPUs' forward kernels): (H_q,), one logit per query head.
+  // Attention sinks (the GPUs' kernels): (H_q,), one logit per query head.
   std::optional<mx::array> sinks = std::nullopt;
 };
 

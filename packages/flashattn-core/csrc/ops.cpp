@@ -29,7 +29,6 @@ const char* reason_name(Reason reason) {
     case Reason::dtype: return "unsupported_dtype";
     case Reason::mask: return "unsupported_mask";
     case Reason::no_gpu_kernel: return "no_gpu_kernel";
-    case Reason::sinks: return "attention_sinks";
     case Reason::quantized: return "quantized_kv_cache";
     case Reason::input: break;
   }
@@ -228,8 +227,8 @@ bool any_tracer(const std::vector<mx::array>& arrays) {
 // A GPU kernel launch (MLX's custom-kernel primitives have no gradient)
 // with a vjp attached: the fused backward (CUDA, Metal), or attention_vjp's
 // recomputation counted under `backend` where there is none. forward takes
-// {q, k, v[, mask]}; fused takes them, the output and its cotangent and gives
-// dQ, dK, dV.
+// {q, k, v[, mask][, sinks]}; fused takes them, the output and its cotangent
+// and gives dQ, dK, dV and, with sinks, theirs.
 using Forward = std::function<mx::array(const std::vector<mx::array>&)>;
 using Fused = std::function<std::vector<mx::array>(const std::vector<mx::array>&, const mx::array&,
                                                    const mx::array&)>;
@@ -240,12 +239,14 @@ mx::array with_attention_vjp(
     const mx::array& keys,
     const mx::array& values,
     const std::optional<mx::array>& mask_arr,
+    const std::optional<mx::array>& sinks,
     float scale,
     MaskKind mask_kind,
     int window,
     mx::Stream stream,
     const char* backend,
     const Fused& fused = nullptr) {
+  const int sinks_arg = sinks ? (has_mask_array(mask_kind) ? 4 : 3) : -1;
   auto fwd = [forward](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{forward(in)};
   };
@@ -256,7 +257,7 @@ mx::array with_attention_vjp(
       std::vector<int> argnums(primals.size());
       for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
       count_gradient(reason);
-      return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream, window);
+      return attention_vjp(primals, cotangents, argnums, outputs, scale, mask_kind, stream, window, sinks_arg);
     };
     if (!fused) return recompute(backend);
     std::vector<mx::array> grads;
@@ -266,43 +267,48 @@ mx::array with_attention_vjp(
       return recompute(reason_name(e.reason()));
     }
     count_gradient(nullptr);
-    if (primals.size() > 3) {
+    if (has_mask_array(mask_kind)) {
       // custom_vjp asks for every input's cotangent; an additive mask's is dS
       // itself (L x S), recomputed, and evaluated only if used (MLX is lazy).
-      grads.push_back(mask_kind == MaskKind::additive
-          ? attention_vjp(primals, cotangents, {3}, outputs, scale, mask_kind, stream, window)[0]
+      grads.insert(grads.begin() + 3, mask_kind == MaskKind::additive
+          ? attention_vjp(primals, cotangents, {3}, outputs, scale, mask_kind, stream, window, sinks_arg)[0]
           : mx::zeros_like(primals[3], stream));
     }
     return grads;
   };
   std::vector<mx::array> in = {queries, keys, values};
   if (has_mask_array(mask_kind)) in.push_back(*mask_arr);
+  if (sinks) in.push_back(*sinks);
   return mx::custom_vjp(fwd, backward)(in)[0];
 }
 
 // The Metal backward through `launch` (an Apple GPU's or the emulator's).
 Fused metal_backward(float scale, MaskKind mask_kind, int window, mx::Stream stream, metal::Launcher launch) {
   return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
-    std::optional<mx::array> m;
-    if (has_mask_array(mask_kind)) m = in[3];
-    return metal::flash_attention_backward({in[0], in[1], in[2], scale, mask_kind, m, stream, window}, out, d_out,
-                                           launch);
+    const int mask_arg = has_mask_array(mask_kind) ? 1 : 0;
+    std::optional<mx::array> m, sinks;
+    if (mask_arg) m = in[3];
+    if (static_cast<int>(in.size()) > 3 + mask_arg) sinks = in.back();
+    return metal::flash_attention_backward(
+        {in[0], in[1], in[2], scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, out, d_out, launch);
   };
 }
 
 // The CUDA backward (cuda/backward.cpp).
 Fused cuda_backward(float scale, MaskKind mask_kind, mx::Stream stream) {
   return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
-    std::optional<mx::array> m;
-    if (has_mask_array(mask_kind)) m = in[3];
-    return cuda::flash_attention_backward({in[0], in[1], in[2], scale, mask_kind, m, stream}, out, d_out);
+    const int mask_arg = has_mask_array(mask_kind) ? 1 : 0;
+    std::optional<mx::array> m, sinks;
+    if (mask_arg) m = in[3];
+    if (static_cast<int>(in.size()) > 3 + mask_arg) sinks = in.back();
+    return cuda::flash_attention_backward(
+        {in[0], in[1], in[2], scale, mask_kind, m, stream, 0, nullptr, nullptr, {}, sinks}, out, d_out);
   };
 }
 
-// Attention sinks: one float logit per query head. The CPU takes them
-// everywhere, the GPUs' forward kernels outside a transformation (traced: a
-// gradient may follow, which only the CPU's backward has).
-void check_sinks(const mx::array& sinks, const mx::array& queries, Backend backend, bool traced) {
+// Attention sinks: one float logit per query head, on every backend, under
+// a gradient too.
+void check_sinks(const mx::array& sinks, const mx::array& queries) {
   const int H_q = queries.shape(-3);
   if (sinks.ndim() != 1 || sinks.shape(0) != H_q) {
     fail(Reason::input, "sinks must have shape (H_q,) = (" + std::to_string(H_q) + ",), one logit per query head; got " +
@@ -310,10 +316,6 @@ void check_sinks(const mx::array& sinks, const mx::array& queries, Backend backe
   }
   if (!is_supported_float(sinks.dtype())) {
     fail(Reason::input, "sinks must be float32, float16 or bfloat16; got " + dtype_str(sinks.dtype()));
-  }
-  if (backend != Backend::cpu && traced) {
-    fail(Reason::sinks, "attention sinks under a transformation (a gradient, mx.compile) run on the CPU only so "
-         "far; use stream=mx.cpu");
   }
 }
 
@@ -442,7 +444,7 @@ mx::array flash_attention(
   const bool widen = widens(queries, dtype);
   const int window = check_window(window_arg, c.mask_kind);
   Backend backend = backend_for(requested_device(s));
-  if (sinks) check_sinks(*sinks, queries, backend, any_tracer({queries, keys, values, *sinks}));
+  if (sinks) check_sinks(*sinks, queries);
   auto stream = mx::to_stream(s);
 
   // Empty problems are defined without running a kernel: no queries give an
@@ -464,7 +466,8 @@ mx::array flash_attention(
     auto run = [widen](const AttentionCall& call) { return cuda::quantized_attention(call, widen); };
     return quantized_gpu_attention(queries, keys_arg, values_arg, kv, c, window, sinks, run, stream);
   }
-  if (backend == Backend::cuda && !any_tracer({queries, keys, values, mask_arr.value_or(queries)})) {
+  if (backend == Backend::cuda &&
+      !any_tracer({queries, keys, values, mask_arr.value_or(queries), sinks.value_or(queries)})) {
     // No transformation can ask for a gradient: the launch alone, one node in
     // the graph (mlx-lm's generation calls this once per layer and token).
     std::optional<mx::array> m;
@@ -501,10 +504,11 @@ mx::array flash_attention(
   }
   if (backend != Backend::cpu) {
     auto forward = [=](const std::vector<mx::array>& in) {
-      std::optional<mx::array> m;
+      std::optional<mx::array> m, sk;
       if (has_mask_array(mask_kind)) m = in[3];
+      if (sinks) sk = in.back();
       const AttentionCall attention{in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, window,
-                                    nullptr, nullptr, {}, sinks};
+                                    nullptr, nullptr, {}, sk};
       if (backend == Backend::cuda) {
         return cuda::flash_attention(attention);
       }
@@ -512,12 +516,12 @@ mx::array flash_attention(
       return metal::flash_attention(attention, launch);
     };
     if (backend == Backend::cuda) {
-      return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, 0, stream, "cuda",
-                                cuda_backward(softmax_scale, mask_kind, stream));
+      return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, 0, stream,
+                                "cuda", cuda_backward(softmax_scale, mask_kind, stream));
     }
     auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
-    return with_attention_vjp(forward, queries, keys, values, mask_arr, softmax_scale, mask_kind, window, stream,
-                              "metal", metal_backward(softmax_scale, mask_kind, window, stream, launch));
+    return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, window,
+                              stream, "metal", metal_backward(softmax_scale, mask_kind, window, stream, launch));
   }
 
   return cpu_attention(queries, kv, c, window, sinks, stream);
@@ -541,7 +545,7 @@ mx::array flash_attention_metal_emulated(
   const mx::array &keys = kv.k, &values = kv.v;
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   const int window = check_window(window_arg, c.mask_kind);
-  if (sinks) check_sinks(*sinks, queries, Backend::metal, any_tracer({queries, keys, values, *sinks}));
+  if (sinks) check_sinks(*sinks, queries);
   if (queries.size() == 0 || keys.shape(-2) == 0) {
     return mx::zeros(queries.shape(), queries.dtype(), stream);
   }
@@ -552,14 +556,15 @@ mx::array flash_attention_metal_emulated(
     return quantized_gpu_attention(queries, keys_arg, values_arg, kv, c, window, sinks, run, stream);
   }
   auto forward = [=](const std::vector<mx::array>& in) {
-    std::optional<mx::array> m;
+    std::optional<mx::array> m, sk;
     if (has_mask_array(c.mask_kind)) m = in[3];
+    if (sinks) sk = in.back();
     return metal::flash_attention({in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, window, nullptr, nullptr,
-                                   {}, sinks},
+                                   {}, sk},
                                   metal::emulated_launcher(emulation, stream), choice);
   };
   return with_attention_vjp(
-      forward, queries, keys, values, mask_arr, c.scale, c.mask_kind, window, stream, "metal",
+      forward, queries, keys, values, mask_arr, sinks, c.scale, c.mask_kind, window, stream, "metal",
       metal_backward(c.scale, c.mask_kind, window, stream, metal::emulated_launcher(emulation, stream)));
 }
 

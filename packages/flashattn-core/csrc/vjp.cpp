@@ -10,8 +10,11 @@
 //   dV = P^T dO         dP = dO V^T         D = rowsum(dO * O)
 //   dS = P * (dP - D)   dQ = scale dS K     dK = scale dS^T Q
 // An additive mask receives dS; a boolean one has no gradient. A cotangent g
-// of the forward's log-sum-exp output (log2 domain; attention sinks use it)
-// adds g p / ln 2 to dS, that is, D becomes D - g log2(e).
+// of the forward's log-sum-exp output (log2 domain; the CPU's attention sinks
+// use it) adds g p / ln 2 to dS, that is, D becomes D - g log2(e). A sink
+// (one logit per query head, a key with no value) joins P's denominator; the
+// formulas above hold with that P, and the sink's own gradient is
+// -sum over rows of p_sink D.
 
 #include <algorithm>
 #include <limits>
@@ -91,7 +94,8 @@ std::vector<mx::array> attention_vjp(
     float scale_,
     MaskKind mask_kind_,
     mx::Stream s,
-    int window) {
+    int window,
+    int sinks_arg) {
   const auto f32 = mx::float32;
   const auto& q = primals[0];
   const auto& k = primals[1];
@@ -126,9 +130,22 @@ std::vector<mx::array> attention_vjp(
     scores = mx::where(*visible, scores, neg_inf, s);
   }
   auto m = mx::max(scores, -1, /* keepdims */ true, s);
+  std::optional<mx::array> sink;
+  if (sinks_arg >= 0) {
+    // (H_q,) -> (H_kv, ratio, 1, 1), beside the grouped scores.
+    mx::Shape shape = {H_kv, q.shape(-3) / H_kv, 1, 1};
+    sink = mx::reshape(mx::astype(primals[sinks_arg], f32, s), shape, s);
+    m = mx::maximum(m, *sink, s);
+  }
   m = mx::where(mx::isneginf(m, s), mx::array(0.0f), m, s);
   auto p = mx::exp(mx::subtract(scores, m, s), s);
   auto l = mx::sum(p, -1, true, s);
+  std::optional<mx::array> p_sink;
+  if (sink) {
+    auto e = mx::exp(mx::subtract(*sink, m, s), s);
+    l = mx::add(l, e, s);
+    p_sink = mx::divide(e, l, s);
+  }
   auto zero = mx::array(0.0f);
   // Rows that see no key have P = 0 (and O = 0), as in the forward pass.
   auto P = mx::where(mx::equal(l, zero, s), zero, mx::divide(p, l, s), s);
@@ -159,6 +176,15 @@ std::vector<mx::array> attention_vjp(
     } else if (arg == 2) {
       auto dV = mx::sum(mx::matmul(mx::swapaxes(P, -1, -2, s), dO, s), -3, false, s);
       grads.push_back(mx::astype(dV, primal.dtype(), s));
+    } else if (arg == sinks_arg) {
+      // -p_sink D summed over every row of the head (batch dims and L).
+      auto g = mx::negative(mx::multiply(*p_sink, D, s), s);  // (B..., H_kv, ratio, L, 1)
+      std::vector<int> axes;
+      for (int d = 0; d < g.ndim(); ++d) {
+        if (d < g.ndim() - 4 || d >= g.ndim() - 2) axes.push_back(d);
+      }
+      g = mx::reshape(mx::sum(g, axes, false, s), primal.shape(), s);
+      grads.push_back(mx::astype(g, primal.dtype(), s));
     } else if (mask_kind_ == MaskKind::additive) {
       auto dM = mx::reshape(dS, mask_full->shape(), s);
       grads.push_back(mx::astype(sum_to_shape(dM, primal.shape(), s), primal.dtype(), s));
@@ -167,6 +193,20 @@ std::vector<mx::array> attention_vjp(
     }
   }
   return grads;
+}
+
+mx::array sinks_gradient(const mx::array& stats, const mx::array& sinks, const mx::array& q, mx::Stream s) {
+  const auto f32 = mx::float32;
+  const int H_q = q.shape(-3), L = q.shape(-2);
+  const int rows = static_cast<int>(q.size() / q.shape(-1));
+  auto st = mx::reshape(mx::slice(stats, {0}, {2 * rows}, s), {rows / (H_q * L), H_q, L, 2}, s);
+  auto lse2 = mx::squeeze(mx::slice(st, {0, 0, 0, 0}, {rows / (H_q * L), H_q, L, 1}, s), -1, s);
+  auto D = mx::squeeze(mx::slice(st, {0, 0, 0, 1}, {rows / (H_q * L), H_q, L, 2}, s), -1, s);
+  // e^(sink - lse ln 2): 0 for a row that sees no key (its D is 0 too).
+  auto sink = mx::reshape(mx::astype(sinks, f32, s), {1, H_q, 1}, s);
+  auto p_sink = mx::exp(mx::subtract(sink, mx::multiply(lse2, mx::array(1.0f / kLog2e, f32), s), s), s);
+  auto g = mx::negative(mx::sum(mx::multiply(p_sink, D, s), std::vector<int>{0, 2}, false, s), s);
+  return mx::astype(g, sinks.dtype(), s);
 }
 
 std::vector<mx::array> FlashAttention::vjp(

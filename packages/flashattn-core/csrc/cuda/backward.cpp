@@ -8,7 +8,9 @@
 // row-contiguous (MLX copies a strided view first: O(L) memory, like the
 // gradients themselves). A call the kernels cannot take (a GPU with less
 // shared memory a block than they use, sm_86 / sm_89 above E = 64) throws
-// Unsupported: ops.cpp then recomputes, and counts why.
+// Unsupported: ops.cpp then recomputes, and counts why. Attention sinks join
+// each row's log-sum-exp in the statistics; their own gradient is taken from
+// the statistics after (sinks_gradient, vjp.cpp).
 
 #include <algorithm>
 #include <cstdint>
@@ -55,14 +57,16 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
                           std::to_string(smem_allowed));
   }
 
-  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, std::nullopt, s);
+  // Sinks ride in the mask's arguments, as in the forward: the statistics
+  // count them in each row's log-sum-exp.
+  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, s);
   const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(batch * H_q),
                                                      H_q,
                                                      H_kv,
                                                      L,
                                                      S,
                                                      E,
-                                                     static_cast<int>(call.mask_kind),
+                                                     m.kind,
                                                      m.row_stride,
                                                      m.col_stride,
                                                      call.scale * kLog2e,
@@ -89,15 +93,19 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     auto grads = launch("fa_backward_keysq_" + suffix, {q, k, v, dO, stats[0], m.data, m.base},
                         {k.shape(), v.shape(), q.shape()}, {kv_dtype, kv_dtype, mx::float32}, key_blocks,
                         key_threads, bs::keys_smem(EB, bytes), 0.0f);
-    return {mx::astype(grads[2], q.dtype(), s), mx::astype(grads[0], k.dtype(), s),
-            mx::astype(grads[1], v.dtype(), s)};
+    std::vector<mx::array> result = {mx::astype(grads[2], q.dtype(), s), mx::astype(grads[0], k.dtype(), s),
+                                     mx::astype(grads[1], v.dtype(), s)};
+    if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
+    return result;
   }
   auto rows = launch("fa_backward_rows_" + suffix, {q, k, v, out, dO, m.data, m.base}, {q.shape(), stats_shape},
                      {q.dtype(), mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
   auto keys = launch("fa_backward_keys_" + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
                      {kv_dtype, kv_dtype}, key_blocks, key_threads, bs::keys_smem(EB, bytes),
                      group_sums ? std::optional<float>(0.0f) : poison_value());
-  return {rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)};
+  std::vector<mx::array> result = {rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)};
+  if (call.sinks) result.push_back(sinks_gradient(rows[1], *call.sinks, q, s));
+  return result;
 }
 
 }  // namespace flashattn::cuda

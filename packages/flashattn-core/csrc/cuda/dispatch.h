@@ -23,7 +23,8 @@ mx::array flash_attention(const AttentionCall& call, bool widen = false);
 mx::array quantized_attention(const AttentionCall& call, bool widen = false);
 
 // The fused backward (backward.cpp): dQ, dK and dV of `call` from its
-// output and the output's cotangent, never an L x S array.
+// output and the output's cotangent, never an L x S array; with sinks also
+// their gradient.
 std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& out,
                                                 const mx::array& d_out);
 

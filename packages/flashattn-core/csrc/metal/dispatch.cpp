@@ -56,6 +56,12 @@ mx::array flat_at_least_8(const mx::array& x, mx::Stream s) {
   return mx::concatenate({flat, mx::zeros({kMinElements - static_cast<int>(flat.size())}, x.dtype(), s)}, 0, s);
 }
 
+// One float32 logit per query head, -inf where the call has no sinks.
+mx::array sinks_input(const AttentionCall& call, int H_q) {
+  if (call.sinks) return flat_at_least_8(mx::astype(*call.sinks, mx::float32, call.stream), call.stream);
+  return mx::full({std::max(H_q, kMinElements)}, -std::numeric_limits<float>::infinity(), mx::float32, call.stream);
+}
+
 int ceil_div(int64_t a, int64_t b) {
   return static_cast<int>((a + b - 1) / b);
 }
@@ -106,11 +112,11 @@ std::vector<Instance> instances() {
     }
     out.push_back({"flash_merge", {{"T", t}}, {"float", "float", "int32_t", "float"}, {T}});
     for (int ept : kEpts) {
-      // The backward kernels take no sinks (refused under a transformation).
+      // The rows pass takes the sinks last (its log-sum-exp counts them).
       std::vector<std::string> rows_inputs(attention_inputs.begin(), attention_inputs.end() - 1);
       std::vector<std::string> keys_inputs = rows_inputs;
-      rows_inputs.insert(rows_inputs.end(), {T, T});          // o, d_out
-      keys_inputs.insert(keys_inputs.end(), {T, "float"});    // d_out, stats
+      rows_inputs.insert(rows_inputs.end(), {T, T, "float"});  // o, d_out, sinks
+      keys_inputs.insert(keys_inputs.end(), {T, "float"});     // d_out, stats
       out.push_back({"flash_backward_rows", {{"T", t}, {"EPT", ept}}, rows_inputs, {T, "float"}});
       out.push_back({"flash_backward_keys", {{"T", t}, {"EPT", ept}}, keys_inputs, {T, T}});
     }
@@ -232,10 +238,7 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
   // words with float32 scales and biases for the *_q kernels.
   const KeyValueInputs kv = key_value_inputs(call, p);
   const std::string suffix = kv.quantized ? "_q" : "";
-  // One logit per query head, -inf where the call has no sinks.
-  const mx::array sinks = call.sinks
-      ? flat_at_least_8(mx::astype(*call.sinks, mx::float32, s), s)
-      : mx::full({std::max(H_q, kMinElements)}, -std::numeric_limits<float>::infinity(), mx::float32, s);
+  const mx::array sinks = sinks_input(call, H_q);
   auto inputs = [&](const std::vector<int32_t>& params) {
     std::vector<mx::array> in = {flat_at_least_8(q, s)};
     in.insert(in.end(), kv.arrays.begin(), kv.arrays.end());
@@ -311,7 +314,7 @@ std::vector<mx::array> flash_attention_backward(
   const int64_t rows = c.p[kRowsTotal];
   auto dq_stats = launch({"flash_backward_rows", args,
                           {qf, kf, vf, c.mask_data, c.mask_base, mx::array(c.p.data(), {kParamCount}, mx::int32),
-                           flat(mx::astype(o, q.dtype(), s)), d_out_f},
+                           flat(mx::astype(o, q.dtype(), s)), d_out_f, sinks_input(call, H_q)},
                           {q.shape(), {checked_int(std::max<int64_t>(2 * rows, kMinElements), "query rows")}},
                           {q.dtype(), mx::float32},
                           {ceil_div(group_rows, tg_rows) * 32 * tg_rows, heads, 1},
@@ -327,7 +330,8 @@ std::vector<mx::array> flash_attention_backward(
                        {k.dtype(), v.dtype()},
                        {ceil_div(S, tg_keys) * 32 * tg_keys, heads, 1},
                        {32 * tg_keys, 1, 1}});
-  return {dq_stats[0], dk_dv[0], dk_dv[1]};
+  if (!call.sinks) return {dq_stats[0], dk_dv[0], dk_dv[1]};
+  return {dq_stats[0], dk_dv[0], dk_dv[1], sinks_gradient(dq_stats[1], *call.sinks, q, s)};
 }
 
 }  // namespace flashattn::metal

@@ -43,8 +43,9 @@ struct Choice {
 mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice = {});
 
 // dQ, dK and dV of that call (FlashAttention-2's backward in two launches,
-// flash_backward_rows then flash_backward_keys; backward.metal): o is the
-// call's output, d_out its cotangent. Never builds an L x S array.
+// flash_backward_rows then flash_backward_keys; backward.metal), and with
+// sinks their gradient: o is the call's output, d_out its cotangent. Never
+// builds an L x S array.
 std::vector<mx::array> flash_attention_backward(
     const AttentionCall& call, const mx::array& o, const mx::array& d_out, const Launcher& launch);
 

@@ -77,14 +77,14 @@ const std::vector<MetalKernel>& metal_kernels() {
       {"flash_mma", kAttentionInputs, {"out"}, mma_body("PlainRows")},
       {"flash_mma_q", kQuantizedInputs, {"out"}, mma_body("QuantizedRows")},
       {"flash_backward_rows",
-       {"q", "k", "v", "mask", "mask_base", "params", "o", "d_out"},
+       {"q", "k", "v", "mask", "mask_base", "params", "o", "d_out", "sinks"},
        {"dq", "stats"},
        R"(
   threadgroup float q_tile[fa::backward_rows_per_threadgroup(EPT) * 32 * EPT];
   threadgroup float do_tile[fa::backward_rows_per_threadgroup(EPT) * 32 * EPT];
   threadgroup float ds_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
   threadgroup uchar hidden_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
-  fa::flash_backward_rows<T, EPT>(q, k, v, mask, mask_base, params, o, d_out, dq, stats,
+  fa::flash_backward_rows<T, EPT>(q, k, v, mask, mask_base, params, o, d_out, sinks, dq, stats,
                                   threadgroup_position_in_grid, simdgroup_index_in_threadgroup,
                                   thread_index_in_simdgroup, q_tile, do_tile, ds_tile, hidden_tile);
 )"},

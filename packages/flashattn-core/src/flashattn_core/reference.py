@@ -120,12 +120,15 @@ def attention_reference(queries, keys, values, *, scale=None, mask=None, sinks=N
         return np.where(l == 0, 0.0, o / l)
 
 
-def attention_gradients_reference(queries, keys, values, d_out, *, scale=None, mask=None, sizes=False):
+def attention_gradients_reference(queries, keys, values, d_out, *, scale=None, mask=None, sinks=None, sizes=False):
     """(dQ, dK, dV) of softmax(scale * Q K^T + mask) V against the cotangent
     d_out, in float64, for finite inputs: with P the probabilities (0 for
     hidden keys and for rows with no visible key), dV = P^T dO, dS = P * (dP -
     D) with dP = dO V^T and D = rowsum(dO * O), dQ = scale dS K, dK = scale
     dS^T Q; GQA gradients of K and V summed over each group's query heads.
+
+    sinks: (H_q,) logits in every row's denominator (attention_reference's);
+    then also d sinks = -sum over a head's rows of p_sink D, a fourth gradient.
 
     sizes=True also returns, per gradient, the norm of what a float32
     computation sums before dP - D cancels (dQ and dK computed with P * dP in
@@ -147,22 +150,36 @@ def attention_gradients_reference(queries, keys, values, d_out, *, scale=None, m
     with np.errstate(invalid="ignore"):
         scores = np.where(visible, scores + additive, -np.inf)
         m = np.max(scores, axis=-1, keepdims=True)
-        p = np.exp(scores - np.where(np.isneginf(m), 0.0, m))
+        if sinks is not None:
+            sink = to_float64(sinks).reshape(H_kv, ratio, 1, 1)
+            m = np.maximum(m, sink)
+        m = np.where(np.isneginf(m), 0.0, m)
+        p = np.exp(scores - m)
     l = np.sum(p, axis=-1, keepdims=True)
+    if sinks is not None:
+        l = l + np.exp(sink - m)
     P = p / np.where(l == 0, 1.0, l)
     o = P @ vg
     dP = dog @ np.swapaxes(vg, -1, -2)
-    dS = P * (dP - np.sum(dog * o, axis=-1, keepdims=True))
+    D = np.sum(dog * o, axis=-1, keepdims=True)
+    dS = P * (dP - D)
     dq = (dS @ kg) * scale
     dk = np.sum(np.swapaxes(dS, -1, -2) @ qg, axis=-3) * scale
     dv = np.sum(np.swapaxes(P, -1, -2) @ dog, axis=-3)
     grads = (dq.reshape(q.shape), dk, dv)
+    size_s = []
+    if sinks is not None:
+        # (batch..., H_kv, ratio, L, 1) -> (H_q,): summed over batch and rows.
+        p_sink = np.exp(sink - m) / np.where(l == 0, 1.0, l)
+        axes = tuple(range(len(batch))) + (-2, -1)
+        grads += (-np.sum(p_sink * D, axis=axes).reshape(H_q),)
+        size_s = [np.linalg.norm(np.sum(np.abs(p_sink * D), axis=axes))]
     if not sizes:
         return grads
     terms = np.abs(P * dP)
     size_q = np.linalg.norm((terms @ np.abs(kg)) * scale)
     size_k = np.linalg.norm(np.sum(np.swapaxes(terms, -1, -2) @ np.abs(qg), axis=-3) * scale)
-    return grads, (size_q, size_k, np.linalg.norm(dv))
+    return grads, (size_q, size_k, np.linalg.norm(dv), *size_s)
 
 
 def relative_error(out, ref) -> float:

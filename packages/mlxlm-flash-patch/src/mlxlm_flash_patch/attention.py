@@ -35,9 +35,7 @@ def make_attention(original, precision: str):
         # A sliding-window layer's band mask goes in as the window it is.
         flash_mask, window = as_window(mask) or (mask, None)
         try:
-            # Sinks (gpt-oss) run everywhere outside a gradient; under one on a
-            # GPU the kernel refuses them with reason "attention_sinks", counted
-            # below.
+            # Sinks (gpt-oss) run on every backend, under a gradient too.
             out = flash_attention(queries, keys, values, scale=scale, mask=flash_mask, window=window, dtype=dtype,
                                   sinks=sinks, **quantized)
         except (ValueError, TypeError) as error:

@@ -184,7 +184,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   const int64_t first = n * L + l0;  // the block's first row, of all
   const int count = min(BR, L - l0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  const int kv_end = mask_kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
+  const int kv_end = mask.kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
 
   load_rows<T, EB, BR>(q_s, q + first * E, count, E);
   load_rows<T, EB, BR>(do_s, d_out + first * E, count, E);
@@ -225,7 +225,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     __syncthreads();
   }
   float lse[2];
-  lse_final(m, l, lse);
+  lse_final(m, l, lse, sink_log2(mask_kind, mask_base, int(n % H_q)));
 
   float acc[NO][4];
   zero(acc);
@@ -295,7 +295,7 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   const float* k_w = k_s + w * 16 * LD;
   const float* v_w = v_s + w * 16 * LD;
   // Rows before the first that sees key c0 see none of the block's keys.
-  const int row_begin = mask_kind == kCausal ? max(0, c0 - mask.offset) : 0;
+  const int row_begin = mask.kind == kCausal ? max(0, c0 - mask.offset) : 0;
 
   float dk_acc[NO][4], dv_acc[NO][4];
   zero(dk_acc);

@@ -171,7 +171,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const int64_t first = n * L + l0;  // the block's first row, of all
   const int count = min(BR, L - l0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  const int kv_end = mask_kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
+  const int kv_end = mask.kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
   const int tiles = (kv_end + BC - 1) / BC;
   const bool vec = vector_copies(E, q, k, q, k);
 
@@ -212,7 +212,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   }
   cp_async_wait<0>();
   float lse[2];
-  lse_final(m, l, lse);
+  lse_final(m, l, lse, sink_log2(mask_kind, mask_base, int(n % H_q)));
   if (t == 0) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -267,7 +267,7 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   // Rows before the first that sees key c0 see none of the block's keys.
-  const int row_begin = mask_kind == kCausal ? max(0, c0 - mask.offset) : 0;
+  const int row_begin = mask.kind == kCausal ? max(0, c0 - mask.offset) : 0;
   const int tiles = row_begin < L ? (L - row_begin + BR - 1) / BR : 0;
   const bool vec = vector_copies(E, q, k, v, d_out);
 

@@ -66,14 +66,22 @@ __device__ __forceinline__ void lse_step(const float (&s)[NB][4], float (&m)[2],
   }
 }
 
-// The rows' log-sum-exp (log2 domain) once every tile has passed.
-__device__ __forceinline__ void lse_final(const float (&m)[2], float (&l)[2], float (&lse)[2]) {
+// The rows' log-sum-exp (log2 domain) once every tile has passed, with the
+// head's attention sink (sink2: log2 domain, -inf for none) in it, so that
+// P = 2^(s - lse) is the forward's.
+__device__ __forceinline__ void lse_final(float (&m)[2], float (&l)[2], float (&lse)[2], float sink2) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
     l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-    // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0.
-    lse[rr] = l[rr] == 0.0f ? INFINITY : exp_base(m[rr]) + log2f(l[rr]);
+    // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0
+    // (its O and D are 0 too, so a sink's gradient gets nothing from it).
+    if (l[rr] == 0.0f) {
+      lse[rr] = INFINITY;
+    } else {
+      add_sink(m[rr], l[rr], sink2);
+      lse[rr] = exp_base(m[rr]) + log2f(l[rr]);
+    }
   }
 }
 

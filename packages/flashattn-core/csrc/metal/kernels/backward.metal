@@ -7,9 +7,11 @@
 //   dQ = scale dS K    dK = scale dS^T Q
 //
 // flash_backward_rows: a row's log-sum-exp (the forward kernels do not keep
-// it, so a first walk over the keys takes it again), D, and dQ; writes
-// (lse, D) per row for flash_backward_keys: dK and dV of one key per SIMD
-// group, walking the query rows of its KV head's group.
+// it, so a first walk over the keys takes it again; an attention sink joins
+// it, so that P is the forward's), D, and dQ; writes (lse, D) per row for
+// flash_backward_keys: dK and dV of one key per SIMD group, walking the
+// query rows of its KV head's group. The sink's own gradient,
+// -sum p_sink D, is taken from (lse, D) outside.
 
 namespace fa {
 
@@ -38,7 +40,8 @@ template <typename T, int EPT>
 void flash_backward_rows(
     const device T* q, const device T* k, const device T* v, const device float* mask_data,
     const device int64_t* mask_base, const device int* params, const device T* o, const device T* d_out,
-    device T* dq, device float* stats, uint3 group, uint sg, uint lane, threadgroup float* q_tile,
+    const device float* sinks, device T* dq, device float* stats, uint3 group, uint sg, uint lane,
+    threadgroup float* q_tile,
     threadgroup float* do_tile, threadgroup float* ds_tile, threadgroup uchar* hidden_tile) {
   const RowTask t = row_task(params, group, sg);
   if (!t.valid) return;  // only SIMD-group barriers below: a padding group may leave
@@ -73,8 +76,11 @@ void flash_backward_rows(
     l = l * alpha + (sf.hidden ? 0.0f : exp2(sf.s - m_use));
   }
   l = simd_sum(l);
-  // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0.
-  const float lse = l == 0.0f ? INFINITY : exp_base(m) + log2(l);
+  // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0
+  // (and its O and D are 0, so a sink's gradient gets nothing from it). A
+  // sink joins the denominator of the others: P is then the forward's.
+  const float lse =
+      l == 0.0f ? INFINITY : exp_base(m) + log2(l + sink_term(sinks, int(t.n_q % params[kHeadsQ]), m));
 
   float acc[EPT];
   for (int a = 0; a < EPT; ++a) acc[a] = 0.0f;
