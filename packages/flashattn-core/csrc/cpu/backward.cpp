@@ -1,6 +1,6 @@
-// eval_cpu of the fused backward: D = rowsum(dO * O), then the key pass and
-// the query pass (isa/backward.h) as one list of independent work items,
-// longest first, on all cores.
+// eval_cpu of the fused backward: D = rowsum(dO * O), then independent work
+// items on all cores (isa/backward.h): one a KV head where there are enough
+// of them, else the key pass and the query pass as one list, longest first.
 
 #include "backward.h"
 
@@ -30,8 +30,23 @@ void row_dots(const void* d_out, const void* out, int64_t rows, int E, float* D)
   }
 }
 
-std::vector<BackwardItem> plan_backward(const AttentionProblem& p) {
+// Whether one item a KV head (five products a tile pair) keeps `threads`
+// threads busy enough to beat the two passes (seven): its items are alike,
+// so the last round of them decides.
+bool group_items_pay(const AttentionProblem& p, int threads) {
+  const int64_t groups = p.batch * p.H_kv;
+  const int64_t rounds = (groups + threads - 1) / threads;
+  return groups >= threads && double(groups) / double(rounds * threads) >= 0.8;
+}
+
+std::vector<BackwardItem> plan_backward(const AttentionProblem& p, int threads) {
   std::vector<BackwardItem> items;
+  if (group_items_pay(p, threads)) {
+    for (int64_t g = 0; g < p.batch * p.H_kv; ++g) {
+      items.push_back({BackwardItem::group, g, 0, 0, 1});
+    }
+    return items;
+  }
   const CausalRule rule = p.causal();
   const bool causal = p.mask_kind == MaskKind::causal;
   for (int64_t g = 0; g < p.batch * p.H_kv; ++g) {
@@ -85,11 +100,11 @@ void run_backward(BackwardProblem bp) {
   }
   bp.D = D.data();
 
-  const std::vector<BackwardItem> items = plan_backward(p);
+  // Small problems run on the calling thread.
+  const int64_t work = p.batch * p.H_q * int64_t(p.L) * p.S * p.E;
+  const int threads = work < (int64_t(1) << 20) ? 1 : pool_size();
+  const std::vector<BackwardItem> items = plan_backward(p, threads);
   const size_t scratch_bytes = BackwardScratch::bytes(p.E, kernels.backward_width);
-  int64_t work = 0;
-  for (const auto& item : items) work += item.cost;
-  const int threads = work * p.E < (int64_t(1) << 20) ? 1 : pool_size();
   std::atomic<size_t> next{0};
   parallel_run(threads, [&](int) {
     void* scratch = thread_scratch(scratch_bytes);

@@ -27,9 +27,10 @@ struct BackwardProblem {
 
 // keys: dK, dV of KV head slice `slice` (b x H_kv + head), keys
 // [first, first + count). queries: dQ of query head slice `slice`, rows
-// [first, first + count).
+// [first, first + count). group: dQ, dK and dV of KV head slice `slice`
+// and its group of query heads (first and count unused).
 struct BackwardItem {
-  enum Pass { keys, queries } pass;
+  enum Pass { keys, queries, group } pass;
   int64_t slice;
   int64_t first;
   int count;
@@ -37,13 +38,13 @@ struct BackwardItem {
 };
 
 // One thread's scratch (float32): Q, dO, dQ (Br x Ep); K, V, dK, dV (Bc x
-// Ep); K^T, V^T (Ep x Bc); P, dS and their transposes (Br x Bc); lse, D (Br).
+// Ep); K^T, V^T (Ep x Bc); P, dS (Br x Bc); lse, D (Br).
 struct BackwardScratch {
-  float *Q, *dO, *dQ, *K, *V, *dK, *dV, *K_t, *V_t, *P, *dS, *P_t, *dS_t, *lse, *D;
+  float *Q, *dO, *dQ, *K, *V, *dK, *dV, *K_t, *V_t, *P, *dS, *lse, *D;
 
   static size_t bytes(int E, int W) {
     const size_t Ep = round_up(E, W), Br = kBackwardRows;
-    return (3 * Br * Ep + 6 * size_t(Bc) * Ep + 4 * Br * Bc + 2 * Br) * sizeof(float) + 64;
+    return (3 * Br * Ep + 6 * size_t(Bc) * Ep + 2 * Br * Bc + 2 * Br) * sizeof(float) + 64;
   }
 
   BackwardScratch(void* buffer, int E, int W) {
@@ -51,7 +52,7 @@ struct BackwardScratch {
     float* f = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer) + 63) & ~uintptr_t(63));
     for (float** t : {&Q, &dO, &dQ}) *t = f, f += Br * Ep;
     for (float** t : {&K, &V, &dK, &dV, &K_t, &V_t}) *t = f, f += size_t(Bc) * Ep;
-    for (float** t : {&P, &dS, &P_t, &dS_t}) *t = f, f += Br * Bc;
+    for (float** t : {&P, &dS}) *t = f, f += Br * Bc;
     lse = f, f += Br;
     D = f;
   }

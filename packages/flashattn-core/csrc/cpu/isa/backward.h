@@ -4,8 +4,16 @@
 // tile by tile from the forward's log-sum-exp, and D = rowsum(dO * O):
 //   dV = P^T dO     dP = dO V^T     dS = P * (dP - D)
 //   dK = scale dS^T Q               dQ = scale dS K
-// Two passes, so that every output element has one writer and no thread
-// waits on another:
+// Every output element has one writer and no thread waits on another. Where
+// there are enough KV heads (batch x H_kv) to keep every thread busy, one
+// work item a KV head makes all three gradients of its group:
+//   group      (one work item per KV head): query rows in blocks of Br,
+//              outer, key tiles inner; dQ_i is done when its row block is,
+//              dK and dV accumulate over the whole walk in float32 (the
+//              outputs themselves where they are float32 rows of Ep, else
+//              a buffer of 2 S x Ep floats the item holds): five matrix
+//              products a tile pair.
+// Otherwise two passes split the work finer:
 //   key pass   (one work item per KV head and key tile of Bc keys): dK_j and
 //              dV_j accumulate over every query row of the GQA group that
 //              sees the tile, rows in blocks of Br;
@@ -15,15 +23,17 @@
 // instead of five, for no atomics and no per-thread copies of dQ.
 //
 // Every product is C += A B with B's rows contiguous (gemm_acc): S = Q K^T
-// and dP = dO V^T read K and V transposed (E x Bc), dV and dK read P^T and
-// dS^T (Bc x Br). Tiles are float32, the head dim padded to Ep (a multiple
-// of the vector width) with zeros, so padding adds nothing.
+// and dP = dO V^T read K and V transposed (E x Bc), dV += P^T dO and dK +=
+// dS^T Q read P and dS as they are, broadcasting A's elements in transposed
+// order. Tiles are float32, the head dim padded to Ep (a multiple of the
+// vector width) with zeros, so padding adds nothing.
 
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <type_traits>
 
 #include "../backward.h"
@@ -38,11 +48,14 @@ namespace flashattn::cpu::FLASHATTN_ISA {
 namespace backward_detail {
 
 // C[M x N] += A[M x K] B[K x N], N a multiple of W. MR rows of C and NR
-// vectors of a row stay in registers while k runs.
-template <int W, int MR, int NR>
+// vectors of a row stay in registers while k runs. A's element (i, k) lies
+// at A[i lda + k], or with kTransA at A[k lda + i] (A stored transposed:
+// its elements are broadcast one at a time, so either layout reads alike).
+template <int W, int MR, int NR, bool kTransA>
 inline void gemm_block(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int K) {
   using S = Simd<W>;
   using vf = typename S::vf;
+  const int si = kTransA ? 1 : lda, sk = kTransA ? lda : 1;
   vf acc[MR][NR];
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NR; ++j) {
@@ -55,7 +68,7 @@ inline void gemm_block(const float* A, int lda, const float* B, int ldb, float* 
       b[j] = S::load(B + int64_t(k) * ldb + j * W);
     }
     for (int i = 0; i < MR; ++i) {
-      const vf a = S::splat(A[i * lda + k]);
+      const vf a = S::splat(A[i * si + k * sk]);
       for (int j = 0; j < NR; ++j) {
         acc[i][j] += a * b[j];
       }
@@ -68,25 +81,26 @@ inline void gemm_block(const float* A, int lda, const float* B, int ldb, float* 
   }
 }
 
-template <int W, int MR, int NR>
+template <int W, int MR, int NR, bool kTransA>
 inline void gemm_rows(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int K, int N) {
   int j = 0;
   for (; j + NR * W <= N; j += NR * W) {
-    gemm_block<W, MR, NR>(A, lda, B + j, ldb, C + j, ldc, K);
+    gemm_block<W, MR, NR, kTransA>(A, lda, B + j, ldb, C + j, ldc, K);
   }
   for (; j < N; j += W) {
-    gemm_block<W, MR, 1>(A, lda, B + j, ldb, C + j, ldc, K);
+    gemm_block<W, MR, 1, kTransA>(A, lda, B + j, ldb, C + j, ldc, K);
   }
 }
 
-template <int W, int MR, int NR>
+template <int W, int MR, int NR, bool kTransA = false>
 inline void gemm_acc(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int M, int K, int N) {
+  const int si = kTransA ? 1 : lda;  // A's step from one row of C to the next
   int i = 0;
   for (; i + MR <= M; i += MR) {
-    gemm_rows<W, MR, NR>(A + i * lda, lda, B, ldb, C + i * ldc, ldc, K, N);
+    gemm_rows<W, MR, NR, kTransA>(A + i * si, lda, B, ldb, C + i * ldc, ldc, K, N);
   }
   for (; i < M; ++i) {
-    gemm_rows<W, 1, NR>(A + i * lda, lda, B, ldb, C + i * ldc, ldc, K, N);
+    gemm_rows<W, 1, NR, kTransA>(A + i * si, lda, B, ldb, C + i * ldc, ldc, K, N);
   }
 }
 
@@ -140,13 +154,15 @@ struct Backward {
     }
   }
 
-  // K_j (Bc x Ep, rows past cols zeroed) and its transpose (Ep x Bc).
-  void load_key_tile(const StridedOperand& x, int64_t g, int64_t c0, int cols, float* rows, float* t) {
+  // K_j (Bc x Ep, rows past cols zeroed) and its transpose (Ep x Bc, row
+  // stride ldt).
+  void load_key_tile(const StridedOperand& x, int64_t g, int64_t c0, int cols, float* rows, float* t,
+                     int ldt = Bc) {
     load_rows<T>(x, g, c0, cols, rows);
     std::fill(rows + int64_t(cols) * Ep, rows + int64_t(Bc) * Ep, 0.0f);
     for (int c = 0; c < Bc; ++c) {
       for (int e = 0; e < Ep; ++e) {
-        t[e * Bc + c] = rows[c * Ep + e];
+        t[int64_t(e) * ldt + c] = rows[c * Ep + e];
       }
     }
   }
@@ -163,15 +179,17 @@ struct Backward {
   }
 
   // P (Br x Bc) of rows [l0, l0 + rows) of head slice n against keys
-  // [c0, c0 + cols), and dS (Br x Bc) from dP = dO V^T. s.K_t and s.V_t
-  // hold the key tile transposed. Hidden keys, padding rows and columns get
-  // P = dS = 0 exactly (a select, not a product, so a NaN there stays out).
-  void probabilities_and_dS(int64_t n, int64_t l0, int rows, int64_t c0, int cols) {
+  // [c0, c0 + cols), and dS (Br x Bc) from dP = dO V^T. K_t and V_t hold
+  // the key tile transposed (E rows of stride ldt, zeros past cols). Hidden
+  // keys, padding rows and columns get P = dS = 0 exactly (a select, not a
+  // product, so a NaN there stays out).
+  void probabilities_and_dS(int64_t n, int64_t l0, int rows, int64_t c0, int cols, const float* K_t,
+                            const float* V_t, int ldt) {
     using namespace backward_detail;
     std::fill(s.P, s.P + Br * Bc, 0.0f);
     std::fill(s.dS, s.dS + Br * Bc, 0.0f);
-    gemm_acc<W, MR, NR>(s.Q, Ep, s.K_t, Bc, s.P, Bc, rows, p.E, Bc);
-    gemm_acc<W, MR, NR>(s.dO, Ep, s.V_t, Bc, s.dS, Bc, rows, p.E, Bc);
+    gemm_acc<W, MR, NR>(s.Q, Ep, K_t, ldt, s.P, Bc, rows, p.E, Bc);
+    gemm_acc<W, MR, NR>(s.dO, Ep, V_t, ldt, s.dS, Bc, rows, p.E, Bc);
     const float qk_scale = p.scale * kLog2e;
     const CausalRule causal = p.causal();
     for (int r = 0; r < rows; ++r) { // padding rows stay 0 from the fills above
@@ -227,15 +245,6 @@ struct Backward {
     }
   }
 
-  // dst (Bc x Br) = src (Br x Bc) transposed.
-  static void transpose(const float* src, float* dst) {
-    for (int r = 0; r < Br; ++r) {
-      for (int c = 0; c < Bc; ++c) {
-        dst[c * Br + r] = src[r * Bc + c];
-      }
-    }
-  }
-
   template <typename U>
   void store_rows(const float* src, float factor, int rows, U* dst) {
     for (int r = 0; r < rows; ++r) {
@@ -263,16 +272,77 @@ struct Backward {
       for (int64_t l0 = l_begin; l0 < l_end; l0 += Br) {
         const int rows = int(std::min<int64_t>(Br, l_end - l0));
         load_query_block(n, l0, rows);
-        probabilities_and_dS(n, l0, rows, c0, cols);
-        transpose(s.P, s.P_t);
-        transpose(s.dS, s.dS_t);
-        gemm_acc<W, MR, NR>(s.P_t, Br, s.dO, Ep, s.dV, Ep, Bc, rows, Ep);
-        gemm_acc<W, MR, NR>(s.dS_t, Br, s.Q, Ep, s.dK, Ep, Bc, rows, Ep);
+        probabilities_and_dS(n, l0, rows, c0, cols, s.K_t, s.V_t, Bc);
+        // dV_j += P^T dO_i, dK_j += dS^T Q_i (P and dS read transposed).
+        gemm_acc<W, MR, NR, true>(s.P, Bc, s.dO, Ep, s.dV, Ep, cols, rows, Ep);
+        gemm_acc<W, MR, NR, true>(s.dS, Bc, s.Q, Ep, s.dK, Ep, cols, rows, Ep);
       }
     }
     const int64_t first = (g * p.S + c0) * p.E;
     store_rows(s.dK, p.scale, cols, static_cast<T*>(bp.dk) + first);
     store_rows(s.dV, 1.0f, cols, static_cast<T*>(bp.dv) + first);
+  }
+
+  // Floats group_item needs beside the scratch: the head's K rows (Sp x
+  // Ep), K^T and V^T (Ep x Sp), Sp = S rounded up to whole tiles; and dK and
+  // dV accumulators (S x Ep each) unless they are the outputs themselves.
+  static int64_t group_floats(const AttentionProblem& p, int Ep, bool direct) {
+    const int64_t Sp = round_up(p.S, Bc);
+    return 3 * Sp * Ep + (direct ? 0 : 2 * int64_t(p.S) * Ep);
+  }
+
+  // dQ, dK and dV of KV head slice g (the group item above). buffer:
+  // group_floats() floats, zeros. direct: dK and dV accumulate in the
+  // outputs (float32 rows of Ep = E, zeros).
+  void group_item(int64_t g, float* buffer, bool direct) {
+    using namespace backward_detail;
+    const int Sp = int(round_up(p.S, Bc));
+    float* K = buffer;                    // Sp x Ep
+    float* K_t = K + int64_t(Sp) * Ep;    // Ep x Sp
+    float* V_t = K_t + int64_t(Sp) * Ep;  // Ep x Sp
+    float* dk_acc = V_t + int64_t(Sp) * Ep;
+    float* dv_acc = dk_acc + int64_t(p.S) * Ep;
+    if (direct) {
+      dk_acc = static_cast<float*>(bp.dk) + g * p.S * p.E;
+      dv_acc = static_cast<float*>(bp.dv) + g * p.S * p.E;
+    }
+    // The head's keys and values once, transposed for S = Q K^T and dP = dO V^T.
+    for (int64_t c0 = 0; c0 < p.S; c0 += Bc) {
+      const int cols = int(std::min<int64_t>(Bc, p.S - c0));
+      load_key_tile(p.k, g, c0, cols, K + c0 * Ep, K_t + c0, Sp);
+      load_key_tile(p.v, g, c0, cols, s.V, V_t + c0, Sp);
+    }
+    const int ratio = p.q_kv_heads_ratio;
+    const int64_t b = g / p.H_kv, kv_head = g % p.H_kv;
+    const bool causal = p.mask_kind == MaskKind::causal;
+    for (int hh = 0; hh < ratio; ++hh) {
+      const int64_t n = b * p.H_q + kv_head * ratio + hh;
+      for (int64_t l0 = 0; l0 < p.L; l0 += Br) {
+        const int rows = int(std::min<int64_t>(Br, p.L - l0));
+        int64_t key_begin = 0, key_end = p.S;
+        if (causal) {
+          key_begin = p.causal().key_begin(l0, p.S);
+          key_end = p.causal().key_end(l0 + rows - 1, p.S);
+        }
+        if (key_begin >= key_end) continue;  // rows that see no key: dQ stays 0
+        load_query_block(n, l0, rows);
+        std::fill(s.dQ, s.dQ + int64_t(Br) * Ep, 0.0f);
+        for (int64_t c0 = key_begin; c0 < key_end; c0 += Bc) {
+          const int cols = int(std::min<int64_t>(Bc, p.S - c0));
+          probabilities_and_dS(n, l0, rows, c0, cols, K_t + c0, V_t + c0, Sp);
+          gemm_acc<W, MR, NR>(s.dS, Bc, K + c0 * Ep, Ep, s.dQ, Ep, rows, Bc, Ep);
+          gemm_acc<W, MR, NR, true>(s.P, Bc, s.dO, Ep, dv_acc + c0 * Ep, Ep, cols, rows, Ep);
+          gemm_acc<W, MR, NR, true>(s.dS, Bc, s.Q, Ep, dk_acc + c0 * Ep, Ep, cols, rows, Ep);
+        }
+        store_rows(s.dQ, p.scale, rows, static_cast<T*>(bp.dq) + (n * p.L + l0) * p.E);
+      }
+    }
+    if (direct) {  // float32 rows of Ep = E: dK only lacks its scale
+      for (int64_t i = 0; i < int64_t(p.S) * p.E; ++i) dk_acc[i] *= p.scale;
+    } else {
+      store_rows(dk_acc, p.scale, p.S, static_cast<T*>(bp.dk) + g * p.S * p.E);
+      store_rows(dv_acc, 1.0f, p.S, static_cast<T*>(bp.dv) + g * p.S * p.E);
+    }
   }
 
   // dQ_i of query head slice n, rows [l0, l0 + rows).
@@ -291,7 +361,7 @@ struct Backward {
       const int cols = int(std::min<int64_t>(Bc, p.S - c0));
       load_key_tile(p.k, g, c0, cols, s.K, s.K_t);
       load_key_tile(p.v, g, c0, cols, s.V, s.V_t);
-      probabilities_and_dS(n, l0, rows, c0, cols);
+      probabilities_and_dS(n, l0, rows, c0, cols, s.K_t, s.V_t, Bc);
       gemm_acc<W, MR, NR>(s.dS, Bc, s.K, Ep, s.dQ, Ep, rows, Bc, Ep);
     }
     store_rows(s.dQ, p.scale, rows, static_cast<T*>(bp.dq) + (n * p.L + l0) * p.E);
@@ -305,8 +375,16 @@ void backward_item_t(const BackwardProblem& bp, const BackwardItem& item, void* 
     Backward<Cfg, T> kernel(bp, scratch);
     if (item.pass == BackwardItem::keys) {
       kernel.key_item(item.slice, item.first, item.count);
-    } else {
+    } else if (item.pass == BackwardItem::queries) {
       kernel.query_item(item.slice, item.first, item.count);
+    } else {
+      // dK and dV accumulate in the outputs where they are float32 rows of
+      // Ep (zeros: run_backward cleared them). The head's K, K^T, V^T (and
+      // else the accumulators) live in a buffer held for the item: O(S),
+      // freed after it.
+      const bool direct = std::is_same_v<T, float> && kernel.Ep == bp.fwd.E;
+      std::unique_ptr<float[]> buffer(new float[Backward<Cfg, T>::group_floats(bp.fwd, kernel.Ep, direct)]());
+      kernel.group_item(item.slice, buffer.get(), direct);
     }
   };
   const mx::Dtype dtype = bp.fwd.dtype;
