@@ -92,3 +92,43 @@ def test_bad_input(model_dir, text_file, args, message):
     r = invoke(model_dir, text_file, *args)
     assert r.exit_code != 0
     assert message in " ".join(r.output.split())
+
+
+@pytest.fixture(scope="module")
+def architecture_dir(model_dir, tmp_path_factory):
+    """The tiny model's config and tokenizer without its weights."""
+    out = tmp_path_factory.mktemp("architecture")
+    for f in model_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def test_random_weights_of_an_architecture(architecture_dir, model_dir, text_file):
+    # random:SOURCE builds SOURCE's architecture with random weights (seeded:
+    # two runs start from the same loss), no weights needed.
+    runs = []
+    for _ in range(2):
+        r = invoke(f"random:{architecture_dir}", text_file, "-l", "16", "--steps", "2", "--dtype", "bfloat16",
+                   "--json")
+        assert r.exit_code == 0, r.output
+        runs.append(json.loads(r.output))
+    rep = runs[0]
+    assert "random weights (bfloat16)" in rep["model"]["name"]
+    off, on = rep["results"]
+    assert off["losses"] == runs[1]["results"][0]["losses"]
+    assert on["max_loss_relative_difference"] <= 2e-2 and on["gradients"]["fused"] >= 2
+    # Not the trained weights: another first loss than the folder's own model.
+    own = json.loads(invoke(model_dir, text_file, "-l", "16", "--steps", "2", "--json").output)
+    assert own["results"][0]["losses"][0] != pytest.approx(off["losses"][0], rel=1e-3)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing", "has no config.json (random weights need the architecture)"),
+    (lambda d: (d / "config.json").write_text("{") and d, "config.json: JSONDecodeError"),
+])
+def test_random_weights_bad_source(tmp_path, text_file, make, message):
+    source = make(tmp_path)
+    r = invoke(f"random:{source}", text_file, "-l", "16", "--steps", "1")
+    assert r.exit_code != 0
+    assert message in " ".join(r.output.split())

@@ -28,7 +28,7 @@ import mlxlm_flash_patch
 from . import blas, distributed, kv_cache
 from .distributed import Ranks
 from .kv_cache import KVCacheSetting, kv_cache_options
-from .models import EMBEDDED, ModelError, load_model
+from .models import EMBEDDED, MODEL_HELP, ModelError, load_model
 from .options import comma_list
 from .progress import progress_bar
 from .setting import patch_setting
@@ -131,8 +131,7 @@ def run_setting(lm, tokens, plan, patch: str, precision: str, kv: KVCacheSetting
 
 
 @click.command()
-@click.option("--model", "model_spec", default=EMBEDDED, show_default=True,
-              help="'embedded' (Qwen2.5-Coder-0.5B-Instruct from PyPI, cached), an mlx-lm model folder, or a hub id.")
+@click.option("--model", "model_spec", default=EMBEDDED, show_default=True, help=MODEL_HELP)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="Model dtype [default: float32 for the embedded model, the model's own otherwise].")
 @click.option("--dataset", default="wikitext", show_default=True,

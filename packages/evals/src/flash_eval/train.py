@@ -27,7 +27,7 @@ import mlxlm_flash_patch
 
 from . import blas
 from .report import emit
-from .models import EMBEDDED, ModelError, load_model
+from .models import EMBEDDED, MODEL_HELP, ModelError, load_model
 from .options import comma_list, int_list
 from .perplexity import tokenize
 from .progress import progress_bar
@@ -117,9 +117,7 @@ def compare(rows: list[dict]) -> None:
 
 
 @click.command()
-@click.option("--model", "model_spec", default=EMBEDDED, show_default=True,
-              help="'embedded' (Qwen2.5-Coder-0.5B-Instruct from PyPI, cached), an mlx-lm model folder (on a GPU, "
-                   "e.g. a random-weight one from scripts/random-model.py), or a hub id.")
+@click.option("--model", "model_spec", default=EMBEDDED, show_default=True, help=MODEL_HELP)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="Model dtype [default: float32 for the embedded model, the model's own otherwise].")
 @click.option("-l", "--lengths", default="512", show_default=True, callback=int_list,
