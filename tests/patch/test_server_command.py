@@ -51,18 +51,43 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+class Server:
+    """A started `mlx_lm.server`: its completions URL, pid and stderr path;
+    once stopped, how it ended (its exit code, or that it had to be killed)."""
+
+    def __init__(self, url, pid, err):
+        self.url, self.pid, self.err = url, pid, err
+        self.ended = "running"
+
+    def report(self) -> str:
+        """Its stderr, for the patch's exit report ("fallbacks: none")."""
+        text = self.err.read_text()
+        assert "mlxlm_flash_patch: " in text.split("by MLX_FLASH_ATTENTION", 1)[-1], (
+            f"no exit report from the patch; the server {self.ended}:\n{text[-3000:]}")
+        return text
+
+
 @contextmanager
 def server(model_dir, tmp_path, value=None):
-    """A running `mlx_lm.server` on 127.0.0.1; yields (completions URL, pid,
-    stderr path). Stopped with SIGINT, so that the patch's exit report runs."""
+    """A running `mlx_lm.server` on 127.0.0.1 (a Server). Stopped with SIGINT,
+    so that the patch's exit report runs; given 120 s to end (mlx-lm joins its
+    generation thread first) before it is killed."""
     env = {k: v for k, v in os.environ.items() if k != "MLX_FLASH_ATTENTION"}
     if value is not None:
         env["MLX_FLASH_ATTENTION"] = value
     port = free_port()
     err = tmp_path / f"server-{value}.err"
-    with open(err, "w") as stderr:
-        proc = subprocess.Popen([str(SERVER), "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)],
-                                env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    # A test run started as a shell's background job ignores SIGINT, and a
+    # child would inherit that and never stop on it: the server is started
+    # with SIGINT caught here, which exec turns back into its default.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with open(err, "w") as stderr:
+            proc = subprocess.Popen(
+                [str(SERVER), "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)],
+                env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -74,14 +99,20 @@ def server(model_dir, tmp_path, value=None):
             except OSError:
                 assert time.monotonic() < deadline, "mlx_lm.server did not answer within 120 s"
                 time.sleep(0.25)
-        yield url + "/v1/completions", proc.pid, err
+        handle = Server(url + "/v1/completions", proc.pid, err)
+        yield handle
     finally:
         proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=120)
+            ended = f"exited with code {proc.returncode} {time.monotonic() - start:.1f} s after SIGINT"
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            ended = "was killed: still running 120 s after SIGINT"
+        if "handle" in locals():
+            handle.ended = ended
 
 
 def complete_concurrently(url: str) -> list[str]:
@@ -96,28 +127,28 @@ def complete_concurrently(url: str) -> list[str]:
 
 def test_concurrent_completions_equal_the_patch_off(model_dir, tmp_path):
     assert SERVER.exists(), f"mlx_lm.server console script not found in {SERVER.parent}"
-    with server(model_dir, tmp_path) as (url, _, _):
-        off = complete_concurrently(url)
-    with server(model_dir, tmp_path, "verbose") as (url, _, err):
-        on = complete_concurrently(url)
+    with server(model_dir, tmp_path) as off_server:
+        off = complete_concurrently(off_server.url)
+    with server(model_dir, tmp_path, "verbose") as on_server:
+        on = complete_concurrently(on_server.url)
     assert on == off
     assert all(off) and len(set(off)) > 1  # real, different completions
-    report = err.read_text()
+    report = on_server.report()
     assert "fallbacks: none" in report, report[-3000:]
     assert int(report.split("mlxlm_flash_patch: ")[-1].split()[0]) > 0  # attention calls through flash_attention
 
 
 def test_memory_stays_flat_over_200_requests(model_dir, tmp_path):
-    with server(model_dir, tmp_path, "verbose") as (url, pid, err):
+    with server(model_dir, tmp_path, "verbose") as srv:
         # The first requests grow the server by ~30 MiB, off and on alike
         # (buffer caches, the prompt cache); after 40, its resident size
         # wandered by 0.5-13 MiB over the next 160 in either setting (malloc
         # arenas of the request threads). A leak of 200 KiB a request fails.
         for _ in range(5):
-            complete_concurrently(url)
-        settled = rss_mib(pid)
+            complete_concurrently(srv.url)
+        settled = rss_mib(srv.pid)
         for _ in range(20):  # 160 more
-            complete_concurrently(url)
-        grown = rss_mib(pid) - settled
-    assert "fallbacks: none" in err.read_text()
+            complete_concurrently(srv.url)
+        grown = rss_mib(srv.pid) - settled
+    assert "fallbacks: none" in srv.report()
     assert grown <= 32, f"server RSS grew {grown:.1f} MiB over 160 requests"
