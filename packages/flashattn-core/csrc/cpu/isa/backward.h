@@ -283,12 +283,18 @@ struct Backward {
     store_rows(s.dV, 1.0f, cols, static_cast<T*>(bp.dv) + first);
   }
 
+  // The row stride of the head's K^T and V^T: S rounded up to whole tiles,
+  // plus one cache line, so that the E rows a tile reads (a power of two
+  // apart otherwise) do not all fall in the same cache sets.
+  static int transposed_stride(int S) { return round_up(S, Bc) + 16; }
+
   // Floats group_item needs beside the scratch: the head's K rows (Sp x
-  // Ep), K^T and V^T (Ep x Sp), Sp = S rounded up to whole tiles; and dK and
-  // dV accumulators (S x Ep each) unless they are the outputs themselves.
+  // Ep, Sp = S rounded up to whole tiles), K^T and V^T (Ep rows of
+  // transposed_stride); and dK and dV accumulators (S x Ep each) unless they
+  // are the outputs themselves.
   static int64_t group_floats(const AttentionProblem& p, int Ep, bool direct) {
-    const int64_t Sp = round_up(p.S, Bc);
-    return 3 * Sp * Ep + (direct ? 0 : 2 * int64_t(p.S) * Ep);
+    const int64_t Sp = round_up(p.S, Bc), ld = transposed_stride(p.S);
+    return Sp * Ep + 2 * ld * Ep + (direct ? 0 : 2 * int64_t(p.S) * Ep);
   }
 
   // dQ, dK and dV of KV head slice g (the group item above). buffer:
@@ -296,11 +302,11 @@ struct Backward {
   // outputs (float32 rows of Ep = E, zeros).
   void group_item(int64_t g, float* buffer, bool direct) {
     using namespace backward_detail;
-    const int Sp = int(round_up(p.S, Bc));
-    float* K = buffer;                    // Sp x Ep
-    float* K_t = K + int64_t(Sp) * Ep;    // Ep x Sp
-    float* V_t = K_t + int64_t(Sp) * Ep;  // Ep x Sp
-    float* dk_acc = V_t + int64_t(Sp) * Ep;
+    const int Sp = int(round_up(p.S, Bc)), ld = transposed_stride(p.S);
+    float* K = buffer;                   // Sp x Ep
+    float* K_t = K + int64_t(Sp) * Ep;   // Ep x ld
+    float* V_t = K_t + int64_t(ld) * Ep;  // Ep x ld
+    float* dk_acc = V_t + int64_t(ld) * Ep;
     float* dv_acc = dk_acc + int64_t(p.S) * Ep;
     if (direct) {
       dk_acc = static_cast<float*>(bp.dk) + g * p.S * p.E;
@@ -309,8 +315,8 @@ struct Backward {
     // The head's keys and values once, transposed for S = Q K^T and dP = dO V^T.
     for (int64_t c0 = 0; c0 < p.S; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, p.S - c0));
-      load_key_tile(p.k, g, c0, cols, K + c0 * Ep, K_t + c0, Sp);
-      load_key_tile(p.v, g, c0, cols, s.V, V_t + c0, Sp);
+      load_key_tile(p.k, g, c0, cols, K + c0 * Ep, K_t + c0, ld);
+      load_key_tile(p.v, g, c0, cols, s.V, V_t + c0, ld);
     }
     const int ratio = p.q_kv_heads_ratio;
     const int64_t b = g / p.H_kv, kv_head = g % p.H_kv;
@@ -329,7 +335,7 @@ struct Backward {
         std::fill(s.dQ, s.dQ + int64_t(Br) * Ep, 0.0f);
         for (int64_t c0 = key_begin; c0 < key_end; c0 += Bc) {
           const int cols = int(std::min<int64_t>(Bc, p.S - c0));
-          probabilities_and_dS(n, l0, rows, c0, cols, K_t + c0, V_t + c0, Sp);
+          probabilities_and_dS(n, l0, rows, c0, cols, K_t + c0, V_t + c0, ld);
           gemm_acc<W, MR, NR>(s.dS, Bc, K + c0 * Ep, Ep, s.dQ, Ep, rows, Bc, Ep);
           gemm_acc<W, MR, NR, true>(s.P, Bc, s.dO, Ep, dv_acc + c0 * Ep, Ep, cols, rows, Ep);
           gemm_acc<W, MR, NR, true>(s.dS, Bc, s.Q, Ep, dk_acc + c0 * Ep, Ep, cols, rows, Ep);
