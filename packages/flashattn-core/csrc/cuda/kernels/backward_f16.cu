@@ -19,66 +19,13 @@
 
 #include "backward_parts.cuh"
 #include "backward_shapes.h"
+#include "backward_tiles16.cuh"
 #include "mma.cuh"
 #include "unit.cuh"
 
 namespace fa {
 
 namespace bs = backward_shapes;
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t bits16(T x) {
-  return *reinterpret_cast<const unsigned short*>(&x);
-}
-
-// ROWS rows of E elements (row-contiguous from src) into dst (row stride
-// ld16(EB)), zeros past `count` rows and E columns, in 16-byte chunks. A
-// thread copies chunks threadIdx.x + i THREADS: by cp.async when `vec`,
-// else element by element and stored at once, so that either way the chunks
-// a thread scans (tile_nonfinite) are its own.
-template <typename T, int EB, int ROWS, int THREADS>
-__device__ __forceinline__ void copy_tile(T* dst, const T* src, int count, int E, bool vec) {
-  constexpr int LD = bs::ld16(EB), CH = EB / 8;
-  static_assert(ROWS * CH % THREADS == 0, "whole chunks a thread");
-#pragma unroll
-  for (int i = 0; i < ROWS * CH / THREADS; ++i) {
-    const int idx = threadIdx.x + i * THREADS, r = idx / CH, c = idx % CH;
-    T* d = dst + r * LD + c * 8;
-    if (vec) {
-      const bool ok = r < count && c * 8 < E;
-      cp_async16(d, ok ? src + (int64_t)r * E + c * 8 : src, ok);
-    } else {
-      uint32_t x[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int e = c * 8 + 2 * j;
-        const T lo = r < count && e < E ? src[(int64_t)r * E + e] : from_f<T>(0.0f);
-        const T hi = r < count && e + 1 < E ? src[(int64_t)r * E + e + 1] : from_f<T>(0.0f);
-        x[j] = bits16(lo) | bits16(hi) << 16;
-      }
-      *reinterpret_cast<uint4*>(d) = make_uint4(x[0], x[1], x[2], x[3]);
-    }
-  }
-}
-
-// Whether the chunks this thread copied into a tile hold a value that is not
-// finite (read once its copies have landed).
-template <typename T, int EB, int ROWS, int THREADS>
-__device__ __forceinline__ bool tile_nonfinite(const T* tile) {
-  constexpr int LD = bs::ld16(EB), CH = EB / 8;
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < ROWS * CH / THREADS; ++i) {
-    const int idx = threadIdx.x + i * THREADS;
-    const uint4 w = *reinterpret_cast<const uint4*>(tile + (idx / CH) * LD + (idx % CH) * 8);
-    bad |= pair_nonfinite<T>(w.x) | pair_nonfinite<T>(w.y) | pair_nonfinite<T>(w.z) | pair_nonfinite<T>(w.w);
-  }
-  return bad;
-}
 
 // s = A B^T for the warp's 16 rows of A (a_rows) against NB x 8 rows of B
 // (b_rows), both 16-bit in shared memory, inner dim EB. ldmatrix lanes: A's
@@ -138,13 +85,6 @@ __device__ __forceinline__ void accumulate16(float (&acc)[NO][4], const float (&
       mma16816<T>(acc[eb], a[kb], bf[0], bf[1]);
       mma16816<T>(acc[eb + 1], a[kb], bf[2], bf[3]);
     }
-}
-
-// Whether every input can be copied 16 bytes at a time.
-__device__ __forceinline__ bool vector_copies(int E, const void* a, const void* b, const void* c, const void* d) {
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
-                         reinterpret_cast<uintptr_t>(c) | reinterpret_cast<uintptr_t>(d);
-  return E % 8 == 0 && (bits & 15) == 0;
 }
 
 // Each row's log-sum-exp (log2 domain) and D = rowsum(dO * O), as
@@ -220,19 +160,6 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
       if (r < L) stats[(n * L + r) * 2] = lse[rr];
     }
   }
-}
-
-// x (a pair of dQ's columns e, e + 1) added into row-contiguous float32 dQ;
-// one 8-byte atomic where the pair is whole and aligned (sm_90).
-__device__ __forceinline__ void add_pair(float* dst, float x0, float x1, int e, int E) {
-#if __CUDA_ARCH__ >= 900
-  if (e + 1 < E && E % 2 == 0) {
-    atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x0, x1));
-    return;
-  }
-#endif
-  atomicAdd(dst, x0);
-  if (e + 1 < E) atomicAdd(dst + 1, x1);
 }
 
 // One block: 128 keys against the rows of one query head. dK and dV in T

@@ -57,6 +57,12 @@ FA_HOST_DEVICE constexpr int keys_smem_bytes16(int EB) {
   return ((2 * kKeys16 + 4 * row_tile16(EB)) * ld16(EB) + kKeys16 * ld_ds16(EB)) * 2 + 4 * row_tile16(EB) * 4;
 }
 
+// The keys pass on Hopper (backward_wg.cu): the same blocks and tiles, K,
+// V, Q and dO unpadded in wgmma's swizzled layout.
+FA_HOST_DEVICE constexpr int keys_smem_bytes_wg(int EB) {
+  return ((2 * kKeys16 + 4 * row_tile16(EB)) * EB + kKeys16 * ld_ds16(EB)) * 2 + 4 * row_tile16(EB) * 4;
+}
+
 // A keys pass launch's keys a block and threads a block, and a launch's
 // dynamic shared memory, for inputs of `bytes` bytes an element.
 FA_HOST_DEVICE constexpr int keys_block(int EB, int bytes) { return f16_kernel(EB, bytes) ? kKeys16 : kKeys; }

@@ -12,7 +12,7 @@
 // free up; it keeps few registers and the consumers take the rest
 // (setmaxnreg). At E = 128 a block may take two row tiles (ITEMS, below).
 // Q, K and V are stored in wgmma's
-// 128-byte swizzled layout (sw_at, below). The same layout serves all three:
+// 128-byte swizzled layout (wgmma.cuh's sw_at). The same layout serves all three:
 // Q and K as K-major operands (the head dim is the product's K), V as the
 // MN-major B operand of P V (the keys are its K, its rows stay as stored).
 // Per tile and consumer warpgroup:
@@ -81,15 +81,6 @@ struct WhSmem {
   uint64_t empty[kWhBuffers];  // every thread is done with it
   uint64_t q_full, q_empty;    // the same for Q (with a producer)
 };
-
-// Element (r, c) of a tile of R rows in wgmma's 128-byte swizzled layout:
-// the head dim in column blocks of 64 elements (128 bytes), each block R rows
-// of 128 bytes; the 16-byte chunk c of a row r sits at chunk c ^ (r % 8). The
-// XOR is on address bits, so every tile starts on a 1024-byte boundary.
-template <int R>
-__device__ __forceinline__ int sw_at(int r, int c) {
-  return ((c >> 6) * R + r) * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
-}
 
 // Copies of ROWS x E tiles into the swizzled layout by THREADS threads,
 // the source rows ED <= E long (columns ED.. zero-filled),

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "mma.cuh"
+#include "swizzle.cuh"
 
 namespace fa {
 
@@ -112,13 +113,16 @@ __device__ __forceinline__ void wgmma_64x64x8_rs(float (&d)[8][4], const uint32_
 // 16-bit operands (float16 / bfloat16: K = 16 per instruction), N = 64 or
 // 128 columns (P V also 80 and 96: the head dim of prefill_f16_wg.cu's
 // E = 80 / 96, whose V rows are stored 128 wide; its second 64-column block
-// is read in part). Shared-memory operands K-major unless transposed (tnspB = 1:
+// is read in part; the shared-memory product also 32: the backward's row
+// tiles at E = 128). Shared-memory operands K-major unless transposed (tnspB = 1:
 // B stored MN-major, N contiguous, as V's rows are); the register A operand
 // matches mma.sync m16n8k16's: a0 = (g, 2t..2t + 1), a1 = (g + 8, 2t..),
 // a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..), two elements per register.
 #define FA_D8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define FA_D64 FA_D8(0), FA_D8(1), FA_D8(2), FA_D8(3), FA_D8(4), FA_D8(5), FA_D8(6), FA_D8(7)
+#define FA_D32 FA_D8(0), FA_D8(1), FA_D8(2), FA_D8(3)
+#define FA_D64 FA_D32, FA_D8(4), FA_D8(5), FA_D8(6), FA_D8(7)
 #define FA_D128 FA_D64, FA_D8(8), FA_D8(9), FA_D8(10), FA_D8(11), FA_D8(12), FA_D8(13), FA_D8(14), FA_D8(15)
+#define FA_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define FA_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 #define FA_D80 FA_D64, FA_D8(8), FA_D8(9)
@@ -135,6 +139,13 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma16_rs_t(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b);
 
 #define FA_WG16_DEFS(T, ty)                                                                              \
+  template <>                                                                                            \
+  __device__ __forceinline__ void wgmma16_ss<T, 32>(float (&d)[4][4], uint64_t a, uint64_t b,            \
+                                                    int accumulate) {                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" FA_WG16(32, ty, FA_R16 ", %16, %17, p, 1, 1, 0, 0;\n}\n") \
+                 : FA_D32                                                                                \
+                 : "l"(a), "l"(b), "r"(accumulate));                                                     \
+  }                                                                                                      \
   template <>                                                                                            \
   __device__ __forceinline__ void wgmma16_ss<T, 64>(float (&d)[8][4], uint64_t a, uint64_t b,            \
                                                     int accumulate) {                                    \
@@ -184,10 +195,12 @@ FA_WG16_DEFS(__nv_bfloat16, bf16)
 #undef FA_WG16_DEFS
 #undef FA_WG16
 #undef FA_D8
+#undef FA_D32
 #undef FA_D64
 #undef FA_D128
 #undef FA_D80
 #undef FA_D96
+#undef FA_R16
 #undef FA_R32
 #undef FA_R40
 #undef FA_R48

@@ -1,0 +1,262 @@
+// Standalone probe of the 16-bit backward (backward_f16.cu), without MLX:
+// the statistics pass and the keys pass at E = 64 and 128, bfloat16, checked
+// against a float64 gradient on small causal shapes (GQA, L != S, rows past
+// the tiles) and timed with CUDA events at qwen05b and hd128 causal 8K.
+// With -DFA_BASELINE_DIR=<dir> (a copy of an earlier kernels/ directory,
+// e.g. `git archive REV packages/flashattn-core/csrc/cuda/kernels | tar -x`),
+// that version's keys pass runs beside this tree's on the same inputs.
+//
+//   scripts/cuda-check probe backward-probe-f16.cu [reps]    (reps = 1: the 8K launches alone, for ncu)
+
+#include <cstdint>
+
+#include "harness.cuh"  // system headers first: the baseline's include lies in a namespace
+
+#define FA_DTYPE 2
+#define FA_E 64
+#ifdef FA_BASELINE_DIR
+#define FA_PASS 0  // the baseline file's entry point is then the statistics one: no clash below
+#define FA_STR_(x) #x
+#define FA_STR(x) FA_STR_(x)
+namespace baseline {
+#include FA_STR(FA_BASELINE_DIR/backward_f16.cu)
+}
+#undef FA_PASS
+#endif
+#define FA_PASS 1
+#include "../../packages/flashattn-core/csrc/cuda/kernels/backward_f16.cu"
+#include "../../packages/flashattn-core/csrc/cuda/kernels/backward_wg.cu"
+
+using T = __nv_bfloat16;
+namespace bs = fa::backward_shapes;
+
+template <int E>
+__global__ void __launch_bounds__(bs::kThreads) stats_kernel(const T* q, const T* k, const T* o, const T* d_out,
+                                                             float* stats, int slices, int H_q, int H_kv, int L,
+                                                             int S, float scale_log2) {
+  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, stats, slices, H_q, H_kv, L, S, E, fa::kCausal, 0, 0,
+                             scale_log2);
+}
+
+using KeysFn = void (*)(const T*, const T*, const T*, const T*, const float*, void*, void*, float*, int, int, int,
+                        int, int, float, float);
+template <int E>
+__global__ void __launch_bounds__(bs::kKeysThreads16) keys_kernel(const T* q, const T* k, const T* v, const T* d_out,
+                                                                  const float* stats, void* dk, void* dv, float* dq,
+                                                                  int slices, int H_q, int H_kv, int L, int S,
+                                                                  float scale_log2, float scale) {
+  fa::backward_keysq16<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
+                             fa::kCausal, 0, 0, scale_log2, scale);
+}
+template <int E>
+__global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_kernel(const T* q, const T* k, const T* v,
+                                                                        const T* d_out, const float* stats, void* dk,
+                                                                        void* dv, float* dq, int slices, int H_q,
+                                                                        int H_kv, int L, int S, float scale_log2,
+                                                                        float scale) {
+  fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
+                             fa::kCausal, 0, 0, scale_log2, scale);
+}
+#ifdef FA_BASELINE_DIR
+template <int E>
+__global__ void __launch_bounds__(bs::kKeysThreads16) base_keys_kernel(const T* q, const T* k, const T* v,
+                                                                       const T* d_out, const float* stats, void* dk,
+                                                                       void* dv, float* dq, int slices, int H_q,
+                                                                       int H_kv, int L, int S, float scale_log2,
+                                                                       float scale) {
+  baseline::fa::backward_keysq16<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S,
+                                       E, fa::kCausal, 0, 0, scale_log2, scale);
+}
+#endif
+
+// Every keys pass gets the larger of the two kernels' shared memory.
+template <int E>
+int keys_smem() {
+  return std::max(bs::keys_smem(E, 2), bs::keys_smem_bytes_wg(E));
+}
+
+struct Shape {
+  int H_q, H_kv, L, S;
+};
+
+template <typename X>
+X* upload(const std::vector<X>& x) {
+  X* d;
+  CHECK(cudaMalloc(&d, x.size() * sizeof(X)));
+  CHECK(cudaMemcpy(d, x.data(), x.size() * sizeof(X), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// One gradient: statistics, then keys pass `fn` (outputs zeroed as the host does).
+template <int E>
+struct Call {
+  Shape s;
+  const T *q, *k, *v, *o, *d_out;
+  float *stats, *dq;
+  void *dk, *dv;
+  bool sums() const { return s.H_q != s.H_kv; }
+  size_t kv_bytes() const { return size_t(s.H_kv) * s.S * E * (sums() ? 4 : 2); }
+  float scale() const { return 1.0f / std::sqrt(float(E)); }
+  void stats_pass() const {
+    const int blocks = (s.L + bs::kRows - 1) / bs::kRows * s.H_q;
+    stats_kernel<E><<<blocks, bs::kThreads, bs::rows_smem(E, 2)>>>(q, k, o, d_out, stats, s.H_q, s.H_q, s.H_kv, s.L,
+                                                                  s.S, scale() * 1.4426950408889634f);
+  }
+  void keys_pass(KeysFn fn) const {
+    CHECK(cudaMemsetAsync(dq, 0, size_t(s.H_q) * s.L * E * 4));
+    if (sums()) {
+      CHECK(cudaMemsetAsync(dk, 0, kv_bytes()));
+      CHECK(cudaMemsetAsync(dv, 0, kv_bytes()));
+    }
+    const int blocks = (s.S + bs::kKeys16 - 1) / bs::kKeys16 * s.H_q;
+    fn<<<blocks, bs::kKeysThreads16, keys_smem<E>()>>>(q, k, v, d_out, stats, dk, dv, dq, s.H_q, s.H_q, s.H_kv,
+                                                          s.L, s.S, scale() * 1.4426950408889634f, scale());
+  }
+};
+
+template <int E>
+Call<E> make_call(const Shape& s, const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
+                  const std::vector<T>& o, const std::vector<T>& d_out) {
+  Call<E> c{s, upload(q), upload(k), upload(v), upload(o), upload(d_out)};
+  CHECK(cudaMalloc(&c.stats, size_t(s.H_q) * s.L * 2 * 4));
+  CHECK(cudaMalloc(&c.dq, size_t(s.H_q) * s.L * E * 4));
+  CHECK(cudaMalloc(&c.dk, c.kv_bytes()));
+  CHECK(cudaMalloc(&c.dv, c.kv_bytes()));
+  return c;
+}
+
+template <typename X>
+std::vector<double> download(const void* p, size_t n) {
+  std::vector<X> h(n);
+  CHECK(cudaMemcpy(h.data(), p, n * sizeof(X), cudaMemcpyDeviceToHost));
+  std::vector<double> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = probe::to_float(h[i]);
+  return r;
+}
+
+double rel_error(const std::vector<double>& x, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double d = x[i] - ref[i];
+    num += std::isnan(d) ? INFINITY : d * d;
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// The float64 gradient of causal attention (bottom-right aligned for L != S)
+// and the forward's output O, rounded to T as the kernels take it.
+template <int E>
+void check(const Shape& s, KeysFn fn, const char* name) {
+  using probe::to_float;
+  const size_t nq = size_t(s.H_q) * s.L * E, nk = size_t(s.H_kv) * s.S * E;
+  std::vector<T> q = probe::randn<T>(nq, 11), k = probe::randn<T>(nk, 12), v = probe::randn<T>(nk, 13),
+                 d_out = probe::randn<T>(nq, 14), o(nq);
+  const double scale = 1.0 / std::sqrt(double(E));
+  const int ratio = s.H_q / s.H_kv, offset = s.S - s.L;
+  std::vector<double> dq(nq, 0), dk(nk, 0), dv(nk, 0);
+  for (int h = 0; h < s.H_q; ++h) {
+    const size_t kv = size_t(h / ratio) * s.S * E;
+    for (int r = 0; r < s.L; ++r) {
+      const size_t row = (size_t(h) * s.L + r) * E;
+      const int end = std::min(s.S, r + offset + 1);
+      std::vector<double> p(std::max(end, 0)), dp(p.size());
+      double m = -INFINITY, l = 0;
+      for (int j = 0; j < end; ++j) {
+        double d = 0;
+        for (int e = 0; e < E; ++e) d += double(to_float(q[row + e])) * to_float(k[kv + size_t(j) * E + e]);
+        p[j] = d * scale;
+        m = std::max(m, p[j]);
+      }
+      for (int j = 0; j < end; ++j) l += (p[j] = std::exp(p[j] - m));
+      std::vector<double> out(E, 0.0);
+      for (int j = 0; j < end; ++j) {
+        p[j] /= l;
+        for (int e = 0; e < E; ++e) out[e] += p[j] * to_float(v[kv + size_t(j) * E + e]);
+      }
+      double D = 0;
+      for (int e = 0; e < E; ++e) {
+        o[row + e] = probe::from_float<T>(float(out[e]));
+        D += double(to_float(d_out[row + e])) * to_float(o[row + e]);
+      }
+      for (int j = 0; j < end; ++j) {
+        double x = 0;
+        for (int e = 0; e < E; ++e) x += double(to_float(d_out[row + e])) * to_float(v[kv + size_t(j) * E + e]);
+        const double ds = p[j] * (x - D);
+        for (int e = 0; e < E; ++e) {
+          dv[kv + size_t(j) * E + e] += p[j] * to_float(d_out[row + e]);
+          dq[row + e] += scale * ds * to_float(k[kv + size_t(j) * E + e]);
+          dk[kv + size_t(j) * E + e] += scale * ds * to_float(q[row + e]);
+        }
+      }
+    }
+  }
+  Call<E> c = make_call<E>(s, q, k, v, o, d_out);
+  c.stats_pass();
+  c.keys_pass(fn);
+  CHECK(cudaDeviceSynchronize());
+  const std::vector<double> gq = download<float>(c.dq, nq);
+  const std::vector<double> gk = c.sums() ? download<float>(c.dk, nk) : download<T>(c.dk, nk);
+  const std::vector<double> gv = c.sums() ? download<float>(c.dv, nk) : download<T>(c.dv, nk);
+  const double eq = rel_error(gq, dq), ek = rel_error(gk, dk), ev = rel_error(gv, dv);
+  std::printf("check %-9s E=%3d H %2d/%d L=%4d S=%4d: dQ %.1e dK %.1e dV %.1e %s\n", name, E, s.H_q, s.H_kv, s.L,
+              s.S, eq, ek, ev, std::max({eq, ek, ev}) < 2e-2 ? "ok" : "FAILED");
+}
+
+// Times of the statistics pass and each keys pass at one shape (causal).
+template <int E>
+void timing(const Shape& s, const std::vector<std::pair<const char*, KeysFn>>& fns, int reps) {
+  const size_t nq = size_t(s.H_q) * s.L * E, nk = size_t(s.H_kv) * s.S * E;
+  Call<E> c = make_call<E>(s, probe::randn<T>(nq, 1), probe::randn<T>(nk, 2), probe::randn<T>(nk, 3),
+                           probe::randn<T>(nq, 4), probe::randn<T>(nq, 5));
+  // Causal, L = S: half the score matrix; the keys pass takes 5 products of it.
+  const double half = double(s.H_q) * s.L * s.S * E / 2;
+  const float st = probe::median_ms([&] { c.stats_pass(); }, reps);
+  std::printf("time E=%3d H %2d/%d L=%d: stats %.3f ms", E, s.H_q, s.H_kv, s.L, st);
+  for (const auto& f : fns) {
+    const float t = probe::median_ms([&] { c.keys_pass(f.second); }, reps);
+    std::printf("  %s %.3f ms (%.0f TF/s)", f.first, t, 10 * half / t / 1e9);
+  }
+  std::printf("\n");
+}
+
+template <int E>
+std::vector<std::pair<const char*, KeysFn>> keys_fns() {
+  std::vector<std::pair<const char*, KeysFn>> f = {{"keys", keys_kernel<E>}, {"wgmma", wg_keys_kernel<E>}};
+#ifdef FA_BASELINE_DIR
+  f.push_back({"baseline", base_keys_kernel<E>});
+#endif
+  return f;
+}
+
+template <int E>
+void setup() {
+  CHECK(cudaFuncSetAttribute(stats_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, bs::rows_smem(E, 2)));
+  for (auto [name, fn] : keys_fns<E>())
+    CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, keys_smem<E>()));
+}
+
+int main(int argc, char** argv) {
+  probe::print_gpu();
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  setup<64>();
+  setup<128>();
+  if (reps == 1) {  // for Nsight Compute: one launch of each pass at each 8K shape, no checks
+    timing<64>({14, 2, 8192, 8192}, keys_fns<64>(), 1);
+    timing<128>({32, 8, 8192, 8192}, keys_fns<128>(), 1);
+    return 0;
+  }
+  for (auto [name, fn] : keys_fns<64>()) {
+    check<64>({4, 2, 300, 300}, fn, name);
+    check<64>({2, 2, 77, 333}, fn, name);
+  }
+  for (auto [name, fn] : keys_fns<128>()) {
+    check<128>({4, 2, 300, 300}, fn, name);
+    check<128>({2, 2, 77, 333}, fn, name);
+  }
+  timing<64>({14, 2, 8192, 8192}, keys_fns<64>(), reps);
+  timing<128>({32, 8, 8192, 8192}, keys_fns<128>(), reps);
+  timing<64>({14, 2, 4096, 4096}, keys_fns<64>(), reps);
+  timing<128>({32, 8, 4096, 4096}, keys_fns<128>(), reps);
+  return 0;
+}

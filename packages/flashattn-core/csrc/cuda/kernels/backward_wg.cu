@@ -1,0 +1,271 @@
+// The 16-bit backward's keys pass on Hopper (sm_90a): backward_f16.cu's
+// fa_backward_keysq with four of its five products on warpgroup
+// instructions (wgmma.cuh), which read their shared-memory operands once a
+// warpgroup instead of once a warp: with mma.sync every warp loaded the
+// whole row tile by ldmatrix for each of S^T, dP^T, dV and dK, and the
+// loads, not the tensor cores, set the pace (Nsight Compute: HMMA waiting on
+// LDSM, LDSM on the memory pipe's queue).
+//
+// Block: 128 keys, two warpgroups of 64 (warp w: keys 16 w .., as in
+// backward_f16.cu, so the softmax step and the accumulator layouts are
+// that kernel's). Per row tile, each warpgroup:
+//   S^T = K Q^T and dP^T = V dO^T: E / 16 wgmma each, both operands in
+//     shared memory (K-major);
+//   P^T and dS^T (backward_parts.cuh's key_tile_ds) from the accumulators;
+//   dV += P^T dO and dK += dS^T Q: BR / 16 wgmma each, P^T / dS^T from
+//     registers, dO / Q read MN-major from the same tiles;
+// then dQ += dS K on mma.sync from dS^T in shared memory, as
+// backward_f16.cu, added into float32 by atomics. K, V, Q and dO lie in
+// wgmma's 128-byte swizzled layout (swizzle.cuh). Two barriers a row tile:
+// the next tile's copy starts once every warp is past the tile before.
+
+#include <cstdint>
+
+#include "backward_parts.cuh"
+#include "backward_shapes.h"
+#include "backward_tiles16.cuh"
+#include "unit.cuh"
+#include "wgmma.cuh"
+
+namespace fa {
+
+// acc += W X for a tile X (swizzled, R rows) that holds a value that is not
+// finite: float32 FMA skipping zero weights (backward_parts.cuh's
+// accumulate_guarded, for the swizzled layout). Rare.
+template <typename T, int R, int NB, int NO>
+__device__ __forceinline__ void accumulate_guarded_sw(float (&acc)[NO][4], const float (&w)[NB][4], const T* x,
+                                                      int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll 1
+  for (int k = 0; k < NB * 8; ++k) {
+    const int kb = k >> 3, odd = k & 1;
+    float wa = 0.0f, wb = 0.0f;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      if (b == kb) wa = odd ? w[b][1] : w[b][0], wb = odd ? w[b][3] : w[b][2];
+    }
+    const int src = 4 * g + ((k & 7) >> 1);
+    const float p[2] = {__shfl_sync(0xffffffffu, wa, src), __shfl_sync(0xffffffffu, wb, src)};
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (p[i >> 1] != 0.0f) acc[eb][i] = fmaf(p[i >> 1], to_f(x[sw_at<R>(k, eb * 8 + 2 * t + (i & 1))]), acc[eb][i]);
+  }
+}
+
+// W (16 x NB*8 a warp, accumulator layout) rounded to T as wgmma's A operand:
+// one 16-column block a K step.
+template <typename T, int NB>
+__device__ __forceinline__ void pack_terms(uint32_t (&a)[NB / 2][4], const float (&w)[NB][4]) {
+#pragma unroll
+  for (int kb = 0; kb < NB / 2; ++kb) {
+    a[kb][0] = pack2<T>(w[2 * kb][0], w[2 * kb][1]);
+    a[kb][1] = pack2<T>(w[2 * kb][2], w[2 * kb][3]);
+    a[kb][2] = pack2<T>(w[2 * kb + 1][0], w[2 * kb + 1][1]);
+    a[kb][3] = pack2<T>(w[2 * kb + 1][2], w[2 * kb + 1][3]);
+  }
+}
+
+template <typename T, int EB>
+__device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const T* __restrict__ k,
+                                                 const T* __restrict__ v, const T* __restrict__ d_out,
+                                                 const float* __restrict__ stats, const void* mask_data,
+                                                 const int64_t* __restrict__ mask_base, void* dk, void* dv,
+                                                 float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
+                                                 int S, int E, int mask_kind, int mask_rs, int mask_cs,
+                                                 float scale_log2, float scale) {
+  constexpr int BK = bs::kKeys16, BR = bs::row_tile16(EB), NB = BR / 8, NO = EB / 8;
+  constexpr int TH = bs::kKeysThreads16, LDS = bs::ld_ds16(EB), WN = EB / 32;
+  static_assert(BR / 16 * WN == TH / 32, "dQ's 16 x 32 blocks, one a warp");
+  extern __shared__ __align__(1024) unsigned char smem_sw[];  // (its own name: the alignment differs)
+  T* k_s = reinterpret_cast<T*>(smem_sw);  // tiles on 1024-byte boundaries (the swizzle)
+  T* v_s = k_s + BK * EB;
+  T* q_s = v_s + BK * EB;        // two buffers
+  T* do_s = q_s + 2 * BR * EB;   // two buffers
+  T* ds_s = do_s + 2 * BR * EB;  // dS^T: BK keys x BR rows, rows LDS apart
+  float* lse_s = reinterpret_cast<float*>(ds_s + BK * LDS);  // two buffers
+  float* d_s = lse_s + 2 * BR;                                // two buffers
+  if (smem_u32(smem_sw) & 1023) __trap();
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wg = w >> 2;
+
+  const BackwardBlock blk(slices, EB);
+  const int64_t n = blk.slice;  // b H_q + h
+  const int c0 = blk.tile * BK;  // the first keys first: under a causal mask they have the most rows
+  const int ratio = H_q / H_kv;
+  const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+  // Rows before the first that sees key c0 see none of the block's keys.
+  const int row_begin = mask.kind == kCausal ? max(0, c0 - mask.offset) : 0;
+  const int tiles = row_begin < L ? (L - row_begin + BR - 1) / BR : 0;
+  const bool vec = vector_copies(E, q, k, v, d_out);
+
+  // Row tile i (rows row_begin + i BR ...) into buffer b: Q, dO and the rows'
+  // (lse, D), lse = +inf past L (P = 0).
+  auto copy_rows = [&](int i, int b) {
+    const int r0 = row_begin + i * BR, count = min(BR, L - r0);
+    copy_tile<T, EB, BR, TH, true>(q_s + b * BR * EB, q + (n * L + r0) * E, count, E, vec);
+    copy_tile<T, EB, BR, TH, true>(do_s + b * BR * EB, d_out + (n * L + r0) * E, count, E, vec);
+    if (threadIdx.x < BR) {
+      const int j = threadIdx.x;
+      if (j < count) {
+        cp_async4(lse_s + b * BR + j, stats + (n * L + r0 + j) * 2);
+        cp_async4(d_s + b * BR + j, stats + (n * L + r0 + j) * 2 + 1);
+      } else {
+        lse_s[b * BR + j] = INFINITY;
+        d_s[b * BR + j] = 0.0f;
+      }
+    }
+  };
+
+  const int kc = min(BK, S - c0);
+  copy_tile<T, EB, BK, TH, true>(k_s, k + (kv_slice * S + c0) * E, kc, E, vec);
+  copy_tile<T, EB, BK, TH, true>(v_s, v + (kv_slice * S + c0) * E, kc, E, vec);
+  if (tiles > 0) copy_rows(0, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();  // cp.async writes, read by wgmma (the async proxy)
+  const bool guard_k = __syncthreads_or(tile_nonfinite<T, EB, BK, TH, true>(k_s));
+
+  // Descriptors (16-byte units): K and V K-major from this warpgroup's 64
+  // keys; Q and dO K-major for S^T and dP^T, MN-major (column blocks BR rows
+  // apart) for dK and dV. A K step of E moves 32 bytes in a column block,
+  // then to the next block; a K step of rows moves 16 rows (2048 bytes).
+  const WgDesc d_k(wgmma_desc_sw128(k_s + wg * 64 * 64, 16, 1024));
+  const WgDesc d_v(wgmma_desc_sw128(v_s + wg * 64 * 64, 16, 1024));
+  const WgDesc d_q(wgmma_desc_sw128(q_s, 16, 1024));
+  const WgDesc d_do(wgmma_desc_sw128(do_s, 16, 1024));
+  const WgDesc d_qt(wgmma_desc_sw128(q_s, BR * 128, 1024));
+  const WgDesc d_dot(wgmma_desc_sw128(do_s, BR * 128, 1024));
+  auto step_e = [](int rows, int kk) { return uint32_t((kk >> 2) * rows * 8 + (kk & 3) * 2); };
+  constexpr uint32_t kStepRows = 2048 >> 4, kStepBuf = (BR * EB * 2) >> 4;
+
+  const int ka = c0 + w * 16 + g;  // this thread's keys: ka, ka + 8
+  const int wm = w / WN, wn = w % WN;  // this warp's dQ block: rows 16 wm, columns 32 wn
+  float dk_acc[NO][4], dv_acc[NO][4];
+  zero(dk_acc);
+  zero(dv_acc);
+  for (int i = 0; i < tiles; ++i) {
+    const int b = i & 1, r0 = row_begin + i * BR;
+    const T* q_t = q_s + b * BR * EB;
+    const T* do_t = do_s + b * BR * EB;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    // Every warp is past tile i - 1 (its buffers and dS^T are free) and
+    // tile i has landed.
+    const bool guard = __syncthreads_or(tile_nonfinite<T, EB, BR, TH, true>(q_t) |
+                                        tile_nonfinite<T, EB, BR, TH, true>(do_t));
+    if (i + 1 < tiles) copy_rows(i + 1, b ^ 1);
+    cp_async_commit();
+
+    const uint32_t off = b * kStepBuf;
+    float p[NB][4], ds[NB][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < EB / 16; ++kk)
+      wgmma16_ss<T, BR>(p, d_k.at(step_e(BK, kk)), d_q.at(off + step_e(BR, kk)), kk > 0);  // S^T
+#pragma unroll
+    for (int kk = 0; kk < EB / 16; ++kk)
+      wgmma16_ss<T, BR>(ds, d_v.at(step_e(BK, kk)), d_do.at(off + step_e(BR, kk)), kk > 0);  // dP^T
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_fragments(p);
+    fence_fragments(ds);
+    key_tile_ds<NB, true>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, S), lse_s + b * BR, d_s + b * BR,
+                          scale_log2, t, L, S);
+    uint32_t pa[NB / 2][4], dsa[NB / 2][4];
+    pack_terms<T, NB>(pa, p);
+    pack_terms<T, NB>(dsa, ds);
+    if (guard) {
+      accumulate_guarded_sw<T, BR, NB, NO>(dv_acc, p, do_t, lane);
+      accumulate_guarded_sw<T, BR, NB, NO>(dk_acc, ds, q_t, lane);
+    } else {
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < NB / 2; ++kb) wgmma16_rs_t<T, EB>(dv_acc, pa[kb], d_dot.at(off + kb * kStepRows));
+#pragma unroll
+      for (int kb = 0; kb < NB / 2; ++kb) wgmma16_rs_t<T, EB>(dk_acc, dsa[kb], d_qt.at(off + kb * kStepRows));
+      wgmma_commit();
+    }
+    // dS^T to shared memory (rows ka, ka + 8: pairs of rows 16 kb + 2t ..).
+#pragma unroll
+    for (int kb = 0; kb < NB / 2; ++kb) {
+      T* at = ds_s + (w * 16 + g) * LDS + kb * 16 + 2 * t;
+      *reinterpret_cast<uint32_t*>(at) = dsa[kb][0];
+      *reinterpret_cast<uint32_t*>(at + 8 * LDS) = dsa[kb][1];
+      *reinterpret_cast<uint32_t*>(at + 8) = dsa[kb][2];
+      *reinterpret_cast<uint32_t*>(at + 8 * LDS + 8) = dsa[kb][3];
+    }
+    __syncthreads();
+    // dQ's rows 16 wm .. x columns 32 wn .. (four 8-column blocks) += dS K:
+    // dS read transposed from dS^T, K (keys x E, swizzled) transposed.
+    float qa[4][4];
+    zero(qa);
+    if (!guard_k) {
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, ds_s + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + wm * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t bf[4];
+          ldmatrix_x4_trans(bf, k_s + sw_at<BK>(kk * 16 + (lane & 15), wn * 32 + np * 16 + (lane >> 4) * 8));
+          mma16816<T>(qa[2 * np], a, bf[0], bf[1]);
+          mma16816<T>(qa[2 * np + 1], a, bf[2], bf[3]);
+        }
+      }
+    } else {
+      // A key that is not finite: float32 FMA skipping zero weights.
+#pragma unroll 1
+      for (int kk = 0; kk < BK; ++kk)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float x = to_f(ds_s[kk * LDS + wm * 16 + g + 8 * (j >> 1)]);
+            if (x != 0.0f) qa[nt][j] = fmaf(x, to_f(k_s[sw_at<BK>(kk, wn * 32 + nt * 8 + 2 * t + (j & 1))]), qa[nt][j]);
+          }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + wm * 16 + g + 8 * h, e = wn * 32 + nt * 8 + 2 * t;
+        if (r < L && e < E) add_pair(dq + (n * L + r) * E + e, qa[nt][2 * h] * scale, qa[nt][2 * h + 1] * scale, e, E);
+      }
+    // dV and dK's products read this tile's buffers and P^T / dS^T's
+    // registers: done before the barrier that frees them.
+    wgmma_wait<0>();
+    fence_fragments(dv_acc);
+    fence_fragments(dk_acc);
+    fence_fragments(pa);
+    fence_fragments(dsa);
+  }
+  cp_async_wait<0>();
+
+  const int64_t at = kv_slice * S * E;
+  if (ratio == 1) {
+    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, 0, scale, lane);
+    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, 0, 1.0f, lane);
+  } else if (tiles > 0) {
+    add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, 0, scale, lane);
+    add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, 0, 1.0f, lane);
+  }
+}
+
+}  // namespace fa
+
+// The extern "C" entry point of one unit (-DFA_DTYPE 1 | 2, -DFA_E 64 | 128):
+// fa_backward_keyswg_<dtype>_<E>, with fa_backward_keysq's arguments.
+#if !defined(FA_E) || FA_DTYPE == 0 || FA_E > 128
+#error "backward_wg.cu: a 16-bit dtype and FA_E 64 or 128"
+#endif
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16, 1)
+    FA_CAT5(fa_backward_keyswg_, FA_TNAME, _, FA_E, )(const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out,
+                                                      const float* stats, const void* mask, const int64_t* mask_base,
+                                                      void* dk, void* dv, float* dq, int slices, int H_q, int H_kv,
+                                                      int L, int S, int E, int mask_kind, int mask_rs, int mask_cs,
+                                                      float scale_log2, float scale) {
+  fa::backward_keys_wg<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,
+                                   mask_kind, mask_rs, mask_cs, scale_log2, scale);
+}
