@@ -32,17 +32,18 @@ namespace bs = fa::backward_shapes;
 
 template <int E>
 __global__ void __launch_bounds__(bs::kThreads) stats_kernel(const T* q, const T* k, const T* o, const T* d_out,
-                                                             float* stats, int slices, int H_q, int H_kv, int L,
-                                                             int S, float scale_log2) {
-  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, stats, slices, H_q, H_kv, L, S, E, fa::kCausal, 0, 0,
+                                                             float* stats, int* flags, int slices, int H_q, int H_kv,
+                                                             int L, int S, float scale_log2) {
+  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, stats, flags, slices, H_q, H_kv, L, S, E, fa::kCausal, 0, 0,
                              scale_log2);
 }
 
-using KeysFn = void (*)(const T*, const T*, const T*, const T*, const float*, void*, void*, float*, int, int, int,
-                        int, int, float, float);
+using KeysFn = void (*)(const T*, const T*, const T*, const T*, const float*, const int*, void*, void*, float*, int,
+                        int, int, int, int, float, float);
 template <int E>
 __global__ void __launch_bounds__(bs::kKeysThreads16) keys_kernel(const T* q, const T* k, const T* v, const T* d_out,
-                                                                  const float* stats, void* dk, void* dv, float* dq,
+                                                                  const float* stats, const int*, void* dk, void* dv,
+                                                                  float* dq,
                                                                   int slices, int H_q, int H_kv, int L, int S,
                                                                   float scale_log2, float scale) {
   fa::backward_keysq16<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
@@ -50,18 +51,18 @@ __global__ void __launch_bounds__(bs::kKeysThreads16) keys_kernel(const T* q, co
 }
 template <int E>
 __global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_kernel(const T* q, const T* k, const T* v,
-                                                                        const T* d_out, const float* stats, void* dk,
-                                                                        void* dv, float* dq, int slices, int H_q,
-                                                                        int H_kv, int L, int S, float scale_log2,
-                                                                        float scale) {
-  fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
+                                                                        const T* d_out, const float* stats,
+                                                                        const int* flags, void* dk, void* dv, float* dq,
+                                                                        int slices, int H_q, int H_kv, int L, int S,
+                                                                        float scale_log2, float scale) {
+  fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
                              fa::kCausal, 0, 0, scale_log2, scale);
 }
 #ifdef FA_BASELINE_DIR
 template <int E>
 __global__ void __launch_bounds__(bs::kKeysThreads16) base_keys_kernel(const T* q, const T* k, const T* v,
-                                                                       const T* d_out, const float* stats, void* dk,
-                                                                       void* dv, float* dq, int slices, int H_q,
+                                                                       const T* d_out, const float* stats, const int*,
+                                                                       void* dk, void* dv, float* dq, int slices, int H_q,
                                                                        int H_kv, int L, int S, float scale_log2,
                                                                        float scale) {
   baseline::fa::backward_keysq16<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S,
@@ -93,13 +94,14 @@ struct Call {
   Shape s;
   const T *q, *k, *v, *o, *d_out;
   float *stats, *dq;
+  int* flags;
   void *dk, *dv;
   bool sums() const { return s.H_q != s.H_kv; }
   size_t kv_bytes() const { return size_t(s.H_kv) * s.S * E * (sums() ? 4 : 2); }
   float scale() const { return 1.0f / std::sqrt(float(E)); }
   void stats_pass() const {
     const int blocks = (s.L + bs::kRows - 1) / bs::kRows * s.H_q;
-    stats_kernel<E><<<blocks, bs::kThreads, bs::rows_smem(E, 2)>>>(q, k, o, d_out, stats, s.H_q, s.H_q, s.H_kv, s.L,
+    stats_kernel<E><<<blocks, bs::kThreads, bs::rows_smem(E, 2)>>>(q, k, o, d_out, stats, flags, s.H_q, s.H_q, s.H_kv, s.L,
                                                                   s.S, scale() * 1.4426950408889634f);
   }
   void keys_pass(KeysFn fn) const {
@@ -109,7 +111,7 @@ struct Call {
       CHECK(cudaMemsetAsync(dv, 0, kv_bytes()));
     }
     const int blocks = (s.S + bs::kKeys16 - 1) / bs::kKeys16 * s.H_q;
-    fn<<<blocks, bs::kKeysThreads16, keys_smem<E>()>>>(q, k, v, d_out, stats, dk, dv, dq, s.H_q, s.H_q, s.H_kv,
+    fn<<<blocks, bs::kKeysThreads16, keys_smem<E>()>>>(q, k, v, d_out, stats, flags, dk, dv, dq, s.H_q, s.H_q, s.H_kv,
                                                           s.L, s.S, scale() * 1.4426950408889634f, scale());
   }
 };
@@ -119,6 +121,7 @@ Call<E> make_call(const Shape& s, const std::vector<T>& q, const std::vector<T>&
                   const std::vector<T>& o, const std::vector<T>& d_out) {
   Call<E> c{s, upload(q), upload(k), upload(v), upload(o), upload(d_out)};
   CHECK(cudaMalloc(&c.stats, size_t(s.H_q) * s.L * 2 * 4));
+  CHECK(cudaMalloc(&c.flags, size_t(s.H_q) * s.L * 4));
   CHECK(cudaMalloc(&c.dq, size_t(s.H_q) * s.L * E * 4));
   CHECK(cudaMalloc(&c.dk, c.kv_bytes()));
   CHECK(cudaMalloc(&c.dv, c.kv_bytes()));

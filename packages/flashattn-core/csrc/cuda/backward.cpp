@@ -2,7 +2,7 @@
 // custom-kernel API, ordered in MLX's graph by the statistics the second
 // reads. 16-bit inputs up to E = 128 (kernels/backward_f16.cu): a statistics
 // pass (each row's log-sum-exp and D) and a keys pass for all three
-// gradients (dQ as float32 sums). Others (kernels/backward.cu): the rows pass
+// gradients (dQ as float32 sums; on Hopper kernels/backward_wg.cu's). Others (kernels/backward.cu): the rows pass
 // (dQ and the statistics) and the keys pass (dK, dV). Under GQA dK and dV are
 // float32 sums of the group's heads; sums are cast to the inputs' dtype after. Both read their inputs
 // row-contiguous (MLX copies a strided view first: O(L) memory, like the
@@ -87,12 +87,20 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const mx::Dtype kv_dtype = group_sums ? mx::float32 : k.dtype();
   const mx::Shape stats_shape = {static_cast<int>(batch * H_q * L * 2)};
   if (bs::f16_kernel(EB, bytes)) {
-    // Statistics, then one pass for all three gradients (dQ float32 sums).
-    auto stats = launch("fa_backward_stats_" + suffix, {q, k, out, dO, m.data, m.base}, {stats_shape},
-                        {mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
-    auto grads = launch("fa_backward_keysq_" + suffix, {q, k, v, dO, stats[0], m.data, m.base},
-                        {k.shape(), v.shape(), q.shape()}, {kv_dtype, kv_dtype, mx::float32}, key_blocks,
-                        key_threads, bs::keys_smem(EB, bytes), 0.0f);
+    // Statistics (and each row's flag: Q or dO not finite), then one pass
+    // for all three gradients (dQ float32 sums): on Hopper's wgmma where the
+    // build has it.
+    auto stats = launch("fa_backward_stats_" + suffix, {q, k, out, dO, m.data, m.base},
+                        {stats_shape, {static_cast<int>(batch * H_q * L)}}, {mx::float32, mx::int32}, row_blocks,
+                        bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
+    const std::vector<mx::Shape> grad_shapes = {k.shape(), v.shape(), q.shape()};
+    const std::vector<mx::Dtype> grad_dtypes = {kv_dtype, kv_dtype, mx::float32};
+    const std::string wg_kernel = "fa_backward_keyswg_" + suffix;
+    auto grads = find_image(wg_kernel, s.device.index)
+                     ? launch(wg_kernel, {q, k, v, dO, stats[0], stats[1], m.data, m.base}, grad_shapes, grad_dtypes,
+                              key_blocks, key_threads, bs::keys_smem_bytes_wg(EB), 0.0f)
+                     : launch("fa_backward_keysq_" + suffix, {q, k, v, dO, stats[0], m.data, m.base}, grad_shapes,
+                              grad_dtypes, key_blocks, key_threads, bs::keys_smem(EB, bytes), 0.0f);
     std::vector<mx::array> result = {mx::astype(grads[2], q.dtype(), s), mx::astype(grads[0], k.dtype(), s),
                                      mx::astype(grads[1], v.dtype(), s)};
     if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));

@@ -88,14 +88,17 @@ __device__ __forceinline__ void accumulate16(float (&acc)[NO][4], const float (&
 }
 
 // Each row's log-sum-exp (log2 domain) and D = rowsum(dO * O), as
-// (lse, D) pairs in stats; a row that sees no key gets lse = +inf.
+// (lse, D) pairs in stats; a row that sees no key gets lse = +inf. flags:
+// whether the row's Q or dO holds a value that is not finite (the Hopper
+// keys pass then takes its guarded products for the row's tile, instead of
+// scanning every tile it copies).
 template <typename T, int EB>
 __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const T* __restrict__ k,
                                                  const T* __restrict__ o, const T* __restrict__ d_out,
                                                  const void* mask_data, const int64_t* __restrict__ mask_base,
-                                                 float* __restrict__ stats, int64_t slices, int H_q, int H_kv, int L,
-                                                 int S, int E, int mask_kind, int mask_rs, int mask_cs,
-                                                 float scale_log2) {
+                                                 float* __restrict__ stats, int* __restrict__ flags, int64_t slices,
+                                                 int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
+                                                 int mask_cs, float scale_log2) {
   constexpr int LD = bs::ld16(EB), BR = bs::kRows, BC = bs::kKeyTile16, NB = BC / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_s = reinterpret_cast<T*>(smem_raw);
@@ -121,9 +124,18 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   // D while the first tiles land.
   for (int r = w; r < count; r += bs::kWarps) {
     float d = 0.0f;
-    for (int e = lane; e < E; e += 32) d += to_f(d_out[(first + r) * E + e]) * to_f(o[(first + r) * E + e]);
+    bool bad = false;
+    for (int e = lane; e < E; e += 32) {
+      const float x = to_f(d_out[(first + r) * E + e]);
+      d += x * to_f(o[(first + r) * E + e]);
+      bad |= !isfinite(x) || !isfinite(to_f(q[(first + r) * E + e]));
+    }
     d = warp_sum(d);
-    if (lane == 0) stats[(first + r) * 2 + 1] = d;
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0) {
+      stats[(first + r) * 2 + 1] = d;
+      flags[first + r] = bad;
+    }
   }
 
   const int ra = l0 + w * 16 + g;
@@ -326,9 +338,9 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
 #if FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_stats_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
-    float* stats, FA_BACKWARD_SCALARS) {
-  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, stats, slices, H_q, H_kv, L, S, E, mask_kind,
-                                   mask_rs, mask_cs, scale_log2);
+    float* stats, int* flags, FA_BACKWARD_SCALARS) {
+  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, stats, flags, slices, H_q, H_kv, L, S, E,
+                                   mask_kind, mask_rs, mask_cs, scale_log2);
 }
 #else
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16) FA_CAT5(fa_backward_keysq_, FA_TNAME, _, FA_E, )(

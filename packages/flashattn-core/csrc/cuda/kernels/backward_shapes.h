@@ -58,9 +58,10 @@ FA_HOST_DEVICE constexpr int keys_smem_bytes16(int EB) {
 }
 
 // The keys pass on Hopper (backward_wg.cu): the same blocks and tiles, K,
-// V, Q and dO unpadded in wgmma's swizzled layout.
+// V, Q and dO unpadded in wgmma's swizzled layout, the rows' flags beside
+// their statistics.
 FA_HOST_DEVICE constexpr int keys_smem_bytes_wg(int EB) {
-  return ((2 * kKeys16 + 4 * row_tile16(EB)) * EB + kKeys16 * ld_ds16(EB)) * 2 + 4 * row_tile16(EB) * 4;
+  return ((2 * kKeys16 + 4 * row_tile16(EB)) * EB + kKeys16 * ld_ds16(EB)) * 2 + 6 * row_tile16(EB) * 4;
 }
 
 // A keys pass launch's keys a block and threads a block, and a launch's

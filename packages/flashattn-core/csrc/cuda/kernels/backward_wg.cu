@@ -17,7 +17,9 @@
 // then dQ += dS K on mma.sync from dS^T in shared memory, as
 // backward_f16.cu, added into float32 by atomics. K, V, Q and dO lie in
 // wgmma's 128-byte swizzled layout (swizzle.cuh). Two barriers a row tile:
-// the next tile's copy starts once every warp is past the tile before.
+// the next tile's copy starts once every warp is past the tile before. The
+// statistics pass flags the rows whose Q or dO is not finite: a tile with
+// one takes guarded products (a zero weight never meets it).
 
 #include <cstdint>
 
@@ -70,9 +72,9 @@ __device__ __forceinline__ void pack_terms(uint32_t (&a)[NB / 2][4], const float
 template <typename T, int EB>
 __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const T* __restrict__ k,
                                                  const T* __restrict__ v, const T* __restrict__ d_out,
-                                                 const float* __restrict__ stats, const void* mask_data,
-                                                 const int64_t* __restrict__ mask_base, void* dk, void* dv,
-                                                 float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
+                                                 const float* __restrict__ stats, const int* __restrict__ flags,
+                                                 const void* mask_data, const int64_t* __restrict__ mask_base,
+                                                 void* dk, void* dv, float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
                                                  int S, int E, int mask_kind, int mask_rs, int mask_cs,
                                                  float scale_log2, float scale) {
   constexpr int BK = bs::kKeys16, BR = bs::row_tile16(EB), NB = BR / 8, NO = EB / 8;
@@ -86,6 +88,7 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
   T* ds_s = do_s + 2 * BR * EB;  // dS^T: BK keys x BR rows, rows LDS apart
   float* lse_s = reinterpret_cast<float*>(ds_s + BK * LDS);  // two buffers
   float* d_s = lse_s + 2 * BR;                                // two buffers
+  int* flag_s = reinterpret_cast<int*>(d_s + 2 * BR);         // two buffers
   if (smem_u32(smem_sw) & 1023) __trap();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wg = w >> 2;
 
@@ -100,8 +103,9 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
   const int tiles = row_begin < L ? (L - row_begin + BR - 1) / BR : 0;
   const bool vec = vector_copies(E, q, k, v, d_out);
 
-  // Row tile i (rows row_begin + i BR ...) into buffer b: Q, dO and the rows'
-  // (lse, D), lse = +inf past L (P = 0).
+  // Row tile i (rows row_begin + i BR ...) into buffer b: Q, dO, the rows'
+  // (lse, D), lse = +inf past L (P = 0), and their flags (the statistics
+  // pass's: Q or dO not finite).
   auto copy_rows = [&](int i, int b) {
     const int r0 = row_begin + i * BR, count = min(BR, L - r0);
     copy_tile<T, EB, BR, TH, true>(q_s + b * BR * EB, q + (n * L + r0) * E, count, E, vec);
@@ -111,9 +115,11 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
       if (j < count) {
         cp_async4(lse_s + b * BR + j, stats + (n * L + r0 + j) * 2);
         cp_async4(d_s + b * BR + j, stats + (n * L + r0 + j) * 2 + 1);
+        cp_async4(flag_s + b * BR + j, flags + n * L + r0 + j);
       } else {
         lse_s[b * BR + j] = INFINITY;
         d_s[b * BR + j] = 0.0f;
+        flag_s[b * BR + j] = 0;
       }
     }
   };
@@ -149,12 +155,10 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
     const int b = i & 1, r0 = row_begin + i * BR;
     const T* q_t = q_s + b * BR * EB;
     const T* do_t = do_s + b * BR * EB;
-    cp_async_wait<0>();
-    fence_proxy_async();
     // Every warp is past tile i - 1 (its buffers and dS^T are free) and
-    // tile i has landed.
-    const bool guard = __syncthreads_or(tile_nonfinite<T, EB, BR, TH, true>(q_t) |
-                                        tile_nonfinite<T, EB, BR, TH, true>(do_t));
+    // tile i has landed (each thread waited for its copies at the end of
+    // tile i - 1).
+    const bool guard = __syncthreads_or(threadIdx.x < BR && flag_s[b * BR + threadIdx.x] != 0);
     if (i + 1 < tiles) copy_rows(i + 1, b ^ 1);
     cp_async_commit();
 
@@ -226,6 +230,11 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
             if (x != 0.0f) qa[nt][j] = fmaf(x, to_f(k_s[sw_at<BK>(kk, wn * 32 + nt * 8 + 2 * t + (j & 1))]), qa[nt][j]);
           }
     }
+    // The next tile's copies landed and made visible to wgmma before dQ's
+    // atomics go out: the fence waits for every earlier memory access of
+    // the thread, and the atomics' would be the slowest.
+    cp_async_wait<0>();
+    fence_proxy_async();
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -256,16 +265,17 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
 }  // namespace fa
 
 // The extern "C" entry point of one unit (-DFA_DTYPE 1 | 2, -DFA_E 64 | 128):
-// fa_backward_keyswg_<dtype>_<E>, with fa_backward_keysq's arguments.
+// fa_backward_keyswg_<dtype>_<E>: fa_backward_keysq's arguments and the
+// statistics pass's flags after its statistics.
 #if !defined(FA_E) || FA_DTYPE == 0 || FA_E > 128
 #error "backward_wg.cu: a 16-bit dtype and FA_E 64 or 128"
 #endif
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16, 1)
     FA_CAT5(fa_backward_keyswg_, FA_TNAME, _, FA_E, )(const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out,
-                                                      const float* stats, const void* mask, const int64_t* mask_base,
-                                                      void* dk, void* dv, float* dq, int slices, int H_q, int H_kv,
+                                                      const float* stats, const int* flags, const void* mask,
+                                                      const int64_t* mask_base, void* dk, void* dv, float* dq, int slices, int H_q, int H_kv,
                                                       int L, int S, int E, int mask_kind, int mask_rs, int mask_cs,
                                                       float scale_log2, float scale) {
-  fa::backward_keys_wg<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,
+  fa::backward_keys_wg<FA_T, FA_E>(q, k, v, d_out, stats, flags, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,
                                    mask_kind, mask_rs, mask_cs, scale_log2, scale);
 }
