@@ -3,7 +3,8 @@
 // the algebra; here, as in FlashAttention-2, one pass over the keys makes all
 // three gradients, dQ added into float32 by atomics:
 //   fa_backward_stats: 4 warps x 16 query rows; each row's log-sum-exp (a
-//     walk over the K tiles: the forward kernels do not keep it) and D.
+//     walk over the K tiles: the forward kernels do not keep it) and D
+//     (backward_stats16.cuh).
 //   fa_backward_keysq: 8 warps x 16 keys against one query head's rows, a
 //     row tile at a time: S^T, dP^T, then dV += P^T dO and dK += dS^T Q in
 //     registers, and dQ += dS K from dS^T put in shared memory, added to the
@@ -19,6 +20,7 @@
 
 #include "backward_parts.cuh"
 #include "backward_shapes.h"
+#include "backward_stats16.cuh"
 #include "backward_tiles16.cuh"
 #include "mma.cuh"
 #include "unit.cuh"
@@ -26,34 +28,6 @@
 namespace fa {
 
 namespace bs = backward_shapes;
-
-// s = A B^T for the warp's 16 rows of A (a_rows) against NB x 8 rows of B
-// (b_rows), both 16-bit in shared memory, inner dim EB. ldmatrix lanes: A's
-// 16 x 16 blocks as rows lane % 16, column half lane / 16; B's two 8-row
-// blocks as rows lane % 8 (+ 8 from lane 16), column half (lane / 8) % 2.
-template <typename T, int NB, int EB>
-__device__ __forceinline__ void scores16(float (&s)[NB][4], const T* a_rows, const T* b_rows, int lane) {
-  constexpr int LD = bs::ld16(EB);
-  static_assert(NB % 2 == 0, "key blocks in pairs");
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) s[nb][i] = 0.0f;
-  const T* a = a_rows + (lane & 15) * LD + (lane >> 4) * 8;
-  const T* b = b_rows + ((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8;
-#pragma unroll
-  for (int kk = 0; kk < EB / 16; ++kk) {
-    uint32_t af[4];
-    ldmatrix_x4(af, a + kk * 16);
-#pragma unroll
-    for (int nb = 0; nb < NB; nb += 2) {
-      uint32_t bf[4];
-      ldmatrix_x4(bf, b + nb * 8 * LD + kk * 16);
-      mma16816<T>(s[nb], af, bf[0], bf[1]);
-      mma16816<T>(s[nb + 1], af, bf[2], bf[3]);
-    }
-  }
-}
 
 // acc (16 x NO*8) += W X, W (16 x NB*8, accumulator layout: P or dS) rounded
 // to T as the A operand (two accumulator blocks make one 16 x 16 block), X's
@@ -85,93 +59,6 @@ __device__ __forceinline__ void accumulate16(float (&acc)[NO][4], const float (&
       mma16816<T>(acc[eb], a[kb], bf[0], bf[1]);
       mma16816<T>(acc[eb + 1], a[kb], bf[2], bf[3]);
     }
-}
-
-// Each row's log-sum-exp (log2 domain) and D = rowsum(dO * O), as
-// (lse, D) pairs in stats; a row that sees no key gets lse = +inf. flags:
-// whether the row's Q or dO holds a value that is not finite (the Hopper
-// keys pass then takes its guarded products for the row's tile, instead of
-// scanning every tile it copies).
-template <typename T, int EB>
-__device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const T* __restrict__ k,
-                                                 const T* __restrict__ o, const T* __restrict__ d_out,
-                                                 const void* mask_data, const int64_t* __restrict__ mask_base,
-                                                 float* __restrict__ stats, int* __restrict__ flags, int64_t slices,
-                                                 int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
-                                                 int mask_cs, float scale_log2) {
-  constexpr int LD = bs::ld16(EB), BR = bs::kRows, BC = bs::kKeyTile16, NB = BC / 8;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* q_s = reinterpret_cast<T*>(smem_raw);
-  T* k_s = q_s + BR * LD;  // two buffers
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-
-  const int row_tiles = (L + BR - 1) / BR;
-  const BackwardBlock blk(slices, EB);
-  const int64_t n = blk.slice;  // b H_q + h
-  const int l0 = (row_tiles - 1 - blk.tile) * BR;  // the last rows first
-  const int64_t kv_slice = n / H_q * H_kv + n % H_q / (H_q / H_kv);
-  const T* k_head = k + kv_slice * S * E;
-  const int64_t first = n * L + l0;  // the block's first row, of all
-  const int count = min(BR, L - l0);
-  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  const int kv_end = mask.kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
-  const int tiles = (kv_end + BC - 1) / BC;
-  const bool vec = vector_copies(E, q, k, q, k);
-
-  copy_tile<T, EB, BR, bs::kThreads>(q_s, q + first * E, count, E, vec);
-  if (tiles > 0) copy_tile<T, EB, BC, bs::kThreads>(k_s, k_head, min(BC, S), E, vec);
-  cp_async_commit();
-  // D while the first tiles land.
-  for (int r = w; r < count; r += bs::kWarps) {
-    float d = 0.0f;
-    bool bad = false;
-    for (int e = lane; e < E; e += 32) {
-      const float x = to_f(d_out[(first + r) * E + e]);
-      d += x * to_f(o[(first + r) * E + e]);
-      bad |= !isfinite(x) || !isfinite(to_f(q[(first + r) * E + e]));
-    }
-    d = warp_sum(d);
-    bad = __any_sync(0xffffffffu, bad);
-    if (lane == 0) {
-      stats[(first + r) * 2 + 1] = d;
-      flags[first + r] = bad;
-    }
-  }
-
-  const int ra = l0 + w * 16 + g;
-  const T* q_w = q_s + w * 16 * LD;
-  int64_t rb[2] = {0, 0};
-  if (mask.is_array()) {
-    rb[0] = ra < L ? mask.row_base(n, ra) : 0;
-    rb[1] = ra + 8 < L ? mask.row_base(n, ra + 8) : 0;
-  }
-  // Tile i lies in buffer i % 2, copied during tile i - 1.
-  float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
-  for (int i = 0; i < tiles; ++i) {
-    if (i + 1 < tiles) {
-      const int c = (i + 1) * BC;
-      copy_tile<T, EB, BC, bs::kThreads>(k_s + ((i + 1) & 1) * BC * LD, k_head + (int64_t)c * E, min(BC, S - c), E, vec);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const int c0 = i * BC;
-    float s[NB][4];
-    scores16<T, NB, EB>(s, q_w, k_s + (i & 1) * BC * LD, lane);
-    mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, S), scale_log2, t, L, S);
-    lse_step<NB, true>(s, m, l);
-    __syncthreads();  // the buffer this tile read is the next copy's
-  }
-  cp_async_wait<0>();
-  float lse[2];
-  lse_final(m, l, lse, sink_log2(mask_kind, mask_base, int(n % H_q)));
-  if (t == 0) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int r = ra + 8 * rr;
-      if (r < L) stats[(n * L + r) * 2] = lse[rr];
-    }
-  }
 }
 
 // One block: 128 keys against the rows of one query head. dK and dV in T

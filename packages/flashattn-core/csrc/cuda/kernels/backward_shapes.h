@@ -64,6 +64,9 @@ FA_HOST_DEVICE constexpr int keys_smem_bytes_wg(int EB) {
   return ((2 * kKeys16 + 4 * row_tile16(EB)) * EB + kKeys16 * ld_ds16(EB)) * 2 + 6 * row_tile16(EB) * 4;
 }
 
+// The statistics pass on Hopper: the same tiles, unpadded (swizzled).
+FA_HOST_DEVICE constexpr int rows_smem_bytes_wg(int EB) { return (kRows + 2 * kKeyTile16) * EB * 2; }
+
 // A keys pass launch's keys a block and threads a block, and a launch's
 // dynamic shared memory, for inputs of `bytes` bytes an element.
 FA_HOST_DEVICE constexpr int keys_block(int EB, int bytes) { return f16_kernel(EB, bytes) ? kKeys16 : kKeys; }

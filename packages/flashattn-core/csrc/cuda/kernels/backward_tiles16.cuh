@@ -1,7 +1,7 @@
 // Tiles of the 16-bit backward's kernels (backward_f16.cu, backward_wg.cu):
 // their copies into shared memory (row-padded, or in wgmma's swizzled
-// layout), the scan for values that are not finite, and dQ's float32
-// atomics.
+// layout), the scan for values that are not finite, the warp's S = A B^T on
+// mma.sync, the rows' D and flags, and dQ's float32 atomics.
 
 #pragma once
 
@@ -98,6 +98,59 @@ __device__ __forceinline__ void add_pair(float* dst, float x0, float x1, int e, 
 #endif
   atomicAdd(dst, x0);
   if (e + 1 < E) atomicAdd(dst + 1, x1);
+}
+
+// The statistics pass's per-row part, a warp a row: D = rowsum(dO * O)
+// into stats (lse, D) and whether the row's Q or dO holds a value that is
+// not finite into flags; rows first .. first + count of all.
+template <typename T>
+__device__ __forceinline__ void row_d_flags(const T* __restrict__ q, const T* __restrict__ o,
+                                            const T* __restrict__ d_out, float* __restrict__ stats,
+                                            int* __restrict__ flags, int64_t first, int count, int E) {
+  const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  for (int r = threadIdx.x >> 5; r < count; r += warps) {
+    float d = 0.0f;
+    bool bad = false;
+    for (int e = lane; e < E; e += 32) {
+      const float x = to_f(d_out[(first + r) * E + e]);
+      d += x * to_f(o[(first + r) * E + e]);
+      bad |= !isfinite(x) || !isfinite(to_f(q[(first + r) * E + e]));
+    }
+    d = warp_sum(d);
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0) {
+      stats[(first + r) * 2 + 1] = d;
+      flags[first + r] = bad;
+    }
+  }
+}
+
+// s = A B^T for the warp's 16 rows of A (a_rows) against NB x 8 rows of B
+// (b_rows), both 16-bit in shared memory, inner dim EB. ldmatrix lanes: A's
+// 16 x 16 blocks as rows lane % 16, column half lane / 16; B's two 8-row
+// blocks as rows lane % 8 (+ 8 from lane 16), column half (lane / 8) % 2.
+template <typename T, int NB, int EB>
+__device__ __forceinline__ void scores16(float (&s)[NB][4], const T* a_rows, const T* b_rows, int lane) {
+  constexpr int LD = bs::ld16(EB);
+  static_assert(NB % 2 == 0, "key blocks in pairs");
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[nb][i] = 0.0f;
+  const T* a = a_rows + (lane & 15) * LD + (lane >> 4) * 8;
+  const T* b = b_rows + ((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < EB / 16; ++kk) {
+    uint32_t af[4];
+    ldmatrix_x4(af, a + kk * 16);
+#pragma unroll
+    for (int nb = 0; nb < NB; nb += 2) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, b + nb * 8 * LD + kk * 16);
+      mma16816<T>(s[nb], af, bf[0], bf[1]);
+      mma16816<T>(s[nb + 1], af, bf[2], bf[3]);
+    }
+  }
 }
 
 }  // namespace fa

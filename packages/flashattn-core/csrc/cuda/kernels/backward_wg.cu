@@ -1,4 +1,5 @@
-// The 16-bit backward's keys pass on Hopper (sm_90a): backward_f16.cu's
+// The 16-bit backward on Hopper (sm_90a): the statistics pass with Q K^T on
+// wgmma (backward_stats16.cuh), and backward_f16.cu's
 // fa_backward_keysq with four of its five products on warpgroup
 // instructions (wgmma.cuh), which read their shared-memory operands once a
 // warpgroup instead of once a warp: with mma.sync every warp loaded the
@@ -25,6 +26,7 @@
 
 #include "backward_parts.cuh"
 #include "backward_shapes.h"
+#include "backward_stats16.cuh"
 #include "backward_tiles16.cuh"
 #include "unit.cuh"
 #include "wgmma.cuh"
@@ -264,12 +266,23 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
 
 }  // namespace fa
 
-// The extern "C" entry point of one unit (-DFA_DTYPE 1 | 2, -DFA_E 64 | 128):
-// fa_backward_keyswg_<dtype>_<E>: fa_backward_keysq's arguments and the
-// statistics pass's flags after its statistics.
-#if !defined(FA_E) || FA_DTYPE == 0 || FA_E > 128
-#error "backward_wg.cu: a 16-bit dtype and FA_E 64 or 128"
+// The extern "C" entry points of one unit (-DFA_DTYPE 1 | 2, -DFA_E 64 | 128,
+// -DFA_PASS=0 stats | 1 keys): fa_backward_statswg_<dtype>_<E> (the
+// arguments of backward_f16.cu's fa_backward_stats_*) and
+// fa_backward_keyswg_<dtype>_<E> (fa_backward_keysq's, and the statistics
+// pass's flags after its statistics).
+#if !defined(FA_E) || !defined(FA_PASS) || FA_DTYPE == 0 || FA_E > 128
+#error "backward_wg.cu: a 16-bit dtype, FA_E 64 or 128, and FA_PASS"
 #endif
+#if FA_PASS == 0
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_statswg_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
+    float* stats, int* flags, int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
+    int mask_cs, float scale_log2, float) {
+  fa::backward_stats16<FA_T, FA_E, true>(q, k, o, d_out, mask, mask_base, stats, flags, slices, H_q, H_kv, L, S, E,
+                                         mask_kind, mask_rs, mask_cs, scale_log2);
+}
+#else
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16, 1)
     FA_CAT5(fa_backward_keyswg_, FA_TNAME, _, FA_E, )(const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out,
                                                       const float* stats, const int* flags, const void* mask,
@@ -279,3 +292,4 @@ extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16
   fa::backward_keys_wg<FA_T, FA_E>(q, k, v, d_out, stats, flags, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,
                                    mask_kind, mask_rs, mask_cs, scale_log2, scale);
 }
+#endif

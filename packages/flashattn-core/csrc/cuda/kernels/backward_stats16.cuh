@@ -1,0 +1,103 @@
+// The 16-bit backward's statistics pass (fa_backward_stats_*: mma.sync,
+// backward_f16.cu; fa_backward_statswg_*: wgmma, backward_wg.cu): 4 warps x
+// 16 query rows; each row's log-sum-exp again (a walk over the K tiles: the
+// forward kernels do not keep it), D and the row's flag.
+
+#pragma once
+
+#include "backward_parts.cuh"
+#include "backward_tiles16.cuh"
+#include "wgmma.cuh"
+
+namespace fa {
+
+// Each row's log-sum-exp (log2 domain) and D = rowsum(dO * O), as
+// (lse, D) pairs in stats; a row that sees no key gets lse = +inf. flags:
+// whether the row's Q or dO holds a value that is not finite (the Hopper
+// keys pass then takes its guarded products for the row's tile, instead of
+// scanning every tile it copies). WG (Hopper, backward_wg.cu): Q K^T on
+// wgmma, the tiles in its swizzled layout.
+template <typename T, int EB, bool WG = false>
+__device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const T* __restrict__ k,
+                                                 const T* __restrict__ o, const T* __restrict__ d_out,
+                                                 const void* mask_data, const int64_t* __restrict__ mask_base,
+                                                 float* __restrict__ stats, int* __restrict__ flags, int64_t slices,
+                                                 int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
+                                                 int mask_cs, float scale_log2) {
+  constexpr int LD = WG ? EB : bs::ld16(EB), BR = bs::kRows, BC = bs::kKeyTile16, NB = BC / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* q_s = reinterpret_cast<T*>(smem_raw);
+  T* k_s = q_s + BR * LD;  // two buffers
+  if (WG && (smem_u32(smem_raw) & 1023)) __trap();  // the swizzle's tiles on 1024-byte boundaries
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+
+  const int row_tiles = (L + BR - 1) / BR;
+  const BackwardBlock blk(slices, EB);
+  const int64_t n = blk.slice;  // b H_q + h
+  const int l0 = (row_tiles - 1 - blk.tile) * BR;  // the last rows first
+  const int64_t kv_slice = n / H_q * H_kv + n % H_q / (H_q / H_kv);
+  const T* k_head = k + kv_slice * S * E;
+  const int64_t first = n * L + l0;  // the block's first row, of all
+  const int count = min(BR, L - l0);
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+  const int kv_end = mask.kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
+  const int tiles = (kv_end + BC - 1) / BC;
+  const bool vec = vector_copies(E, q, k, q, k);
+
+  copy_tile<T, EB, BR, bs::kThreads, WG>(q_s, q + first * E, count, E, vec);
+  if (tiles > 0) copy_tile<T, EB, BC, bs::kThreads, WG>(k_s, k_head, min(BC, S), E, vec);
+  cp_async_commit();
+  row_d_flags(q, o, d_out, stats, flags, first, count, E);  // while the first tiles land
+
+  const int ra = l0 + w * 16 + g;
+  const T* q_w = q_s + w * 16 * LD;
+  int64_t rb[2] = {0, 0};
+  if (mask.is_array()) {
+    rb[0] = ra < L ? mask.row_base(n, ra) : 0;
+    rb[1] = ra + 8 < L ? mask.row_base(n, ra + 8) : 0;
+  }
+  // Tile i lies in buffer i % 2, copied during tile i - 1.
+  float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
+  for (int i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles) {
+      const int c = (i + 1) * BC;
+      copy_tile<T, EB, BC, bs::kThreads, WG>(k_s + ((i + 1) & 1) * BC * LD, k_head + (int64_t)c * E, min(BC, S - c), E,
+                                             vec);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    if constexpr (WG) fence_proxy_async();  // cp.async's writes, read by wgmma
+    __syncthreads();
+    const int c0 = i * BC;
+    float s[NB][4];
+    if constexpr (WG) {
+      // S = Q K^T for the block's 64 rows, both tiles K-major in shared memory.
+      auto step_e = [](int rows, int kk) { return uint32_t((kk >> 2) * rows * 8 + (kk & 3) * 2); };
+      const WgDesc d_q(wgmma_desc_sw128(q_s, 16, 1024));
+      const WgDesc d_k(wgmma_desc_sw128(k_s + (i & 1) * BC * LD, 16, 1024));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < EB / 16; ++kk) wgmma16_ss<T, BC>(s, d_q.at(step_e(BR, kk)), d_k.at(step_e(BC, kk)), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_fragments(s);
+    } else {
+      scores16<T, NB, EB>(s, q_w, k_s + (i & 1) * BC * LD, lane);
+    }
+    mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, S), scale_log2, t, L, S);
+    lse_step<NB, true>(s, m, l);
+    __syncthreads();  // the buffer this tile read is the next copy's
+  }
+  cp_async_wait<0>();
+  float lse[2];
+  lse_final(m, l, lse, sink_log2(mask_kind, mask_base, int(n % H_q)));
+  if (t == 0) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = ra + 8 * rr;
+      if (r < L) stats[(n * L + r) * 2] = lse[rr];
+    }
+  }
+}
+
+}  // namespace fa
