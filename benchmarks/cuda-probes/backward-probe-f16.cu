@@ -3,8 +3,9 @@
 // against a float64 gradient on small causal shapes (GQA, L != S, rows past
 // the tiles) and timed with CUDA events at qwen05b and hd128 causal 8K.
 // With -DFA_BASELINE_DIR=<dir> (a copy of an earlier kernels/ directory,
-// e.g. `git archive REV packages/flashattn-core/csrc/cuda/kernels | tar -x`),
-// that version's keys pass runs beside this tree's on the same inputs.
+// e.g. `git archive REV packages/flashattn-core/csrc/cuda/kernels | tar -x`,
+// from commit 60016b6 on), that version's wgmma keys pass runs beside this
+// tree's on the same inputs.
 //
 //   scripts/cuda-check probe backward-probe-f16.cu [reps]    (reps = 1: the 8K launches alone, for ncu)
 
@@ -19,7 +20,7 @@
 #define FA_STR_(x) #x
 #define FA_STR(x) FA_STR_(x)
 namespace baseline {
-#include FA_STR(FA_BASELINE_DIR/backward_f16.cu)
+#include FA_STR(FA_BASELINE_DIR/backward_wg.cu)
 }
 #undef FA_PASS
 #endif
@@ -68,13 +69,13 @@ __global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_kernel(const T*
 }
 #ifdef FA_BASELINE_DIR
 template <int E>
-__global__ void __launch_bounds__(bs::kKeysThreads16) base_keys_kernel(const T* q, const T* k, const T* v,
-                                                                       const T* d_out, const float* stats, const int*,
-                                                                       void* dk, void* dv, float* dq, int slices, int H_q,
+__global__ void __launch_bounds__(bs::kKeysThreads16, 1) base_keys_kernel(const T* q, const T* k, const T* v,
+                                                                       const T* d_out, const float* stats,
+                                                                       const int* flags, void* dk, void* dv, float* dq, int slices, int H_q,
                                                                        int H_kv, int L, int S, float scale_log2,
                                                                        float scale) {
-  baseline::fa::backward_keysq16<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S,
-                                       E, fa::kCausal, 0, 0, scale_log2, scale);
+  baseline::fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv,
+                                       L, S, E, fa::kCausal, 0, 0, scale_log2, scale);
 }
 #endif
 
