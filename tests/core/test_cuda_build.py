@@ -18,12 +18,16 @@ EXPECTED = (
     | {f"fa_decode_tf32{s}_float32_{e}" for e in (64, 128) for s in ("", "_fused")}
     | {f"fa_prefill_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 80, 96, 128, 256)}
     | {f"fa_prefill_float32_{e}" for e in (64, 80, 96, 128, 256)}
+    | {f"fa_backward_{p}_{d}_{e}" for p in ("stats", "keysq") for d in ("float16", "bfloat16") for e in (64, 128)}
+    | {f"fa_backward_{p}_{d}_{e}" for p in ("rows", "keys") for d in DTYPES for e in (64, 128, 256)
+       if d == "float32" or e == 256}
 )
 # Hopper's arch-specific instructions (wgmma): sm_90a machine code, no PTX.
 HOPPER_ONLY = (
     {"fa_prefill_wg_float32_64"}
     | {f"fa_prefill_{f}_{d}_{e}" for f in ("wg", "wg32") for d in ("float16", "bfloat16") for e in (64, 80, 96, 128)}
     | {f"fa_prefill_wg2_{d}_64" for d in ("float16", "bfloat16")}
+    | {f"fa_backward_{p}wg_{d}_{e}" for p in ("stats", "keys") for d in ("float16", "bfloat16") for e in (64, 128)}
 )
 
 
