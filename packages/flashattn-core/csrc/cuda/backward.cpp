@@ -90,14 +90,14 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     // Statistics (and each row's flag: Q or dO not finite), then one pass
     // for all three gradients (dQ float32 sums): on Hopper's wgmma where the
     // build has it.
-    const bool wg = find_image("fa_backward_keyswg_" + suffix, s.device.index) != nullptr;
+    const std::string wg_kernel = "fa_backward_keyswg_" + suffix;
+    const bool wg = find_image(wg_kernel, s.device.index) != nullptr;
     auto stats = launch((wg ? "fa_backward_statswg_" : "fa_backward_stats_") + suffix,
                         {q, k, out, dO, m.data, m.base}, {stats_shape, {static_cast<int>(batch * H_q * L)}},
                         {mx::float32, mx::int32}, row_blocks, bs::kThreads,
                         wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes), poison_value());
     const std::vector<mx::Shape> grad_shapes = {k.shape(), v.shape(), q.shape()};
     const std::vector<mx::Dtype> grad_dtypes = {kv_dtype, kv_dtype, mx::float32};
-    const std::string wg_kernel = "fa_backward_keyswg_" + suffix;
     auto grads = wg
                      ? launch(wg_kernel, {q, k, v, dO, stats[0], stats[1], m.data, m.base}, grad_shapes, grad_dtypes,
                               key_blocks, key_threads, bs::keys_smem_bytes_wg(EB), 0.0f)

@@ -329,14 +329,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
       accumulate<kSplit, NB, NO, EB>(dk_acc, ds, q_s, blk.col0, lane);
     }
   }
-  const int64_t at = kv_slice * S * E;
-  if (ratio == 1) {
-    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, blk.col0, scale, lane);
-    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, blk.col0, 1.0f, lane);
-  } else if (row_begin < L) {
-    add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, blk.col0, scale, lane);
-    add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, blk.col0, 1.0f, lane);
-  }
+  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, row_begin < L, ka, S, E, blk.col0, scale,
+                     lane);
 }
 
 }  // namespace fa

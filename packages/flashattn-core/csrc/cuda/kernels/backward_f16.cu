@@ -159,54 +159,15 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
       *reinterpret_cast<uint32_t*>(at + 8 * LDS) = pack2<T>(ds[nb][2], ds[nb][3]);
     }
     __syncthreads();
-    // dQ's rows 16 wm .. x columns 32 wn .. (four 8-column blocks) += dS K:
-    // dS read transposed from dS^T, K (keys x E) transposed.
+    // dQ += dS K for this tile.
     float qa[4][4];
-    zero(qa);
-    if (!guard_k) {
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, ds_s + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + wm * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          uint32_t bf[4];
-          ldmatrix_x4_trans(bf, k_s + (kk * 16 + (lane & 15)) * LD + wn * 32 + np * 16 + (lane >> 4) * 8);
-          mma16816<T>(qa[2 * np], a, bf[0], bf[1]);
-          mma16816<T>(qa[2 * np + 1], a, bf[2], bf[3]);
-        }
-      }
-    } else {
-      // A key that is not finite: float32 FMA skipping zero weights.
-#pragma unroll 1
-      for (int kk = 0; kk < BK; ++kk)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float x = to_f(ds_s[kk * LDS + wm * 16 + g + 8 * (j >> 1)]);
-            if (x != 0.0f) qa[nt][j] = fmaf(x, to_f(k_s[kk * LD + wn * 32 + nt * 8 + 2 * t + (j & 1)]), qa[nt][j]);
-          }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + wm * 16 + g + 8 * h, e = wn * 32 + nt * 8 + 2 * t;
-        if (r < L && e < E) add_pair(dq + (n * L + r) * E + e, qa[nt][2 * h] * scale, qa[nt][2 * h + 1] * scale, e, E);
-      }
+    dq_products16<T, EB, BK, LDS, false>(qa, ds_s, k_s, guard_k, wm, wn, lane);
+    add_dq16(qa, dq, n, L, E, r0, wm, wn, scale, lane);
     __syncthreads();  // the buffers this tile read are the next copy's
   }
   cp_async_wait<0>();
 
-  const int64_t at = kv_slice * S * E;
-  if (ratio == 1) {
-    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, 0, scale, lane);
-    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, 0, 1.0f, lane);
-  } else if (tiles > 0) {
-    add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, 0, scale, lane);
-    add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, 0, 1.0f, lane);
-  }
+  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, tiles > 0, ka, S, E, 0, scale, lane);
 }
 
 }  // namespace fa

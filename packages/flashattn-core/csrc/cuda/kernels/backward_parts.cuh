@@ -125,15 +125,15 @@ __device__ __forceinline__ void key_tile_ds(float (&p)[NB][4], float (&ds)[NB][4
     }
 }
 
-// acc += W X[:, col0 ..] for a tile of X (rows of row stride LD in shared
-// memory, float32 or 16-bit) that holds a value that is not finite: in
+// acc += W X for a tile of X that holds a value that is not finite: in
 // float32 FMA, skipping zero weights, so that a value a row (or key) cannot
 // see never meets its zero weight (0 x inf is NaN). W: 16 x NB*8 in the
 // accumulator layout; weight k of rows g, g + 8 lies in lane
-// 4 g + (k % 8) / 2. Rare: not unrolled over k.
-template <typename X, int LD, int NB, int NO>
-__device__ __forceinline__ void accumulate_guarded(float (&acc)[NO][4], const float (&w)[NB][4], const X* x_rows,
-                                                   int col0, int lane) {
+// 4 g + (k % 8) / 2. x_at(k, c): X's element (k, c) as a float, whatever
+// the tile's layout. Rare: not unrolled over k.
+template <int NB, int NO, typename At>
+__device__ __forceinline__ void accumulate_guarded_at(float (&acc)[NO][4], const float (&w)[NB][4], At x_at,
+                                                      int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll 1
   for (int k = 0; k < NB * 8; ++k) {
@@ -145,13 +145,20 @@ __device__ __forceinline__ void accumulate_guarded(float (&acc)[NO][4], const fl
     }
     const int src = 4 * g + ((k & 7) >> 1);
     const float p[2] = {__shfl_sync(0xffffffffu, wa, src), __shfl_sync(0xffffffffu, wb, src)};
-    const X* xr = x_rows + k * LD + col0 + 2 * t;
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (p[i >> 1] != 0.0f) acc[eb][i] = fmaf(p[i >> 1], to_f(xr[eb * 8 + (i & 1)]), acc[eb][i]);
+        if (p[i >> 1] != 0.0f) acc[eb][i] = fmaf(p[i >> 1], x_at(k, eb * 8 + 2 * t + (i & 1)), acc[eb][i]);
   }
+}
+
+// The same for X's rows LD apart in shared memory (float32 or 16-bit), its
+// columns from col0.
+template <typename X, int LD, int NB, int NO>
+__device__ __forceinline__ void accumulate_guarded(float (&acc)[NO][4], const float (&w)[NB][4], const X* x_rows,
+                                                   int col0, int lane) {
+  accumulate_guarded_at<NB, NO>(acc, w, [&](int k, int c) { return to_f(x_rows[k * LD + col0 + c]); }, lane);
 }
 
 template <int NO>
@@ -191,6 +198,23 @@ __device__ __forceinline__ void add_acc(const float (&acc)[NO][4], float* dst, i
       const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
       if (r < N && e < E) atomicAdd(dst + (int64_t)r * E + e, acc[eb][i] * mul);
     }
+}
+
+// A keys block's dK and dV (rows ka, ka + 8 of this thread; columns from
+// col0) into the gradients at `at`: stored in T without GQA, else added into
+// the float32 sums of the group's query heads (zeros before the launch),
+// and then only by a block that saw some row (`any_rows`).
+template <typename T, int NO>
+__device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[NO][4], const float (&dv_acc)[NO][4], void* dk,
+                                            void* dv, int64_t at, bool group_sums, bool any_rows, int ka, int S,
+                                            int E, int col0, float scale, int lane) {
+  if (!group_sums) {
+    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, col0, scale, lane);
+    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, col0, 1.0f, lane);
+  } else if (any_rows) {
+    add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, col0, scale, lane);
+    add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, col0, 1.0f, lane);
+  }
 }
 
 }  // namespace fa

@@ -1,7 +1,8 @@
 // Tiles of the 16-bit backward's kernels (backward_f16.cu, backward_wg.cu):
 // their copies into shared memory (row-padded, or in wgmma's swizzled
 // layout), the scan for values that are not finite, the warp's S = A B^T on
-// mma.sync, the rows' D and flags, and dQ's float32 atomics.
+// mma.sync, the rows' D and flags, and a row tile's dQ (mma.sync, float32
+// atomics).
 
 #pragma once
 
@@ -151,6 +152,60 @@ __device__ __forceinline__ void scores16(float (&s)[NB][4], const T* a_rows, con
       mma16816<T>(s[nb + 1], af, bf[2], bf[3]);
     }
   }
+}
+
+// A row tile's dQ block for this warp: rows 16 wm .., columns 32 wn .. (four
+// 8-column blocks) of dS K over BK keys into qa, dS read transposed from
+// dS^T (BK keys x rows, rows LDS apart), K (BK keys x EB, tile_at's layout)
+// transposed; a key tile that is not finite (guard_k) in float32 FMA
+// skipping zero weights.
+template <typename T, int EB, int BK, int LDS, bool SW>
+__device__ __forceinline__ void dq_products16(float (&qa)[4][4], const T* ds_s, const T* k_s, bool guard_k, int wm,
+                                              int wn, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) qa[nt][j] = 0.0f;
+  if (!guard_k) {
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, ds_s + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + wm * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t bf[4];
+        ldmatrix_x4_trans(bf, k_s + tile_at<EB, BK, SW>(kk * 16 + (lane & 15), wn * 32 + np * 16 + (lane >> 4) * 8));
+        mma16816<T>(qa[2 * np], a, bf[0], bf[1]);
+        mma16816<T>(qa[2 * np + 1], a, bf[2], bf[3]);
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int kk = 0; kk < BK; ++kk)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float x = to_f(ds_s[kk * LDS + wm * 16 + g + 8 * (j >> 1)]);
+          if (x != 0.0f)
+            qa[nt][j] = fmaf(x, to_f(k_s[tile_at<EB, BK, SW>(kk, wn * 32 + nt * 8 + 2 * t + (j & 1))]), qa[nt][j]);
+        }
+  }
+}
+
+// qa (dq_products16's block of rows r0 + 16 wm ..) times scale added into
+// float32 dQ (row-contiguous, E columns) by atomics.
+__device__ __forceinline__ void add_dq16(const float (&qa)[4][4], float* __restrict__ dq, int64_t n, int L, int E,
+                                         int r0, int wm, int wn, float scale, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + wm * 16 + g + 8 * h, e = wn * 32 + nt * 8 + 2 * t;
+      if (r < L && e < E) add_pair(dq + (n * L + r) * E + e, qa[nt][2 * h] * scale, qa[nt][2 * h + 1] * scale, e, E);
+    }
 }
 
 }  // namespace fa

@@ -33,31 +33,6 @@
 
 namespace fa {
 
-// acc += W X for a tile X (swizzled, R rows) that holds a value that is not
-// finite: float32 FMA skipping zero weights (backward_parts.cuh's
-// accumulate_guarded, for the swizzled layout). Rare.
-template <typename T, int R, int NB, int NO>
-__device__ __forceinline__ void accumulate_guarded_sw(float (&acc)[NO][4], const float (&w)[NB][4], const T* x,
-                                                      int lane) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll 1
-  for (int k = 0; k < NB * 8; ++k) {
-    const int kb = k >> 3, odd = k & 1;
-    float wa = 0.0f, wb = 0.0f;
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      if (b == kb) wa = odd ? w[b][1] : w[b][0], wb = odd ? w[b][3] : w[b][2];
-    }
-    const int src = 4 * g + ((k & 7) >> 1);
-    const float p[2] = {__shfl_sync(0xffffffffu, wa, src), __shfl_sync(0xffffffffu, wb, src)};
-#pragma unroll
-    for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (p[i >> 1] != 0.0f) acc[eb][i] = fmaf(p[i >> 1], to_f(x[sw_at<R>(k, eb * 8 + 2 * t + (i & 1))]), acc[eb][i]);
-  }
-}
-
 // W (16 x NB*8 a warp, accumulator layout) rounded to T as wgmma's A operand:
 // one 16-column block a K step.
 template <typename T, int NB>
@@ -183,8 +158,9 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
     pack_terms<T, NB>(pa, p);
     pack_terms<T, NB>(dsa, ds);
     if (guard) {
-      accumulate_guarded_sw<T, BR, NB, NO>(dv_acc, p, do_t, lane);
-      accumulate_guarded_sw<T, BR, NB, NO>(dk_acc, ds, q_t, lane);
+      // Q or dO not finite in some row: the guarded products, read swizzled.
+      accumulate_guarded_at<NB, NO>(dv_acc, p, [&](int k, int c) { return to_f(do_t[sw_at<BR>(k, c)]); }, lane);
+      accumulate_guarded_at<NB, NO>(dk_acc, ds, [&](int k, int c) { return to_f(q_t[sw_at<BR>(k, c)]); }, lane);
     } else {
       wgmma_fence();
 #pragma unroll
@@ -203,47 +179,15 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
       *reinterpret_cast<uint32_t*>(at + 8 * LDS + 8) = dsa[kb][3];
     }
     __syncthreads();
-    // dQ's rows 16 wm .. x columns 32 wn .. (four 8-column blocks) += dS K:
-    // dS read transposed from dS^T, K (keys x E, swizzled) transposed.
+    // dQ += dS K for this tile (K swizzled).
     float qa[4][4];
-    zero(qa);
-    if (!guard_k) {
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, ds_s + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + wm * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          uint32_t bf[4];
-          ldmatrix_x4_trans(bf, k_s + sw_at<BK>(kk * 16 + (lane & 15), wn * 32 + np * 16 + (lane >> 4) * 8));
-          mma16816<T>(qa[2 * np], a, bf[0], bf[1]);
-          mma16816<T>(qa[2 * np + 1], a, bf[2], bf[3]);
-        }
-      }
-    } else {
-      // A key that is not finite: float32 FMA skipping zero weights.
-#pragma unroll 1
-      for (int kk = 0; kk < BK; ++kk)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float x = to_f(ds_s[kk * LDS + wm * 16 + g + 8 * (j >> 1)]);
-            if (x != 0.0f) qa[nt][j] = fmaf(x, to_f(k_s[sw_at<BK>(kk, wn * 32 + nt * 8 + 2 * t + (j & 1))]), qa[nt][j]);
-          }
-    }
+    dq_products16<T, EB, BK, LDS, true>(qa, ds_s, k_s, guard_k, wm, wn, lane);
     // The next tile's copies landed and made visible to wgmma before dQ's
     // atomics go out: the fence waits for every earlier memory access of
     // the thread, and the atomics' would be the slowest.
     cp_async_wait<0>();
     fence_proxy_async();
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + wm * 16 + g + 8 * h, e = wn * 32 + nt * 8 + 2 * t;
-        if (r < L && e < E) add_pair(dq + (n * L + r) * E + e, qa[nt][2 * h] * scale, qa[nt][2 * h + 1] * scale, e, E);
-      }
+    add_dq16(qa, dq, n, L, E, r0, wm, wn, scale, lane);
     // dV and dK's products read this tile's buffers and P^T / dS^T's
     // registers: done before the barrier that frees them.
     wgmma_wait<0>();
@@ -254,14 +198,7 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
   }
   cp_async_wait<0>();
 
-  const int64_t at = kv_slice * S * E;
-  if (ratio == 1) {
-    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, 0, scale, lane);
-    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, 0, 1.0f, lane);
-  } else if (tiles > 0) {
-    add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, 0, scale, lane);
-    add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, 0, 1.0f, lane);
-  }
+  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, tiles > 0, ka, S, E, 0, scale, lane);
 }
 
 }  // namespace fa
