@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from attention_cases import TOLERANCE, Case, make_inputs
 
-from flashattn_core import flash_attention
-from flashattn_core.reference import attention_reference, causal_mask, relative_error
+from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
+from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask, relative_error
 
 pytestmark = pytest.mark.skipif(
     not (mx.is_available(mx.gpu) and mx.cuda.is_available()),
@@ -657,22 +657,89 @@ def test_patch_routes_through_the_gpu_kernels():
     assert relative_error(out, np.array(ref.astype(mx.float32))) <= 2e-2
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("L, S, window", [(300, 300, 64), (1, 5000, 700), (200, 3000, 1000)])
-def test_sliding_windows_run_as_the_same_boolean_mask(dtype, L, S, window):
-    # The CUDA kernels take the window as its band (no tiles skipped): the
-    # same rule, forward and gradients, against float64 and the CPU's own.
-    case = Case(batch=(1,), heads=(8, 2), L=L, S=S, E=64, mask="causal", dtype=dtype, layout="kv_cache")
+# Sliding windows: the kernels walk only the key tiles inside some row's
+# window (forward) and the row tiles that see a key tile (backward), and mask
+# the rest inside a tile; keys before the first row's window are left out.
+WINDOW_PREFILL = [  # (heads, L, S, E, window)
+    ((8, 2), 2000, 2000, 64, 300),
+    ((8, 2), 700, 5000, 128, 1000),  # a chunk against a long cache
+    ((4, 1), 1500, 1500, 80, 1),  # each row sees itself only
+    ((17, 1), 4096, 4096, 128, 500),  # 16-bit: scheduled row tiles (prefill_f16_wg.cu)
+    ((6, 3), 300, 300, 256, 64),
+    ((2, 1), 1000, 1000, 64, 5000),  # a window longer than the keys: plain causal
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("c", WINDOW_PREFILL, ids=[f"{c[0]}-L{c[1]}-S{c[2]}-E{c[3]}-w{c[4]}" for c in WINDOW_PREFILL])
+def test_sliding_window_prefill(c, dtype):
+    heads, L, S, E, window = c
+    case = Case(batch=(1,), heads=heads, L=L, S=S, E=E, mask="causal", dtype=dtype, layout="kv_cache")
     q, k, v, _ = make_inputs(case, seed=9)
+    band = mx.array(causal_mask(L, S, window))
+    out = flash_attention(q, k, v, mask="causal", window=window)
+    assert out.dtype == q.dtype
+    assert sampled_error(q, k, v, out, band) <= TOLERANCE[dtype]
+    if dtype != "float32":  # float32 attention over the 16-bit inputs
+        wide = flash_attention(q, k, v, mask="causal", window=window, dtype=mx.float32)
+        assert wide.dtype == mx.float32
+        assert sampled_error(q, k, v, wide, band) <= 2e-5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("L, S, window", [(1, 5000, 700), (1, 700, 5000), (4, 3000, 500), (8, 40000, 4096)])
+def test_sliding_window_decode(L, S, window, dtype):
+    # One position: its window's keys alone reach the decode kernels, whole.
+    case = Case(batch=(2,), heads=(14, 2), L=L, S=S, E=64, mask="causal", dtype=dtype, layout="kv_cache")
+    q, k, v, _ = make_inputs(case, seed=4)
+    out = flash_attention(q, k, v, mask="causal", window=window)
+    assert relative_error(out, attention_reference(q, k, v, mask=causal_mask(L, S, window))) <= TOLERANCE[dtype]
+
+
+def test_sliding_window_prefill_holds_no_band():
+    # The band as booleans would be 1 GiB (L = S = 32768); the call holds its
+    # output (56 MiB) and the key splits' states (~250 MiB when forced:
+    # FLASHATTN_CUDA_SPLITS in scripts/cuda-check).
+    L = 32768
+    case = Case(batch=(1,), heads=(14, 2), L=L, S=L, E=64, mask="causal", dtype="bfloat16")
+    q, k, v, _ = make_inputs(case, seed=1)
+    mx.eval(q, k, v)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, k, v, mask="causal", window=512)
+    mx.eval(out)
+    assert mx.get_peak_memory() - before < 512 * 2**20
+    assert sampled_error(q, k, v, out, mx.array(causal_mask(L, L, 512))) <= TOLERANCE["bfloat16"]
+
+
+WINDOW_GRADIENTS = [  # (heads, L, S, E, window, dtype)
+    ((14, 2), 1024, 1024, 64, 200, "bfloat16"),
+    ((8, 2), 300, 2000, 128, 500, "float16"),
+    ((4, 2), 700, 700, 64, 100, "float32"),
+    ((4, 1), 200, 900, 96, 300, "float32"),
+    ((2, 2), 400, 400, 256, 1, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("c", WINDOW_GRADIENTS, ids=[f"{c[5]}-{c[0]}-L{c[1]}-S{c[2]}-E{c[3]}-w{c[4]}" for c in WINDOW_GRADIENTS])
+def test_sliding_window_gradients(c):
+    heads, L, S, E, window, dtype = c
+    case = Case(batch=(1,), heads=heads, L=L, S=S, E=E, mask="causal", dtype=dtype)
+    q, k, v, _ = make_inputs(case, seed=2)
     band = causal_mask(L, S, window)
-    out = flash_attention(q, k, v, mask="causal", window=window, stream=mx.gpu)
-    assert relative_error(out, attention_reference(q, k, v, mask=band)) <= TOLERANCE[dtype]
-    f = lambda q, k, v, stream: flash_attention(q, k, v, mask="causal", window=window, stream=stream)
-    d_out = mx.array(np.random.default_rng(3).standard_normal(q.shape)).astype(q.dtype)
-    gpu = mx.vjp(lambda q, k, v: f(q, k, v, mx.gpu), [q, k, v], [d_out])[1]
-    cpu = mx.vjp(lambda q, k, v: f(q, k, v, mx.cpu), [q, k, v], [d_out])[1]
-    for g, c in zip(gpu, cpu):
-        assert relative_error(g, np.array(c.astype(mx.float32))) <= (2e-5 if dtype == "float32" else 2e-2)
+    d_out = mx.array(np.random.default_rng(5).standard_normal(q.shape)).astype(q.dtype)
+    reset_gradient_stats()
+    _, got = mx.vjp(lambda q, k, v: flash_attention(q, k, v, mask="causal", window=window), [q, k, v], [d_out])
+    mx.eval(got)
+    assert gradient_stats() == {"fused": 1, "recomputed": {}}
+    refs, sizes = attention_gradients_reference(q, k, v, d_out, mask=band, sizes=True)
+    tolerance = 2e-5 if dtype == "float32" else TOLERANCE[dtype]
+    for name, g, ref, size in zip(("dq", "dk", "dv"), got, refs, sizes):
+        assert g.dtype == q.dtype, name
+        g = np.array(g.astype(mx.float32), dtype=np.float64)
+        # Relative to the terms summed before dP - D cancels (window 1: to nothing).
+        assert np.linalg.norm(g - ref) / max(np.linalg.norm(ref), size, 1e-30) <= tolerance, name
 
 
 QUANTIZED_GPU_CASES = [  # (heads, L, S, E, bits, group size, dtype, mask)

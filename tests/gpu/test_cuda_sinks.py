@@ -103,7 +103,7 @@ def test_decode(S, dtype, heads, E, L, mask):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("L,S,window", [(300, 300, 64), (1, 5000, 700), (200, 3000, 1000)])
 def test_sliding_windows(dtype, L, S, window):
-    # gpt-oss's sliding layers: a window (a band mask on CUDA) and sinks.
+    # gpt-oss's sliding layers: a window and sinks.
     case = Case(batch=(1,), heads=(8, 2), L=L, S=S, E=64, mask="causal", dtype=dtype)
     q, k, v, _ = make_inputs(case)
     sinks = sinks_for(8)

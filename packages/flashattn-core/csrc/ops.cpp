@@ -295,14 +295,14 @@ Fused metal_backward(float scale, MaskKind mask_kind, int window, mx::Stream str
 }
 
 // The CUDA backward (cuda/backward.cpp).
-Fused cuda_backward(float scale, MaskKind mask_kind, mx::Stream stream) {
+Fused cuda_backward(float scale, MaskKind mask_kind, int window, mx::Stream stream) {
   return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
     const int mask_arg = has_mask_array(mask_kind) ? 1 : 0;
     std::optional<mx::array> m, sinks;
     if (mask_arg) m = in[3];
     if (static_cast<int>(in.size()) > 3 + mask_arg) sinks = in.back();
     return cuda::flash_attention_backward(
-        {in[0], in[1], in[2], scale, mask_kind, m, stream, 0, nullptr, nullptr, {}, sinks}, out, d_out);
+        {in[0], in[1], in[2], scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, out, d_out);
   };
 }
 
@@ -456,11 +456,25 @@ mx::array flash_attention(
   const float softmax_scale = c.scale;
   const MaskKind mask_kind = c.mask_kind;
   if (window > 0 && backend == Backend::cuda) {
-    // The CUDA kernels know no window yet: the same rule as a boolean (L, S)
-    // mask, exact but holding L x S booleans and skipping no tile.
-    return flash_attention(queries, keys_arg, values_arg, softmax_scale, "array",
-                           causal_mask_array(queries.shape(-2), keys.shape(-2), window, stream), s, dtype, sinks,
-                           std::nullopt, group_size, bits);
+    // Keys before row 0's window reach no row: left out (views; the rule
+    // holds for any S, queries being the last L positions). A window that
+    // then covers every key hides none, and a decode's never does.
+    const int L = queries.shape(-2), S = keys.shape(-2);
+    const int first = std::max(0, S - L - window + 1);
+    if (first > 0 || window >= S) {
+      auto tail = [&](const mx::array& x) {
+        mx::Shape start(x.ndim(), 0), stop = x.shape();
+        start[x.ndim() - 2] = first;
+        return mx::slice(x, start, stop, stream);
+      };
+      auto keys_from = [&](const KeysOrValues& x) -> KeysOrValues {
+        if (const auto* q = std::get_if<QuantizedArray>(&x)) return QuantizedArray{tail(q->packed), tail(q->scales), tail(q->biases)};
+        return tail(std::get<mx::array>(x));
+      };
+      std::optional<int> rest = window < S - first ? std::optional<int>(window) : std::nullopt;
+      return flash_attention(queries, keys_from(keys_arg), keys_from(values_arg), softmax_scale, mask_mode, mask_arr,
+                             s, dtype, sinks, rest, group_size, bits);
+    }
   }
   if (kv.quantization.any() && backend == Backend::cuda) {
     auto run = [widen](const AttentionCall& call) { return cuda::quantized_attention(call, widen); };
@@ -473,7 +487,7 @@ mx::array flash_attention(
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = mask_arr;
     return cuda::flash_attention(
-        {queries, keys, values, softmax_scale, mask_kind, m, stream, 0, nullptr, nullptr, {}, sinks}, widen);
+        {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, widen);
   }
   if (kv.quantization.any() && backend == Backend::metal) {
     auto run = [stream](const AttentionCall& call) {
@@ -516,8 +530,8 @@ mx::array flash_attention(
       return metal::flash_attention(attention, launch);
     };
     if (backend == Backend::cuda) {
-      return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, 0, stream,
-                                "cuda", cuda_backward(softmax_scale, mask_kind, stream));
+      return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, window,
+                                stream, "cuda", cuda_backward(softmax_scale, mask_kind, window, stream));
     }
     auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
     return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, window,

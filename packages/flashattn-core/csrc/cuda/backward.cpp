@@ -59,7 +59,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
 
   // Sinks ride in the mask's arguments, as in the forward: the statistics
   // count them in each row's log-sum-exp.
-  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, s);
+  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
   const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(batch * H_q),
                                                      H_q,
                                                      H_kv,

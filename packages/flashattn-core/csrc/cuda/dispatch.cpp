@@ -46,12 +46,12 @@ mx::array flash_attention(const AttentionCall& call, bool widen) {
   auto cast = [&] {
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, s); };
     return flash_attention(
-        {f32(q), f32(k), f32(v), call.scale, call.mask_kind, call.mask, s, 0, nullptr, nullptr, {}, call.sinks});
+        {f32(q), f32(k), f32(v), call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks});
   };
   const int nd = q.ndim();
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
-  MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, s);
+  MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
   const Dims d{batch, q.shape(-3), k.shape(-3), q.shape(-2), k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
                static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen, m.kind};
   // Strides reach the kernels as 32-bit launch arguments.

@@ -1,14 +1,16 @@
 #include "cuda/mask_args.h"
 
+#include "cuda/kernels/causal.h"
 #include "cuda/kernels/mask_bits.h"
 #include "mask_layout.h"
 
 namespace flashattn::cuda {
 
 MaskArgs mask_args(const mx::array& q, MaskKind kind, const std::optional<mx::array>& mask,
-                   const std::optional<mx::array>& sinks, mx::Stream s) {
+                   const std::optional<mx::array>& sinks, int window, mx::Stream s) {
   MaskArgs args{q, q};
   args.kind = static_cast<int>(kind);
+  if (kind == MaskKind::causal) args.col_stride = window > 0 ? window : fa::kNoWindow;
   if (kind == MaskKind::boolean || kind == MaskKind::additive) {
     MaskLayout layout = mask_layout(q, kind == MaskKind::boolean ? *mask : mx::astype(*mask, mx::float32, s), s);
     args.data = layout.data;

@@ -78,7 +78,7 @@ bool has_decode_kernel(int E) {
 // With sinks, the *_sinks_ kernels (the sinks their fourth input).
 std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
-      (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1);
+      (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1 && (d.window() == 0 || d.window() >= d.S));
   if (!hides_none || (d.E != 64 && d.E != 128)) return "";
   // Quantized rows read in place: the 16-bit kernel's fa_decode_mmaq_
   // (attention in the queries' 16-bit dtype, no sinks).

@@ -132,7 +132,8 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
       const bool scheduled = ws::f16_items(d.E) == 2 && sms > 0 && wide_units >= ws::kF16ScheduleMinTiles &&
                              slices <= std::numeric_limits<int>::max();
       if (!scheduled) {
-        const WgProblem problem{slices, d.L, d.S, d.E, d.kind == static_cast<int>(MaskKind::causal), d.widen};
+        const WgProblem problem{slices, d.L, d.S, d.E, d.kind == static_cast<int>(MaskKind::causal), d.widen,
+                                d.window()};
         wg_launch = plan_wg_launch(problem, sms, find_image(wg2_kernel, device_index) != nullptr, forced_narrow(),
                                    forced_splits());
       }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels/causal.h"
 #include "cuda/kernels/mask_bits.h"
 #include "cuda/plan.h"
 
@@ -31,6 +32,10 @@ struct Dims {
   // place by the quantized decode: bits and group size; 0 otherwise.
   int quant_bits = 0, quant_group = 0;
   bool sinks() const { return (kind_arg & fa::kSinks) != 0; }
+  // A causal mask's sliding window (carried in mask_cs: kernels/mask_bits.h), else 0.
+  int window() const {
+    return kind == static_cast<int>(MaskKind::causal) && mask_cs != fa::kNoWindow ? mask_cs : 0;
+  }
   bool quantized() const { return quant_bits != 0; }
 };
 

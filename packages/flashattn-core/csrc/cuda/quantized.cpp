@@ -31,7 +31,7 @@ namespace {
 // H_q, L and E).
 struct QuantKey {
   mx::Shape q_shape;
-  int H_kv, S, dtype, kind, bits, group;
+  int H_kv, S, dtype, kind, window, bits, group;
   float scale_log2;
   int device;
   bool operator==(const QuantKey&) const = default;
@@ -55,8 +55,9 @@ std::optional<mx::array> quantized_decode(const AttentionCall& call, bool widen)
   for (int d = 0; d < q.ndim() - 3; ++d) batch *= q.shape(d);
   const int kind = static_cast<int>(call.mask_kind);
   Dims d{batch, q.shape(-3), call.k.shape(-3), q.shape(-2), call.k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
-         kind, 0, 0, call.scale * kLog2e, false, kind, qz.k_bits, qz.k_group_size};
-  const QuantKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), kind, d.quant_bits,
+         kind, 0, call.window > 0 ? call.window : fa::kNoWindow, call.scale * kLog2e, false, kind, qz.k_bits,
+         qz.k_group_size};
+  const QuantKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), kind, d.mask_cs, d.quant_bits,
                      d.quant_group, d.scale_log2, call.stream.device.index};
   thread_local Recent<QuantKey, std::optional<Planned>, 8> recent;
   std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);

@@ -62,8 +62,9 @@ Shape shape_of(const WgProblem& p, bool narrow) {
 int key_tiles(const WgProblem& p, const Shape& s, int64_t u) {
   const int t = s.tiles - 1 - static_cast<int>(u / p.slices);
   const int kv_end = p.causal ? fa::causal_kv_end(t * s.rows, s.rows, p.L, p.S) : p.S;
+  const int kv_begin = p.causal && p.window > 0 ? fa::causal_kv_begin(t * s.rows, p.L, p.S, p.window) : 0;
   const int bc = ws::f16_bc(p.E);
-  return (kv_end + bc - 1) / bc;
+  return (kv_end + bc - 1) / bc - kv_begin / bc;
 }
 
 // The launch's span in cycles: blocks in launch order onto the first free SM.

@@ -16,6 +16,7 @@ struct WgProblem {
   int64_t slices;  // batch x query heads
   int L, S, E;
   bool causal, widen;
+  int window = 0;  // a causal mask's sliding window (0: none)
 };
 
 struct WgLaunch {

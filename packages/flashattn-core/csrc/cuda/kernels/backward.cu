@@ -184,7 +184,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   const int64_t first = n * L + l0;  // the block's first row, of all
   const int count = min(BR, L - l0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  const int kv_end = mask.kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
+  const int kv_begin = mask.kv_begin(l0, L, S) / BC * BC, kv_end = mask.kv_end(l0, BR, L, S);
 
   load_rows<T, EB, BR>(q_s, q + first * E, count, E);
   load_rows<T, EB, BR>(do_s, d_out + first * E, count, E);
@@ -211,12 +211,12 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   // The tile's scores in the log2 domain, -inf where hidden.
   auto masked_scores = [&](float (&s)[NB][4], int c0) {
     scores<kSplit, NB, EB>(s, q_w, k_s, lane);
-    mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, S), scale_log2, t, L, S);
+    mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, BR, S), scale_log2, t, L, S);
   };
 
   // The rows' log-sum-exp: the forward's online softmax without V.
   float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
-  for (int c0 = 0; c0 < kv_end; c0 += BC) {
+  for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
     load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, min(BC, S - c0), E);
     __syncthreads();
     float s[NB][4];
@@ -229,7 +229,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
 
   float acc[NO][4];
   zero(acc);
-  for (int c0 = 0; c0 < kv_end; c0 += BC) {
+  for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
     const int kc = min(BC, S - c0);
     const bool bad = load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, kc, E);
     load_rows<T, EB, BC>(v_s, v_head + (int64_t)c0 * E, kc, E);
@@ -294,13 +294,13 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   const int ka = c0 + w * 16 + g;  // this thread's keys: ka, ka + 8
   const float* k_w = k_s + w * 16 * LD;
   const float* v_w = v_s + w * 16 * LD;
-  // Rows before the first that sees key c0 see none of the block's keys.
-  const int row_begin = mask.kind == kCausal ? max(0, c0 - mask.offset) : 0;
+  // Rows outside [row_begin, row_end) see none of the block's keys.
+  const int row_begin = mask.row_begin(c0, L, S), row_end = mask.row_end(c0, BK, L, S);
 
   float dk_acc[NO][4], dv_acc[NO][4];
   zero(dk_acc);
   zero(dv_acc);
-  for (int r0 = row_begin; r0 < L; r0 += BR) {
+  for (int r0 = row_begin; r0 < row_end; r0 += BR) {
     const int count = min(BR, L - r0);
     __syncthreads();  // the last tile's readers are done
     const bool bad_q = load_rows<T, EB, BR>(q_s, q + (n * L + r0) * E, count, E);
@@ -317,7 +317,7 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     float p[NB][4], ds[NB][4];
     scores<kSplit, NB, EB>(p, k_w, q_s, lane);    // S^T: keys x rows
     scores<kSplit, NB, EB>(ds, v_w, do_s, lane);  // dP^T
-    key_tile_ds<NB>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, S), lse_s, d_s, scale_log2, t, L, S);
+    key_tile_ds<NB>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, BR, S), lse_s, d_s, scale_log2, t, L, S);
     if (guard_do) {
       accumulate_guarded<float, LD, NB, NO>(dv_acc, p, do_s, blk.col0, lane);
     } else {
@@ -329,7 +329,7 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
       accumulate<kSplit, NB, NO, EB>(dk_acc, ds, q_s, blk.col0, lane);
     }
   }
-  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, row_begin < L, ka, S, E, blk.col0, scale,
+  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, row_begin < row_end, ka, S, E, blk.col0, scale,
                      lane);
 }
 

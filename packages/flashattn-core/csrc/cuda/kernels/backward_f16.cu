@@ -93,8 +93,8 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   // Rows before the first that sees key c0 see none of the block's keys.
-  const int row_begin = mask.kind == kCausal ? max(0, c0 - mask.offset) : 0;
-  const int tiles = row_begin < L ? (L - row_begin + BR - 1) / BR : 0;
+  const int row_begin = mask.row_begin(c0, L, S), row_end = mask.row_end(c0, BK, L, S);
+  const int tiles = row_begin < row_end ? (row_end - row_begin + BR - 1) / BR : 0;
   const bool vec = vector_copies(E, q, k, v, d_out);
 
   // Row tile i (rows row_begin + i BR ...) into buffer b: Q, dO and the rows'
@@ -142,7 +142,7 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
     float p[NB][4], ds[NB][4];
     scores16<T, NB, EB>(p, k_w, q_t, lane);    // S^T: keys x rows
     scores16<T, NB, EB>(ds, v_w, do_t, lane);  // dP^T
-    key_tile_ds<NB, true>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, S), lse_s + b * BR, d_s + b * BR,
+    key_tile_ds<NB, true>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, BR, S), lse_s + b * BR, d_s + b * BR,
                     scale_log2, t, L, S);
     if (guard) {
       accumulate_guarded<T, LD, NB, NO>(dv_acc, p, do_t, 0, lane);

@@ -40,12 +40,12 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const int64_t first = n * L + l0;  // the block's first row, of all
   const int count = min(BR, L - l0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  const int kv_end = mask.kind == kCausal ? causal_kv_end(l0, BR, L, S) : S;
-  const int tiles = (kv_end + BC - 1) / BC;
+  const int j0 = mask.kv_begin(l0, L, S) / BC;  // tile i holds keys (j0 + i) BC ...
+  const int tiles = (mask.kv_end(l0, BR, L, S) + BC - 1) / BC - j0;
   const bool vec = vector_copies(E, q, k, q, k);
 
   copy_tile<T, EB, BR, bs::kThreads, WG>(q_s, q + first * E, count, E, vec);
-  if (tiles > 0) copy_tile<T, EB, BC, bs::kThreads, WG>(k_s, k_head, min(BC, S), E, vec);
+  if (tiles > 0) copy_tile<T, EB, BC, bs::kThreads, WG>(k_s, k_head + (int64_t)j0 * BC * E, min(BC, S - j0 * BC), E, vec);
   cp_async_commit();
   row_d_flags(q, o, d_out, stats, flags, first, count, E);  // while the first tiles land
 
@@ -60,7 +60,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
   for (int i = 0; i < tiles; ++i) {
     if (i + 1 < tiles) {
-      const int c = (i + 1) * BC;
+      const int c = (j0 + i + 1) * BC;
       copy_tile<T, EB, BC, bs::kThreads, WG>(k_s + ((i + 1) & 1) * BC * LD, k_head + (int64_t)c * E, min(BC, S - c), E,
                                              vec);
     }
@@ -68,7 +68,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
     cp_async_wait<1>();
     if constexpr (WG) fence_proxy_async();  // cp.async's writes, read by wgmma
     __syncthreads();
-    const int c0 = i * BC;
+    const int c0 = (j0 + i) * BC;
     float s[NB][4];
     if constexpr (WG) {
       // S = Q K^T for the block's 64 rows, both tiles K-major in shared memory.
@@ -84,7 +84,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
     } else {
       scores16<T, NB, EB>(s, q_w, k_s + (i & 1) * BC * LD, lane);
     }
-    mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, S), scale_log2, t, L, S);
+    mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, BR, S), scale_log2, t, L, S);
     lse_step<NB, true>(s, m, l);
     __syncthreads();  // the buffer this tile read is the next copy's
   }

@@ -76,8 +76,8 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   // Rows before the first that sees key c0 see none of the block's keys.
-  const int row_begin = mask.kind == kCausal ? max(0, c0 - mask.offset) : 0;
-  const int tiles = row_begin < L ? (L - row_begin + BR - 1) / BR : 0;
+  const int row_begin = mask.row_begin(c0, L, S), row_end = mask.row_end(c0, BK, L, S);
+  const int tiles = row_begin < row_end ? (row_end - row_begin + BR - 1) / BR : 0;
   const bool vec = vector_copies(E, q, k, v, d_out);
 
   // Row tile i (rows row_begin + i BR ...) into buffer b: Q, dO, the rows'
@@ -152,7 +152,7 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
     wgmma_wait<0>();
     fence_fragments(p);
     fence_fragments(ds);
-    key_tile_ds<NB, true>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, S), lse_s + b * BR, d_s + b * BR,
+    key_tile_ds<NB, true>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, BR, S), lse_s + b * BR, d_s + b * BR,
                           scale_log2, t, L, S);
     uint32_t pa[NB / 2][4], dsa[NB / 2][4];
     pack_terms<T, NB>(pa, p);

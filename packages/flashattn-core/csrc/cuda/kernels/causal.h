@@ -1,11 +1,10 @@
-// The causal rule, in plain C++ so that host and device share it: the
-// kernels hide keys by it (Mask, common.cuh), the prefill kernels stop at
-// its bound and the launch model (wg_launch.cpp) counts the key tiles before
-// that bound, so none of them can disagree.
+// The causal rule and its sliding window, in plain C++ so that host and
+// device share them: the kernels hide keys by it (Mask, common.cuh), the
+// prefill and backward kernels walk only the tiles inside its bounds and the
+// launch model (wg_launch.cpp) counts the same tiles, so none of them can
+// disagree.
 
 #pragma once
-
-#include <algorithm>
 
 #if defined(__CUDACC__)
 #define FA_HOST_DEVICE __host__ __device__
@@ -15,18 +14,34 @@
 
 namespace fa {
 
+FA_HOST_DEVICE constexpr int clamp_int(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }
+
 // Queries are the last L of S positions (bottom-right aligned, as mlx-lm's
-// KV cache): query row r sees key c iff c <= r + causal_offset(L, S).
+// KV cache): query row r sees key c iff 0 <= r + causal_offset(L, S) - c <
+// window, the sliding window's keys (kNoWindow: none). One unsigned compare
+// tests both ends, as cheap as the causal rule alone: the kernels' registers
+// had no room for another live value.
+constexpr int kNoWindow = 0x7fffffff;
 FA_HOST_DEVICE constexpr int causal_offset(int L, int S) { return S - L; }
-FA_HOST_DEVICE constexpr bool causal_hides(int r, int c, int offset) { return c > r + offset; }
+FA_HOST_DEVICE constexpr bool causal_hides(int r, int c, int offset, int window = kNoWindow) {
+  return unsigned(r + offset - c) >= unsigned(window);
+}
 
 // Rows l0 .. l0 + rows - 1 (clipped at L) see keys [0, end).
 FA_HOST_DEVICE constexpr int causal_kv_end(int l0, int rows, int L, int S) {
-#if defined(__CUDA_ARCH__)
-  return max(0, min(S, min(l0 + rows, L) + causal_offset(L, S)));
-#else
-  return std::max(0, std::min(S, std::min(l0 + rows, L) + causal_offset(L, S)));
-#endif
+  return clamp_int(l0 + (rows < L - l0 ? rows : L - l0) + causal_offset(L, S), 0, S);
+}
+
+// Rows from l0 on see no key before this one (row l0's window's first; 0
+// where the window covers every key).
+FA_HOST_DEVICE constexpr int causal_kv_begin(int l0, int L, int S, int window) {
+  return window >= S ? 0 : clamp_int(l0 + causal_offset(L, S) - window + 1, 0, S);
+}
+
+// Keys c0 .. c0 + keys - 1 are seen by rows [causal_row_begin, causal_row_end) at most.
+FA_HOST_DEVICE constexpr int causal_row_begin(int c0, int L, int S) { return clamp_int(c0 - causal_offset(L, S), 0, L); }
+FA_HOST_DEVICE constexpr int causal_row_end(int c0, int keys, int L, int S, int window) {
+  return window >= S ? L : clamp_int(c0 + keys - 1 - causal_offset(L, S) + window, 0, L);
 }
 
 }  // namespace fa

@@ -63,7 +63,9 @@ struct Layout {
   fa::Layout{{q_sb, q_sh, q_sr}, {k_sb, k_sh, k_sr}, {v_sb, v_sh, v_sr}}
 
 // The mask's contribution to one score, in the log2 domain: -inf hides.
-// Every kernel asks it, and only it, which keys a row sees.
+// Every kernel asks it, and only it, which keys a row sees. A causal mask
+// has no array: its column-stride argument carries the sliding window
+// (mask_bits.h; kNoWindow: none).
 struct Mask {
   int kind;
   const void* data;
@@ -88,13 +90,30 @@ struct Mask {
     return a == FA_NEG_INF ? FA_NEG_INF : a * FA_LOG2E;
   }
   __device__ __forceinline__ bool is_array() const { return kind == kBool || kind == kAdditive; }
-  // Whether the causal rule (if this mask is causal) hides key c from row r.
+  // Whether the causal rule (if this mask is causal) or its window hides key c from row r.
   __device__ __forceinline__ bool causal_hides(int r, int c) const {
-    return kind == kCausal && fa::causal_hides(r, c, offset);
+    return kind == kCausal && fa::causal_hides(r, c, offset, col_stride);
   }
-  // The end of the keys row r may see, from `end` (S or a split's end) on.
+  // The keys row r may see within [begin, end) (0 or a split's start, S or its end).
+  __device__ __forceinline__ int key_begin(int r, int begin) const {
+    return kind == kCausal && col_stride != kNoWindow ? max(begin, r + offset - col_stride + 1) : begin;
+  }
   __device__ __forceinline__ int key_end(int r, int end) const {
     return kind == kCausal ? min(end, r + offset + 1) : end;
+  }
+  // Rows l0 .. l0 + rows - 1 see keys [kv_begin(l0), kv_end(l0, rows)) at most.
+  __device__ __forceinline__ int kv_begin(int l0, int L, int S) const {
+    return kind == kCausal ? causal_kv_begin(l0, L, S, col_stride) : 0;
+  }
+  __device__ __forceinline__ int kv_end(int l0, int rows, int L, int S) const {
+    return kind == kCausal ? causal_kv_end(l0, rows, L, S) : S;
+  }
+  // Keys c0 .. c0 + keys - 1 are seen by rows [row_begin(c0), row_end(c0, keys)) at most.
+  __device__ __forceinline__ int row_begin(int c0, int L, int S) const {
+    return kind == kCausal ? causal_row_begin(c0, L, S) : 0;
+  }
+  __device__ __forceinline__ int row_end(int c0, int keys, int L, int S) const {
+    return kind == kCausal ? causal_row_end(c0, keys, L, S, col_stride) : L;
   }
   // Whether key c is hidden from row r (of L rows, S keys); rb = row_base(n, r),
   // read only for an array mask and a row and key that exist.
@@ -103,9 +122,10 @@ struct Mask {
     return is_array() && term(rb, c) == FA_NEG_INF;
   }
   // Whether some key of the tile [c0, c0 + bc) may be hidden from some row
-  // from `first` on (S keys).
-  __device__ __forceinline__ bool tile_hides(int c0, int bc, int first, int S) const {
-    return c0 + bc > S || is_array() || causal_hides(first, c0 + bc - 1);
+  // of first .. first + rows - 1 (S keys): the first row sees the fewest
+  // keys at the tile's end, the last the fewest at its start (a window).
+  __device__ __forceinline__ bool tile_hides(int c0, int bc, int first, int rows, int S) const {
+    return c0 + bc > S || is_array() || causal_hides(first, c0 + bc - 1) || causal_hides(first + rows - 1, c0);
   }
 };
 

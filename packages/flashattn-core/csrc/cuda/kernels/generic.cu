@@ -37,9 +37,8 @@ __device__ __forceinline__ void generic_attend(
     o[i] = 0.0f;
   }
   Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  int c_begin = split * keys_per_split;
-  int c_end = min(S, c_begin + keys_per_split);
-  c_end = mask.key_end(l, c_end);
+  const int c_begin = mask.key_begin(l, split * keys_per_split);
+  const int c_end = mask.key_end(l, min(S, split * keys_per_split + keys_per_split));
   const bool masked = mask.is_array();
   const int64_t rb = masked ? mask.row_base(n, l) : 0;
 

@@ -4,7 +4,9 @@
 // float32 logit per query head) then lie in the base-offset array, after its
 // offsets (one 8-byte word each, none without an array mask), whose count
 // the bits from kSinkWordsShift hold. So every kernel that reads a mask
-// reads the sinks without a launch argument more.
+// reads the sinks without a launch argument more. A causal mask has no
+// array: its column-stride argument carries the sliding window instead (the
+// number of keys a row sees at most; causal.h's kNoWindow: no window).
 
 #pragma once
 

@@ -160,32 +160,37 @@ struct PrefillBlock {
   int64_t b, n;     // batch; (batch, query head) slice, b H_q + h
   int h, g;         // query head, its KV head
   int l0;           // first query row of the tile
-  int kv_end;       // keys [0, kv_end) hold every key a row of the tile may see
+  int kv_begin, kv_end;  // keys [kv_begin, kv_end) hold every key a row of the tile may see
 
-  __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind) {
+  // window: a causal mask's sliding window (its mask_cs argument: causal.h's kNoWindow for none).
+  __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind, int window) {
     const int64_t slices = int64_t(gridDim.y) * gridDim.z;
     const int64_t j = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
     place(int(j % slices % gridDim.y), j % slices / gridDim.y, gridDim.x - 1 - int(j / slices), rows_per_tile, H_q,
-          H_kv, L, S, mask_kind);
+          H_kv, L, S, mask_kind, window);
   }
 
   // Row tile `tile` of slice `slice` (= batch x H_q + query head): a block
   // that takes several tiles (prefill_f16_wg.cu).
-  __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind, int tile,
+  __device__ PrefillBlock(int rows_per_tile, int H_q, int H_kv, int L, int S, int mask_kind, int window, int tile,
                           int64_t slice) {
-    place(int(slice % H_q), slice / H_q, tile, rows_per_tile, H_q, H_kv, L, S, mask_kind);
+    place(int(slice % H_q), slice / H_q, tile, rows_per_tile, H_q, H_kv, L, S, mask_kind, window);
   }
 
  private:
   __device__ void place(int head, int64_t batch, int tile, int rows_per_tile, int H_q, int H_kv, int L, int S,
-                        int mask_kind) {
+                        int mask_kind, int window) {
     h = head;
     g = h / (H_q / H_kv);
     b = batch;
     n = b * H_q + h;
     l0 = tile * rows_per_tile;
+    kv_begin = 0;
     kv_end = S;
-    if ((mask_kind & kKindBits) == kCausal) kv_end = causal_kv_end(l0, rows_per_tile, L, S);
+    if ((mask_kind & kKindBits) == kCausal) {
+      kv_begin = causal_kv_begin(l0, L, S, window);
+      kv_end = causal_kv_end(l0, rows_per_tile, L, S);
+    }
   }
 };
 

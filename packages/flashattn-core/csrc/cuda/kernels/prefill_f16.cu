@@ -70,9 +70,10 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrefillSmem<T, E>*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const PrefillBlock blk(kBr, H_q, H_kv, L, S, mask_kind);
+  const PrefillBlock blk(kBr, H_q, H_kv, L, S, mask_kind, mask_cs);
   const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
+  const int j0 = blk.kv_begin / kBc;  // tile j holds keys (j0 + j) kBc ...
   const T* q_head = q + lay.q.at(blk.b, blk.h, 0);
   const T* k_head = k + lay.k.at(blk.b, blk.g, 0);
   const T* v_head = v + lay.v.at(blk.b, blk.g, 0);
@@ -80,14 +81,14 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   const bool array_mask = mask.is_array();
 
   constexpr bool kQInRegs = E <= 128;
-  const int n_tiles = (kv_end + kBc - 1) / kBc;
+  const int n_tiles = (kv_end + kBc - 1) / kBc - j0;
   const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
 
   load_tile<T, E>(sm.q, q_head, lay.q.sr, l0, kBr, min(kBr, L - l0), tid);
   cp_async_commit();
   if (n_tiles > 0) {
-    load_tile<T, E>(sm.k[0], k_head, lay.k.sr, 0, kBc, min(kBc, S), tid);
-    load_tile<T, E>(sm.v[0], v_head, lay.v.sr, 0, kBc, min(kBc, S), tid);
+    load_tile<T, E>(sm.k[0], k_head, lay.k.sr, j0 * kBc, kBc, min(kBc, S - j0 * kBc), tid);
+    load_tile<T, E>(sm.v[0], v_head, lay.v.sr, j0 * kBc, kBc, min(kBc, S - j0 * kBc), tid);
   }
   cp_async_commit();
 
@@ -96,7 +97,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   uint32_t qf[kQInRegs ? KS : 1][4];
 
   for (int j = 0; j < n_tiles; ++j) {
-    const int c0 = j * kBc, buf = j & 1;
+    const int c0 = (j0 + j) * kBc, buf = j & 1;
     const int count = min(kBc, S - c0);
     if (j + 1 < n_tiles) {  // the next tile flies while this one is computed
       const int c1 = c0 + kBc, n1 = min(kBc, S - c1);
@@ -131,7 +132,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
         mma16816<T>(s[2 * nb2 + 1], a, bk[2], bk[3]);
       }
     }
-    const bool need_mask = mask.tile_hides(c0, kBc, l0, S);
+    const bool need_mask = mask.tile_hides(c0, kBc, l0, kBr, S);
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
 
     if (need_mask && tile_has_nonfinite<T, E>(sv, count, tid)) {

@@ -181,19 +181,20 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   auto item_block = [&](int i) {
     if (split) {
       const int64_t u = split_at < 0 ? int64_t(blockIdx.x) : split_from + split_at / splits;
-      return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, row_tiles - 1 - int(u / slices), u % slices);
+      return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, mask_cs, row_tiles - 1 - int(u / slices), u % slices);
     }
-    if (units == 0) return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind);
+    if (units == 0) return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, mask_cs);
     const int64_t u = position(i);
-    return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, row_tiles - 1 - int(u / slices), u % slices);
+    return PrefillBlock(kWhBr, H_q, H_kv, L, S, mask_kind, mask_cs, row_tiles - 1 - int(u / slices), u % slices);
   };
-  // An item's key tiles: [0, kv_end) in tiles, or a piece's share of them.
-  auto tiles_of = [&](const PrefillBlock& ib) { return (ib.kv_end + kWhBc - 1) / kWhBc; };
+  // An item's key tiles: [kv_begin, kv_end) in tiles, or a piece's share of them.
+  auto begin_of = [&](const PrefillBlock& ib) { return ib.kv_begin / kWhBc; };
+  auto tiles_of = [&](const PrefillBlock& ib) { return (ib.kv_end + kWhBc - 1) / kWhBc - begin_of(ib); };
   auto first_tile = [&](const PrefillBlock& ib) {
-    return piece < 0 ? 0 : wg_shapes::piece_first_tile(tiles_of(ib), piece, splits);
+    return begin_of(ib) + (piece < 0 ? 0 : wg_shapes::piece_first_tile(tiles_of(ib), piece, splits));
   };
   auto end_tile = [&](const PrefillBlock& ib) {
-    return piece < 0 ? tiles_of(ib) : wg_shapes::piece_first_tile(tiles_of(ib), piece + 1, splits);
+    return begin_of(ib) + (piece < 0 ? tiles_of(ib) : wg_shapes::piece_first_tile(tiles_of(ib), piece + 1, splits));
   };
   // The current item's rows and keys: its tiles kv0 .. kv0 + n_tiles - 1,
   // counted from 0 (tile j is keys key0(j) ..).
@@ -376,11 +377,11 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       }
     }
   };
-  auto need_mask = [&](int j) { return mask.tile_hides(key0(j), kWhBc, row0, S); };
+  auto need_mask = [&](int j) { return mask.tile_hides(key0(j), kWhBc, row0, kWhRows, S); };
   // Rare: a tile where some key is hidden from some row of the block and
   // some value is not finite (block-wide: every thread must ask).
   auto rare = [&](int j) {
-    if (!mask.tile_hides(key0(j), kWhBc, l0, S)) return false;
+    if (!mask.tile_hides(key0(j), kWhBc, l0, kWhBr, S)) return false;
     // 16 bytes a load, the exponent bits tested as integers: this runs on
     // every causal diagonal tile, where a scalar load and conversion per
     // element cost more than the tile's softmax.
@@ -454,6 +455,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   int done = 0;  // tiles of the items before
   for (int i = 0; i < n_items; ++i) {
     if (i > 0) begin_item(i);
+    // Warp-uniform, from lane 0 (as wg above): in uniform registers, the
+    // item's first key tile left the consumers' registers as they were.
+    kv0 = __shfl_sync(0xffffffffu, kv0, 0);
+    n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
     mbar_wait(&sm.q_full, i & 1);  // the item's Q has landed
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)

@@ -92,7 +92,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const PrefillBlock blk(kBr32, H_q, H_kv, L, S, mask_kind);
+  const PrefillBlock blk(kBr32, H_q, H_kv, L, S, mask_kind, mask_cs);
   const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
   const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
@@ -126,7 +126,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
   const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
 
-  for (int c0 = 0; c0 < kv_end; c0 += kBc32) {
+  for (int c0 = blk.kv_begin / kBc32 * kBc32; c0 < kv_end; c0 += kBc32) {
     const int count = min(kBc32, S - c0);
     float* const k_tile = sm.k();
     float* const v_tile = sm.v();
@@ -164,7 +164,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
       load_tile32<E, LDV, kBc32>(v_tile, v_head, lay.v.sr, c0, count, tid);
       cp_async_commit();
     }
-    const bool need_mask = mask.tile_hides(c0, kBc32, l0, S);
+    const bool need_mask = mask.tile_hides(c0, kBc32, l0, kBr32, S);
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
     if constexpr (Smem::SHARED_KV) {
       cp_async_wait_all();

@@ -194,15 +194,18 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   // what derives from it, as in prefill_f16_wg.cu).
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), w = (tid >> 5) & 3, lane = tid & 31,
             g = lane >> 2, t = lane & 3;
-  const PrefillBlock blk(kWgBr, H_q, H_kv, L, S, mask_kind);
+  const PrefillBlock blk(kWgBr, H_q, H_kv, L, S, mask_kind, mask_cs);
   const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
   const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
   const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  auto masked = [&](int c0, int first) { return mask.tile_hides(c0, kWgBc, first, S); };
+  auto masked = [&](int c0, int first, int rows) { return mask.tile_hides(c0, kWgBc, first, rows, S); };
 
-  const int tiles = (kv_end + kWgBc - 1) / kWgBc;
+  // Tile j holds keys (j0 + j) kWgBc ...; j0 from lane 0 (warp-uniform: a
+  // uniform register, where an ordinary one more made this kernel spill).
+  const int j0 = __shfl_sync(0xffffffffu, blk.kv_begin / kWgBc, 0);
+  const int tiles = (kv_end + kWgBc - 1) / kWgBc - j0;
   if (tid < kWgBuffers) {
     mbar_init(&sm.full[tid], kWgThreads);
     mbar_init(&sm.empty[tid], kWgThreads);
@@ -215,12 +218,12 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   RowTile<E, kWgBc, true> kt;
   VTile<E> vt;
   auto store_tile = [&](int j) {
-    const int b = j % kWgBuffers, c = j * kWgBc;
+    const int b = j % kWgBuffers, c = (j0 + j) * kWgBc;
     if (j >= kWgBuffers) mbar_wait(&sm.empty[b], (j / kWgBuffers - 1) & 1);
     auto& dst = sm.kv[b];
     bool bad = false;
     kt.store(dst.k_hi, dst.k_lo, tid);
-    vt.store(dst.v_hi, dst.v_lo, tid, masked(c, l0), bad);
+    vt.store(dst.v_hi, dst.v_lo, tid, masked(c, l0, kWgBr), bad);
     if (bad) sm.rare[b] = j + 1;
     fence_proxy_async();
     mbar_arrive(&sm.full[b]);
@@ -230,8 +233,8 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     }
   };
   if (tiles > 0) {
-    kt.load(k_head, lay.k.sr, 0, min(kWgBc, S), tid);
-    vt.load(v_head, lay.v.sr, 0, min(kWgBc, S), tid);
+    kt.load(k_head, lay.k.sr, j0 * kWgBc, min(kWgBc, S - j0 * kWgBc), tid);
+    vt.load(v_head, lay.v.sr, j0 * kWgBc, min(kWgBc, S - j0 * kWgBc), tid);
     store_tile(0);
   }
 
@@ -263,8 +266,8 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   const Turns turns(wg, kWgGroups, tiles);
 
   for (int j = 0; j < tiles; ++j) {
-    const int c0 = j * kWgBc, buf = j % kWgBuffers;
-    const bool need_mask = masked(c0, row0);
+    const int c0 = (j0 + j) * kWgBc, buf = j % kWgBuffers;
+    const bool need_mask = masked(c0, row0, kWgRows);
     mbar_wait(&sm.full[buf], (j / kWgBuffers) & 1);  // stored, and visible to wgmma
     const bool guard = sm.rare[buf] == j + 1;
     const uint64_t b_off = buf * kStepBuf;
