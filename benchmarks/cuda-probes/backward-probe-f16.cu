@@ -35,7 +35,7 @@ template <int E>
 __global__ void __launch_bounds__(bs::kThreads) stats_kernel(const T* q, const T* k, const T* o, const T* d_out,
                                                              float* stats, int* flags, int slices, int H_q, int H_kv,
                                                              int L, int S, float scale_log2) {
-  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, stats, flags, slices, H_q, H_kv, L, S, E, fa::kCausal, 0, 0,
+  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, stats, flags, slices, H_q, H_kv, L, S, E, fa::kCausal, 0, fa::kNoWindow,
                              scale_log2);
 }
 
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(bs::kThreads) stats_wg_kernel(const T* q, cons
                                                                 float* stats, int* flags, int slices, int H_q,
                                                                 int H_kv, int L, int S, float scale_log2) {
   fa::backward_stats16<T, E, true>(q, k, o, d_out, nullptr, nullptr, stats, flags, slices, H_q, H_kv, L, S, E,
-                                   fa::kCausal, 0, 0, scale_log2);
+                                   fa::kCausal, 0, fa::kNoWindow, scale_log2);
 }
 
 using KeysFn = void (*)(const T*, const T*, const T*, const T*, const float*, const int*, void*, void*, float*, int,
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(bs::kKeysThreads16) keys_kernel(const T* q, co
                                                                   int slices, int H_q, int H_kv, int L, int S,
                                                                   float scale_log2, float scale) {
   fa::backward_keysq16<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
-                             fa::kCausal, 0, 0, scale_log2, scale);
+                             fa::kCausal, 0, fa::kNoWindow, scale_log2, scale);
 }
 template <int E>
 __global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_kernel(const T* q, const T* k, const T* v,
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_kernel(const T*
                                                                         int slices, int H_q, int H_kv, int L, int S,
                                                                         float scale_log2, float scale) {
   fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
-                             fa::kCausal, 0, 0, scale_log2, scale);
+                             fa::kCausal, 0, fa::kNoWindow, scale_log2, scale);
 }
 #ifdef FA_BASELINE_DIR
 template <int E>
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(bs::kKeysThreads16, 1) base_keys_kernel(const 
                                                                        int H_kv, int L, int S, float scale_log2,
                                                                        float scale) {
   baseline::fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv,
-                                       L, S, E, fa::kCausal, 0, 0, scale_log2, scale);
+                                       L, S, E, fa::kCausal, 0, fa::kNoWindow, scale_log2, scale);
 }
 #endif
 
