@@ -30,6 +30,10 @@
 
 namespace probe {
 
+// A causal mask's column-stride argument: no sliding window (causal.h's kNoWindow;
+// this header may come before the kernels').
+constexpr int kNoWindow = 0x7fffffff;
+
 struct Case {
   int H_q, H_kv, L, S, kind;  // kind: 0 none, 1 causal
   int nan_key;                // >= 0: V row of this key (KV head 0) is NaN
@@ -225,16 +229,16 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
     const dim3 grid = ln.scheduled ? dim3(std::min(tiles * c.H_q, sms), 1, 1) : dim3(tiles, c.H_q, 1);
     auto go = [&] {
       if (ln.fn_t != nullptr) {
-        ln.fn_t<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? fa::kNoWindow : 0,
+        ln.fn_t<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? kNoWindow : 0,
                                                scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, q_sh, q_sr,
                                                c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E, maps,
                                                maps + 128, ++tag);
       } else if (ln.fn_s != nullptr) {
-        ln.fn_s<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? fa::kNoWindow : 0,
+        ln.fn_s<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? kNoWindow : 0,
                                                scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, q_sh, q_sr,
                                                c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E);
       } else {
-        ln.fn<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? fa::kNoWindow : 0,
+        ln.fn<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? kNoWindow : 0,
                                              scale_log2, c.H_q * c.L * E, q_sh, q_sr, c.H_kv * c.S * E, c.S * E, E,
                                              c.H_kv * c.S * E, c.S * E, E);
       }
