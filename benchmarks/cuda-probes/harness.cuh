@@ -227,18 +227,19 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
     }
     const int tiles = (c.L + ln.rows - 1) / ln.rows;
     const dim3 grid = ln.scheduled ? dim3(std::min(tiles * c.H_q, sms), 1, 1) : dim3(tiles, c.H_q, 1);
+    const int mask_cs = c.kind == 1 ? kNoWindow : 0;
     auto go = [&] {
       if (ln.fn_t != nullptr) {
-        ln.fn_t<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? kNoWindow : 0,
+        ln.fn_t<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, mask_cs,
                                                scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, q_sh, q_sr,
                                                c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E, maps,
                                                maps + 128, ++tag);
       } else if (ln.fn_s != nullptr) {
-        ln.fn_s<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? kNoWindow : 0,
+        ln.fn_s<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, mask_cs,
                                                scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, q_sh, q_sr,
                                                c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E);
       } else {
-        ln.fn<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, c.kind == 1 ? kNoWindow : 0,
+        ln.fn<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, mask_cs,
                                              scale_log2, c.H_q * c.L * E, q_sh, q_sr, c.H_kv * c.S * E, c.S * E, E,
                                              c.H_kv * c.S * E, c.S * E, E);
       }

@@ -113,8 +113,9 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(E));
   const float med = probe::median_ms(
       [&] {
-        timed<E, G, ITEMS, F32><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0, causal ? fa::kNoWindow : 0,
-                                                    scale_log2, ITEMS == 2 || split ? H_q : 0, split_from, splits,
+        timed<E, G, ITEMS, F32><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0,
+                                                    causal ? fa::kNoWindow : 0, scale_log2,
+                                                    ITEMS == 2 || split ? H_q : 0, split_from, splits,
                                                     H_q * L * E, L * E, E, H_kv * S * E, S * E, E, H_kv * S * E,
                                                     S * E, E, templ, scratch, tag++);
       },

@@ -468,7 +468,9 @@ mx::array flash_attention(
         return mx::slice(x, start, stop, stream);
       };
       auto keys_from = [&](const KeysOrValues& x) -> KeysOrValues {
-        if (const auto* q = std::get_if<QuantizedArray>(&x)) return QuantizedArray{tail(q->packed), tail(q->scales), tail(q->biases)};
+        if (const auto* q = std::get_if<QuantizedArray>(&x)) {
+          return QuantizedArray{tail(q->packed), tail(q->scales), tail(q->biases)};
+        }
         return tail(std::get<mx::array>(x));
       };
       std::optional<int> rest = window < S - first ? std::optional<int>(window) : std::nullopt;

@@ -46,7 +46,8 @@ mx::array flash_attention(const AttentionCall& call, bool widen) {
   auto cast = [&] {
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, s); };
     return flash_attention(
-        {f32(q), f32(k), f32(v), call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks});
+        {f32(q), f32(k), f32(v), call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {},
+         call.sinks});
   };
   const int nd = q.ndim();
   int64_t batch = 1;

@@ -329,8 +329,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
       accumulate<kSplit, NB, NO, EB>(dk_acc, ds, q_s, blk.col0, lane);
     }
   }
-  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, row_begin < row_end, ka, S, E, blk.col0, scale,
-                     lane);
+  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, row_begin < row_end, ka, S, E, blk.col0,
+                     scale, lane);
 }
 
 }  // namespace fa

@@ -45,7 +45,9 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const bool vec = vector_copies(E, q, k, q, k);
 
   copy_tile<T, EB, BR, bs::kThreads, WG>(q_s, q + first * E, count, E, vec);
-  if (tiles > 0) copy_tile<T, EB, BC, bs::kThreads, WG>(k_s, k_head + (int64_t)j0 * BC * E, min(BC, S - j0 * BC), E, vec);
+  if (tiles > 0) {
+    copy_tile<T, EB, BC, bs::kThreads, WG>(k_s, k_head + (int64_t)j0 * BC * E, min(BC, S - j0 * BC), E, vec);
+  }
   cp_async_commit();
   row_d_flags(q, o, d_out, stats, flags, first, count, E);  // while the first tiles land
 

@@ -39,7 +39,9 @@ FA_HOST_DEVICE constexpr int causal_kv_begin(int l0, int L, int S, int window) {
 }
 
 // Keys c0 .. c0 + keys - 1 are seen by rows [causal_row_begin, causal_row_end) at most.
-FA_HOST_DEVICE constexpr int causal_row_begin(int c0, int L, int S) { return clamp_int(c0 - causal_offset(L, S), 0, L); }
+FA_HOST_DEVICE constexpr int causal_row_begin(int c0, int L, int S) {
+  return clamp_int(c0 - causal_offset(L, S), 0, L);
+}
 FA_HOST_DEVICE constexpr int causal_row_end(int c0, int keys, int L, int S, int window) {
   return window >= S ? L : clamp_int(c0 + keys - 1 - causal_offset(L, S) + window, 0, L);
 }

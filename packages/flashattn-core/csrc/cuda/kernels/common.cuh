@@ -127,8 +127,8 @@ struct Mask {
   // window to spare (the last row then sees the first key): one compare, as
   // causal_hides (two made the 16-bit wgmma prefill 5% slower).
   __device__ __forceinline__ bool tile_hides(int c0, int bc, int first, int rows, int S) const {
-    return c0 + bc > S || is_array() ||
-           (kind == kCausal && fa::causal_hides(first, c0 + bc - 1, offset, max(col_stride - (rows - 1) - (bc - 1), 0)));
+    const int spare = max(col_stride - (rows - 1) - (bc - 1), 0);
+    return c0 + bc > S || is_array() || (kind == kCausal && fa::causal_hides(first, c0 + bc - 1, offset, spare));
   }
 };
 
