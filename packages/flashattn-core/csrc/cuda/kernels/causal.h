@@ -27,6 +27,16 @@ FA_HOST_DEVICE constexpr bool causal_hides(int r, int c, int offset, int window 
   return unsigned(r + offset - c) >= unsigned(window);
 }
 
+// Whether some key of the tile c0 .. c0 + keys - 1 may be hidden from some
+// row of r0 .. r0 + rows - 1. Every row sees every key iff the first row
+// sees the tile's last key with (rows - 1) + (keys - 1) of its window to
+// spare (the last row then sees the first key): one compare, as
+// causal_hides (two made the 16-bit wgmma prefill 4-5% slower).
+FA_HOST_DEVICE constexpr bool causal_tile_hides(int r0, int rows, int c0, int keys, int offset, int window) {
+  const int spare = window - (rows - 1) - (keys - 1);
+  return causal_hides(r0, c0 + keys - 1, offset, spare > 0 ? spare : 0);
+}
+
 // Rows l0 .. l0 + rows - 1 (clipped at L) see keys [0, end).
 FA_HOST_DEVICE constexpr int causal_kv_end(int l0, int rows, int L, int S) {
   return clamp_int(l0 + (rows < L - l0 ? rows : L - l0) + causal_offset(L, S), 0, S);

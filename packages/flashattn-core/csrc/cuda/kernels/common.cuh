@@ -122,13 +122,9 @@ struct Mask {
     return is_array() && term(rb, c) == FA_NEG_INF;
   }
   // Whether some key of the tile [c0, c0 + bc) may be hidden from some row
-  // of first .. first + rows - 1 (S keys). Every row sees every key iff the
-  // first row sees the tile's last key with (rows - 1) + (bc - 1) of its
-  // window to spare (the last row then sees the first key): one compare, as
-  // causal_hides (two made the 16-bit wgmma prefill 5% slower).
+  // of first .. first + rows - 1 (S keys).
   __device__ __forceinline__ bool tile_hides(int c0, int bc, int first, int rows, int S) const {
-    const int spare = max(col_stride - (rows - 1) - (bc - 1), 0);
-    return c0 + bc > S || is_array() || (kind == kCausal && fa::causal_hides(first, c0 + bc - 1, offset, spare));
+    return c0 + bc > S || is_array() || (kind == kCausal && causal_tile_hides(first, rows, c0, bc, offset, col_stride));
   }
 };
 
