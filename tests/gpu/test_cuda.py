@@ -790,6 +790,18 @@ def test_quantized_keys_beside_plain_values_and_a_window():
     assert relative_error(out, ref) <= 2e-5
 
 
+@pytest.mark.parametrize("L", [1, 4])
+def test_quantized_decode_with_a_window(L):
+    # The keys before the window are left out of the packed cache (views of
+    # codes, scales and biases); one position then reads the rest in place.
+    from flashattn_core.reference import dequantize
+
+    q, kq, vq = quantized_case((14, 2), L, 5000, 64, 4, 64, "bfloat16")
+    out = flash_attention(q, kq, vq, mask="causal", window=700, stream=mx.gpu)
+    ref = attention_reference(q, dequantize(kq, 64), dequantize(vq, 64), mask=causal_mask(L, 5000, 700))
+    assert relative_error(out, ref) <= TOLERANCE["bfloat16"]
+
+
 def test_no_gradient_through_quantized_keys_on_the_gpu():
     q, kq, vq = quantized_case((2, 1), 8, 8, 64, 4, 64, "float32")
     with pytest.raises(ValueError, match="no gradient through quantized keys or values"):
