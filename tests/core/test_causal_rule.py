@@ -43,18 +43,15 @@ int main() {
 """
 
 
-def compiler():
-    return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+CXX = next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+pytestmark = pytest.mark.skipif(CXX is None, reason="needs a C++ compiler (c++, g++ or clang++) to build causal.h")
 
 
 @pytest.fixture(scope="module")
 def helpers(tmp_path_factory):
-    cxx = compiler()
-    if cxx is None:
-        pytest.skip("needs a C++ compiler (c++, g++ or clang++)")
     work = tmp_path_factory.mktemp("causal_rule")
     (work / "driver.cpp").write_text(DRIVER % {"windows": ", ".join(map(str, WINDOWS))})
-    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{HEADER.parent}", "-o", str(work / "driver"),
+    subprocess.run([CXX, "-std=c++17", "-O1", f"-I{HEADER.parent}", "-o", str(work / "driver"),
                     str(work / "driver.cpp")], check=True)
     out = subprocess.run([str(work / "driver")], check=True, capture_output=True, text=True).stdout
     cases = {}

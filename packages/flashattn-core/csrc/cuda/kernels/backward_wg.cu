@@ -75,7 +75,7 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
   const int ratio = H_q / H_kv;
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  // Rows before the first that sees key c0 see none of the block's keys.
+  // Rows outside [row_begin, row_end) see none of the block's keys.
   const int row_begin = mask.row_begin(c0, L, S), row_end = mask.row_end(c0, BK, L, S);
   const int tiles = row_begin < row_end ? (row_end - row_begin + BR - 1) / BR : 0;
   const bool vec = vector_copies(E, q, k, v, d_out);
