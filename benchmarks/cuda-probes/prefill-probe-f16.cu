@@ -18,7 +18,7 @@ template <int E>
 __global__ void __launch_bounds__(fa::f16_shapes::warps(E) * 32) mma_kernel(
     const T* q, const T* k, const T* v, const void* mask, const int64_t* mask_base, T* out, int H_q, int H_kv,
     int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill<T, E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
+  fa::prefill<T, E>(q, k, v, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2,
                     FA_LAYOUT);
 }
 // The wgmma kernel as shipped: a producer warpgroup copying by TMA.
@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) wg_tma_kernel(
     int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, int slices, FA_LAYOUT_PARAMS,
     const void* map_template, void* map_slots, unsigned long long tag) {
   fa::prefill_wg<T, E, fa::WhShape<G, BC, OVERLAP, ITEMS>>(
-      q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2, slices, 0, 0, FA_LAYOUT,
+      q, k, v, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2, slices, 0, 0, FA_LAYOUT,
       static_cast<const fa::MapTemplate*>(map_template), map_slots, tag);
 }
 

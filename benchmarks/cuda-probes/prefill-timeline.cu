@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k
   const int b = blockIdx.x + gridDim.x * blockIdx.y;
   if (threadIdx.x == 0) g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
   using TO = std::conditional_t<F32, float, T>;
-  fa::prefill_wg<T, E, Shape<E, G, ITEMS, F32>, F32>(q, k, v, mask, mask_base, static_cast<TO*>(out), H_q, H_kv, L,
+  fa::prefill_wg<T, E, Shape<E, G, ITEMS, F32>, F32>(q, k, v, mask, mask_base, static_cast<TO*>(out), nullptr, H_q, H_kv, L,
                                                      S, mask_kind, mask_rs, mask_cs, scale_log2, slices, split_from,
                                                      splits, FA_LAYOUT, static_cast<const fa::MapTemplate*>(map_template),
                                                      scratch, tag);

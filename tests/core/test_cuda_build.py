@@ -10,7 +10,7 @@ import flashattn_core
 DTYPES = ["float32", "float16", "bfloat16"]
 EXPECTED = (
     {f"fa_generic{s}_{d}_{e}" for d in DTYPES for e in range(1, 9) for s in ("", "_split")}
-    | {f"fa_merge_{d}" for d in DTYPES}
+    | {f"fa_merge{s}_{d}" for d in DTYPES for s in ("", "_lse")}
     | {f"fa_generic_vsplit_{d}_{lanes}" for d in DTYPES for lanes in (8, 16, 32)}
     | {f"fa_decode{s}_{d}_{e}" for d in DTYPES for e in (64, 96, 128) for s in ("", "_fused")}
     | {f"fa_decode_{f}{s}_{d}_{e}" for f in ("mma", "mma32") for d in ("float16", "bfloat16") for e in (64, 128)

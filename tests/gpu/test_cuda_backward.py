@@ -1,7 +1,8 @@
 """The CUDA backward (kernels/backward.cu) beyond the shared matrix of
 tests/core/test_backward.py: every head-dim bucket and the column halves of
 E > 128, tiles of many rows and keys with every causal alignment, values a
-row cannot see that are not finite, and which backward ran."""
+row cannot see that are not finite, the log-sum-exp the forward keeps from
+each of its kernels, and which backward ran."""
 
 import mlx.core as mx
 import numpy as np
@@ -105,3 +106,36 @@ def test_float32_attention_over_16_bit_inputs():
     for g, ref in zip(grads, refs):
         assert g.dtype == mx.bfloat16
         assert relative_error(g, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("E,heads", [(64, (8, 2)), (128, (4, 1))])
+def test_prefill_log_sum_exp_after_key_splits(E, heads, dtype):
+    # The backward reads each row's log-sum-exp from the forward's prefill
+    # kernel; under FLASHATTN_CUDA_SPLITS (cuda-check's rerun) the piece that
+    # merges a split row tile's keys writes it.
+    check(Case(batch=(2,), heads=heads, L=700, S=900, E=E, mask="causal", dtype=dtype))
+
+
+def _misaligned(shape, dtype, seed):
+    """A row-contiguous view one element into its buffer: rows off 16-byte
+    boundaries, which the tensor-core kernels cannot read."""
+    flat = mx.random.normal((int(np.prod(shape)) + 1,), key=mx.random.key(seed)).astype(getattr(mx, dtype))
+    return flat[1:].reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("L,S", [(200, 333), (7, 300), (1, 300)])
+def test_gradients_of_misaligned_rows(L, S, dtype):
+    # The generic kernel's split form, whose merge (fa_merge_lse_) keeps the
+    # log-sum-exp; L = 1: planned as a decode, which keeps none (the
+    # backward takes it again).
+    q, k, v = (_misaligned(shape, dtype, seed) for shape, seed in
+               (((2, 8, L, 64), 1), ((2, 2, S, 64), 2), ((2, 2, S, 64), 3)))
+    d_out = d_out_for(q)
+    reset_gradient_stats()
+    grads = gradients(q, k, v, "causal", d_out)
+    refs = attention_gradients_reference(q, k, v, d_out, mask="causal")
+    for name, g, ref in zip(("dq", "dk", "dv"), grads, refs):
+        assert relative_error(g, ref) <= TOLERANCE[dtype], name
+    assert gradient_stats() == {"fused": 1, "recomputed": {}}

@@ -227,10 +227,12 @@ bool any_tracer(const std::vector<mx::array>& arrays) {
 // A GPU kernel launch (MLX's custom-kernel primitives have no gradient)
 // with a vjp attached: the fused backward (CUDA, Metal), or attention_vjp's
 // recomputation counted under `backend` where there is none. forward takes
-// {q, k, v[, mask][, sinks]}; fused takes them, the output and its cotangent
-// and gives dQ, dK, dV and, with sinks, theirs.
-using Forward = std::function<mx::array(const std::vector<mx::array>&)>;
-using Fused = std::function<std::vector<mx::array>(const std::vector<mx::array>&, const mx::array&,
+// {q, k, v[, mask][, sinks]} and gives the output and, where its kernels
+// keep it, each row's log-sum-exp (for the fused backward only); fused takes
+// the inputs, the forward's outputs and the output's cotangent and gives
+// dQ, dK, dV and, with sinks, theirs.
+using Forward = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+using Fused = std::function<std::vector<mx::array>(const std::vector<mx::array>&, const std::vector<mx::array>&,
                                                    const mx::array&)>;
 
 mx::array with_attention_vjp(
@@ -247,12 +249,12 @@ mx::array with_attention_vjp(
     const char* backend,
     const Fused& fused = nullptr) {
   const int sinks_arg = sinks ? (has_mask_array(mask_kind) ? 4 : 3) : -1;
-  auto fwd = [forward](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{forward(in)};
-  };
   auto backward = [=](const std::vector<mx::array>& primals,
-                      const std::vector<mx::array>& cotangents,
-                      const std::vector<mx::array>& outputs) {
+                      const std::vector<mx::array>& all_cotangents,
+                      const std::vector<mx::array>& all_outputs) {
+    // The attention output's alone: the log-sum-exp is the backward's, no
+    // output of the call.
+    const std::vector<mx::array> cotangents = {all_cotangents[0]}, outputs = {all_outputs[0]};
     auto recompute = [&](const char* reason) {
       std::vector<int> argnums(primals.size());
       for (size_t i = 0; i < argnums.size(); ++i) argnums[i] = static_cast<int>(i);
@@ -262,7 +264,7 @@ mx::array with_attention_vjp(
     if (!fused) return recompute(backend);
     std::vector<mx::array> grads;
     try {
-      grads = fused(primals, outputs[0], cotangents[0]);
+      grads = fused(primals, all_outputs, cotangents[0]);
     } catch (const Unsupported& e) {  // e.g. a GPU with too little shared memory a block
       return recompute(reason_name(e.reason()));
     }
@@ -279,30 +281,32 @@ mx::array with_attention_vjp(
   std::vector<mx::array> in = {queries, keys, values};
   if (has_mask_array(mask_kind)) in.push_back(*mask_arr);
   if (sinks) in.push_back(*sinks);
-  return mx::custom_vjp(fwd, backward)(in)[0];
+  return mx::custom_vjp(forward, backward)(in)[0];
 }
 
 // The Metal backward through `launch` (an Apple GPU's or the emulator's).
 Fused metal_backward(float scale, MaskKind mask_kind, int window, mx::Stream stream, metal::Launcher launch) {
-  return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
+  return [=](const std::vector<mx::array>& in, const std::vector<mx::array>& out, const mx::array& d_out) {
     const int mask_arg = has_mask_array(mask_kind) ? 1 : 0;
     std::optional<mx::array> m, sinks;
     if (mask_arg) m = in[3];
     if (static_cast<int>(in.size()) > 3 + mask_arg) sinks = in.back();
     return metal::flash_attention_backward(
-        {in[0], in[1], in[2], scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, out, d_out, launch);
+        {in[0], in[1], in[2], scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, out[0], d_out,
+        launch);
   };
 }
 
 // The CUDA backward (cuda/backward.cpp).
 Fused cuda_backward(float scale, MaskKind mask_kind, int window, mx::Stream stream) {
-  return [=](const std::vector<mx::array>& in, const mx::array& out, const mx::array& d_out) {
+  return [=](const std::vector<mx::array>& in, const std::vector<mx::array>& out, const mx::array& d_out) {
     const int mask_arg = has_mask_array(mask_kind) ? 1 : 0;
-    std::optional<mx::array> m, sinks;
+    std::optional<mx::array> m, sinks, lse;
     if (mask_arg) m = in[3];
     if (static_cast<int>(in.size()) > 3 + mask_arg) sinks = in.back();
+    if (out.size() > 1) lse = out[1];
     return cuda::flash_attention_backward(
-        {in[0], in[1], in[2], scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, out, d_out);
+        {in[0], in[1], in[2], scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, out[0], d_out, lse);
   };
 }
 
@@ -526,10 +530,11 @@ mx::array flash_attention(
       const AttentionCall attention{in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, window,
                                     nullptr, nullptr, {}, sk};
       if (backend == Backend::cuda) {
-        return cuda::flash_attention(attention);
+        // The fused backward reads the forward's log-sum-exp where it is kept.
+        return cuda::flash_attention_outputs(attention, false, true);
       }
       auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
-      return metal::flash_attention(attention, launch);
+      return std::vector<mx::array>{metal::flash_attention(attention, launch)};
     };
     if (backend == Backend::cuda) {
       return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, window,
@@ -575,9 +580,9 @@ mx::array flash_attention_metal_emulated(
     std::optional<mx::array> m, sk;
     if (has_mask_array(c.mask_kind)) m = in[3];
     if (sinks) sk = in.back();
-    return metal::flash_attention({in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, window, nullptr, nullptr,
-                                   {}, sk},
-                                  metal::emulated_launcher(emulation, stream), choice);
+    return std::vector<mx::array>{metal::flash_attention(
+        {in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, window, nullptr, nullptr, {}, sk},
+        metal::emulated_launcher(emulation, stream), choice)};
   };
   return with_attention_vjp(
       forward, queries, keys, values, mask_arr, sinks, c.scale, c.mask_kind, window, stream, "metal",

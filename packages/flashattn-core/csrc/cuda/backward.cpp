@@ -1,7 +1,7 @@
 // The fused backward on MLX's CUDA backend: two launches through MLX's
 // custom-kernel API, ordered in MLX's graph by the statistics the second
 // reads. 16-bit inputs up to E = 128 (kernels/backward_f16.cu): a statistics
-// pass (each row's log-sum-exp and D) and a keys pass for all three
+// pass (each row's log-sum-exp, the forward's where it kept it, and D) and a keys pass for all three
 // gradients (dQ as float32 sums; on Hopper kernels/backward_wg.cu's). Others (kernels/backward.cu): the rows pass
 // (dQ and the statistics) and the keys pass (dK, dV). Under GQA dK and dV are
 // float32 sums of the group's heads; sums are cast to the inputs' dtype after. Both read their inputs
@@ -23,6 +23,7 @@
 #include "cuda/driver.h"
 #include "cuda/kernel_images.h"
 #include "cuda/kernels/backward_shapes.h"
+#include "cuda/kernels/mask_bits.h"
 #include "cuda/mask_args.h"
 #include "cuda/primitive.h"
 #include "mlx/fast.h"
@@ -32,7 +33,7 @@ namespace flashattn::cuda {
 namespace bs = fa::backward_shapes;
 
 std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& out,
-                                                const mx::array& d_out) {
+                                                const mx::array& d_out, const std::optional<mx::array>& lse) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
@@ -60,13 +61,17 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // Sinks ride in the mask's arguments, as in the forward: the statistics
   // count them in each row's log-sum-exp.
   const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
+  // The forward's log-sum-exp, which the statistics / rows pass then reads
+  // (kLse; without it the output stands in, never read: row-contiguous, so
+  // MLX copies nothing for it).
+  const mx::array lse_in = lse ? *lse : out;
   const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(batch * H_q),
                                                      H_q,
                                                      H_kv,
                                                      L,
                                                      S,
                                                      E,
-                                                     m.kind,
+                                                     m.kind | (lse ? fa::kLse : 0),
                                                      m.row_stride,
                                                      m.col_stride,
                                                      call.scale * kLog2e,
@@ -93,7 +98,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     const std::string wg_kernel = "fa_backward_keyswg_" + suffix;
     const bool wg = find_image(wg_kernel, s.device.index) != nullptr;
     auto stats = launch((wg ? "fa_backward_statswg_" : "fa_backward_stats_") + suffix,
-                        {q, k, out, dO, m.data, m.base}, {stats_shape, {static_cast<int>(batch * H_q * L)}},
+                        {q, k, out, dO, m.data, m.base, lse_in}, {stats_shape, {static_cast<int>(batch * H_q * L)}},
                         {mx::float32, mx::int32}, row_blocks, bs::kThreads,
                         wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes), poison_value());
     const std::vector<mx::Shape> grad_shapes = {k.shape(), v.shape(), q.shape()};
@@ -108,7 +113,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
     return result;
   }
-  auto rows = launch("fa_backward_rows_" + suffix, {q, k, v, out, dO, m.data, m.base}, {q.shape(), stats_shape},
+  auto rows = launch("fa_backward_rows_" + suffix, {q, k, v, out, dO, m.data, m.base, lse_in}, {q.shape(), stats_shape},
                      {q.dtype(), mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
   auto keys = launch("fa_backward_keys_" + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
                      {kv_dtype, kv_dtype}, key_blocks, key_threads, bs::keys_smem(EB, bytes),

@@ -31,30 +31,32 @@ struct PlanKey {
   mx::Shape q_shape;
   int H_kv, S, dtype, kind, mask_rs, mask_cs;
   float scale_log2;
-  bool widen;
+  bool widen, lse;
   int device;
   bool operator==(const PlanKey&) const = default;
 };
 
 }  // namespace
 
-mx::array flash_attention(const AttentionCall& call, bool widen) {
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   // Widened prefill calls that neither the tensor-core decode nor the Hopper
   // prefill takes are the float32 kernels' on cast inputs.
   auto cast = [&] {
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, s); };
-    return flash_attention(
+    return flash_attention_outputs(
         {f32(q), f32(k), f32(v), call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {},
-         call.sinks});
+         call.sinks},
+        false, lse);
   };
   const int nd = q.ndim();
   int64_t batch = 1;
   for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
   MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
-  const Dims d{batch, q.shape(-3), k.shape(-3), q.shape(-2), k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
-               static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen, m.kind};
+  Dims d{batch, q.shape(-3), k.shape(-3), q.shape(-2), k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
+         static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen, m.kind};
+  d.lse = lse;
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
   if (head_elements * std::max(d.H_q, d.H_kv) > std::numeric_limits<int>::max()) {
@@ -67,7 +69,7 @@ mx::array flash_attention(const AttentionCall& call, bool widen) {
   // A model repeats its calls (recent.h): each thread keeps its last few plans,
   // and that a widened call is cast (nullopt: no plan).
   const PlanKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), d.kind_arg, d.mask_rs, d.mask_cs,
-                    d.scale_log2, widen, s.device.index};
+                    d.scale_log2, widen, lse, s.device.index};
   thread_local Recent<PlanKey, std::optional<Planned>, 8> recent;
   std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
   if (!planned) planned = recent.put(key, plan_call(d, q.dtype(), q.shape(), s.device.index));
@@ -78,7 +80,12 @@ mx::array flash_attention(const AttentionCall& call, bool widen) {
   // The node shares the cached plan (an aliasing pointer into `planned`).
   auto node = std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &plan.plan));
   auto outputs = mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs);
-  return outputs[0];
+  if (plan.lse) return {outputs[0], outputs[1]};
+  return {outputs[0]};
+}
+
+mx::array flash_attention(const AttentionCall& call, bool widen) {
+  return flash_attention_outputs(call, widen, false)[0];
 }
 
 }  // namespace flashattn::cuda

@@ -5,6 +5,9 @@
 
 #pragma once
 
+#include <optional>
+#include <vector>
+
 #include "../flash_attention.h"
 
 namespace flashattn::cuda {
@@ -17,6 +20,12 @@ bool kernels_available();
 // calls run the float32 kernels on cast inputs).
 mx::array flash_attention(const AttentionCall& call, bool widen = false);
 
+// The same, and where lse (a gradient may be taken) and the planned kernels
+// keep it, each row's log-sum-exp as a second array (q's shape but E;
+// log2 domain, the sink in it, +inf for a row that sees no key); the
+// decodes keep none.
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse);
+
 // Quantized keys and values (quantized.cpp: dequantized for the ordinary
 // kernels): call.k_quantized / v_quantized hold them, call.k / v
 // placeholders of their logical shape.
@@ -24,8 +33,10 @@ mx::array quantized_attention(const AttentionCall& call, bool widen = false);
 
 // The fused backward (backward.cpp): dQ, dK and dV of `call` from its
 // output and the output's cotangent, never an L x S array; with sinks also
-// their gradient.
+// their gradient. lse: the forward's (flash_attention_outputs), which the
+// backward then does not take again.
 std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& out,
-                                                const mx::array& d_out);
+                                                const mx::array& d_out,
+                                                const std::optional<mx::array>& lse = std::nullopt);
 
 }  // namespace flashattn::cuda

@@ -48,11 +48,14 @@
 
 namespace flashattn::cuda {
 
-std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape& q_shape, int device_index) {
+std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Shape& q_shape, int device_index) {
   Planned out;
   Plan& plan = out.plan;
   int splits = 0;
+  Dims d = call;
   auto decode = decode_launches(d, splits);
+  // The decodes keep no log-sum-exp (a gradient's backward takes it again).
+  if (decode) d.lse = false;
   // Quantized keys and values: the quantized decode, or nothing (the caller
   // dequantizes them for the other kernels).
   if (d.quantized() && !decode) return std::nullopt;
@@ -79,6 +82,13 @@ std::optional<Planned> plan_call(const Dims& d, mx::Dtype dtype, const mx::Shape
   std::vector<mx::Dtype>& dtypes = out.dtypes;
   shapes = {q_shape};
   dtypes = {d.widen ? mx::float32 : dtype};
+  // The rows' log-sum-exp (q's shape but E), or the prefill kernels'
+  // placeholder for it (never written).
+  out.lse = d.lse;
+  if (out.lse || plan.aligned.attend.lse_output) {
+    shapes.push_back(out.lse ? mx::Shape(q_shape.begin(), q_shape.end() - 1) : mx::Shape{1});
+    dtypes.push_back(mx::float32);
+  }
   if (plan.aligned.tma()) {  // scratch for the tensor maps
     namespace ws = fa::wg_shapes;
     const int64_t words = (ws::kMapSlots * ws::kMapSlotBytes + plan.aligned.split_bytes) / 4;

@@ -33,6 +33,10 @@ struct Step {
   // K's scales, biases, V's scales, biases}, and after the layout the
   // scales' rows (6 strides).
   bool quantized = false;
+  // The tensor-core prefills and fa_merge_lse_: the rows' log-sum-exp as an
+  // output after the attention output (the primitive's second), written
+  // where the mask_kind argument has kLse (kernels/mask_bits.h).
+  bool lse_output = false;
 };
 
 // An attention kernel, and the merge when it split the keys (its partials

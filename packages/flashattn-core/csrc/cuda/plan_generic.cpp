@@ -23,9 +23,13 @@ constexpr int kTargetWarps = 4096;
 constexpr int kMinKeysPerSplit = 64;
 constexpr int kMaxSplits = fa::merge_shapes::kMaxSplits;  // what a merge takes
 
-// Widened, the merge writes float32 (its partials are float32 for every dtype).
+// Widened, the merge writes float32 (its partials are float32 for every
+// dtype); for a gradient, fa_merge_lse_ also each row's log-sum-exp.
 Step merge_step(const Dims& d, int rows, int splits) {
-  return {"fa_merge_" + (d.widen ? std::string("float32") : d.dt), {rows, d.E, splits}, {rows * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0};
+  Step merge{(d.lse ? "fa_merge_lse_" : "fa_merge_") + (d.widen ? std::string("float32") : d.dt),
+             {rows, d.E, splits}, {rows * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0};
+  merge.lse_output = d.lse;
+  return merge;
 }
 
 // The lanes a key of the split kernel with 16-byte loads (generic_vec.cu:
@@ -58,7 +62,9 @@ Launches generic_launches(const Dims& d, int splits, bool aligned) {
   std::vector<Scalar> scalars = {static_cast<int>(d.batch), d.H_q, d.H_kv, d.L, d.S, d.E, d.kind_arg,
                                  d.mask_rs, d.mask_cs, keys_per_split, d.scale_log2};
   const std::string suffix = d.dt + "_" + std::to_string((d.E + 31) / 32);
-  const bool split = splits > 1 || d.widen;
+  // For a gradient the split form even with one split: its merge keeps the
+  // rows' log-sum-exp.
+  const bool split = splits > 1 || d.widen || d.lse;
   const int lanes = aligned && split ? vec_lanes(d) : 0;
   const std::string kernel = lanes > 0 ? "fa_generic_vsplit_" + d.dt + "_" + std::to_string(lanes)
                              : split   ? "fa_generic_split_" + suffix

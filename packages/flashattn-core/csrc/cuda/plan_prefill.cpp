@@ -155,7 +155,10 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
     return std::nullopt;
   }
   const int tiles = (d.L + rows - 1) / rows;
-  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind_arg, d.mask_rs, d.mask_cs, d.scale_log2};
+  // Every one of them takes an output for the rows' log-sum-exp, which it
+  // writes for a gradient (kLse).
+  const int kind_arg = d.kind_arg | (d.lse ? fa::kLse : 0);
+  std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, kind_arg, d.mask_rs, d.mask_cs, d.scale_log2};
   if (!grid) grid = {tiles * threads, d.H_q, static_cast<int>(d.batch)};
   if (wg && dtype != mx::float32) {
     // The 16-bit kernels' slices (the scheduled or split launch's; 0 for a
@@ -165,6 +168,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
                                    split ? wg_launch.splits : 0});
   }
   Step attend{kernel, scalars, *grid, {threads, 1, 1}, smem};
+  attend.lse_output = true;
   Launches out{attend, std::nullopt, 0, wg ? maps : std::vector<int>{}};
   out.split_bytes = split_bytes;
   return out;

@@ -31,6 +31,10 @@ struct Dims {
   // Keys and values both quantized alike (MLX's affine format), read in
   // place by the quantized decode: bits and group size; 0 otherwise.
   int quant_bits = 0, quant_group = 0;
+  // A gradient may be taken: the prefill kernels (or the generic kernel's
+  // merge) also write each row's log-sum-exp, which the backward reads
+  // instead of taking it again.
+  bool lse = false;
   bool sinks() const { return (kind_arg & fa::kSinks) != 0; }
   // A causal mask's sliding window (carried in mask_cs: kernels/mask_bits.h), else 0.
   int window() const {
@@ -53,16 +57,21 @@ int generic_splits(const Dims& d);
 // The generic kernel: one warp per query row, any head dim, any strides.
 // Widened (16-bit inputs, float32 output) always in its split form, even
 // with one split: its partials are float32, and fa_merge_float32 writes a
-// float32 output. aligned: every row starts on a 16-byte boundary, so the
+// float32 output; so too with d.lse (fa_merge_lse_ writes the rows'
+// log-sum-exp). aligned: every row starts on a 16-byte boundary, so the
 // split form may take 16-byte loads (generic_vec.cu; the same partials).
 Launches generic_launches(const Dims& d, int splits, bool aligned = false);
 
-// A call's launches and its primitive's outputs (the attention output, then
-// scratch: the tensor maps', the partials).
+// A call's launches and its primitive's outputs (the attention output, the
+// rows' log-sum-exp where a launch takes it, then scratch: the tensor maps',
+// the partials). lse: the second output holds each row's log-sum-exp
+// (d.lse, and a kernel of both plans writes it); else where it is there it
+// is a placeholder.
 struct Planned {
   Plan plan;
   std::vector<mx::Shape> shapes;
   std::vector<mx::Dtype> dtypes;
+  bool lse = false;
 };
 
 // nullopt: a widened call that no kernel takes as it is (the caller casts).

@@ -268,21 +268,24 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     return;
   }
   if (!run.merge) {
-    // One launch: the output, and the tensor maps' scratch.
-    const size_t used = run.tma() ? 2 : 1;
+    // One launch: the output, the rows' log-sum-exp (or its placeholder) and
+    // the tensor maps' scratch, as the kernel takes them.
+    const size_t used = 1 + (run.attend.lse_output ? 1 : 0) + (run.tma() ? 1 : 0);
     std::vector<mx::array> out(outputs.begin(), outputs.begin() + used);
     launch(run.attend, scalars, in, out, copy, s);
     leave_unused(used, n);
     return;
   }
   // Split, then merged: the partials are the last two outputs (plan.cpp);
-  // an output between is the tensor maps' scratch of plan.aligned, when this
-  // is plan.any's generic split.
+  // outputs between are the rows' log-sum-exp (the merge writes it for a
+  // gradient) and the tensor maps' scratch of plan.aligned, when this is
+  // plan.any's generic split.
   std::vector<mx::array> partials = {outputs[n - 2], outputs[n - 1]};
   launch(run.attend, scalars, in, partials, copy, s);
   std::vector<mx::array> out = {outputs[0]};
+  if (run.merge->lse_output) out.push_back(outputs[1]);
   launch(*run.merge, run.merge->scalars, partials, out, false, s);
-  leave_unused(1, n - 2);
+  leave_unused(out.size(), n - 2);
 }
 
 }  // namespace flashattn::cuda

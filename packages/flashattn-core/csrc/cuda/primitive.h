@@ -1,7 +1,8 @@
 // The flash_attention node of a CUDA graph. Its launches were planned from
 // shapes (plan.h); it runs them through MLX's custom-kernel primitive once
 // the inputs exist and their strides are known, so strided views reach the
-// kernels without a copy. Outputs: the attention output, then (Hopper
+// kernels without a copy. Outputs: the attention output, then (prefill, or
+// a merge for a gradient) the rows' log-sum-exp or its placeholder, (Hopper
 // prefill) the tensor maps' scratch, then the key splits' partials when
 // there is a merge or the fused decode merges them (MLX keeps a node's
 // outputs alive until its kernels have run). The fused decode writes its

@@ -5,8 +5,8 @@
 //   dQ = scale dS K    dK = scale dS^T Q
 // Two passes, so that dQ and dK / dV each have one writer a block:
 //   fa_backward_rows: 4 warps x 16 query rows. A row's log-sum-exp (the
-//     forward kernels do not keep it: a first walk over the keys takes it
-//     again), D, and dQ; writes (lse, D) per row for
+//     forward's where the launch has it, kLse; else a first walk over the
+//     keys takes it again), D, and dQ; writes (lse, D) per row for
 //   fa_backward_keys: 4 warps x 16 keys against one query head's rows. dK
 //     and dV; under GQA each head of a group adds its share (float32
 //     atomics, K and V never repeated).
@@ -159,7 +159,8 @@ template <typename T, int EB>
 __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* __restrict__ k,
                                               const T* __restrict__ v, const T* __restrict__ o,
                                               const T* __restrict__ d_out, const void* mask_data,
-                                              const int64_t* __restrict__ mask_base, T* __restrict__ dq,
+                                              const int64_t* __restrict__ mask_base,
+                                              const float* __restrict__ lse_fwd, T* __restrict__ dq,
                                               float* __restrict__ stats, int64_t slices, int H_q, int H_kv, int L,
                                               int S, int E,
                                               int mask_kind, int mask_rs, int mask_cs, float scale_log2,
@@ -214,18 +215,23 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, BR, S), scale_log2, t, L, S);
   };
 
-  // The rows' log-sum-exp: the forward's online softmax without V.
-  float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
-  for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
-    load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, min(BC, S - c0), E);
-    __syncthreads();
-    float s[NB][4];
-    masked_scores(s, c0);
-    lse_step<NB>(s, m, l);
-    __syncthreads();
-  }
+  // The rows' log-sum-exp: the forward's, or its online softmax again without V.
   float lse[2];
-  lse_final(m, l, lse, sink_log2(mask_kind, mask_base, int(n % H_q)));
+  if (const float* kept = lse_in(mask_kind, lse_fwd)) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) lse[rr] = ra + 8 * rr < L ? kept[n * L + ra + 8 * rr] : INFINITY;
+  } else {
+    float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
+    for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
+      load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, min(BC, S - c0), E);
+      __syncthreads();
+      float s[NB][4];
+      masked_scores(s, c0);
+      lse_step<NB>(s, m, l);
+      __syncthreads();
+    }
+    lse_final(m, l, lse, sink_log2(mask_kind, mask_base, int(n % H_q)));
+  }
 
   float acc[NO][4];
   zero(acc);
@@ -338,8 +344,9 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 // The extern "C" entry points of one unit (-DFA_DTYPE, -DFA_E: the head-dim
 // bucket, -DFA_PASS=0 rows | 1 keys): fa_backward_rows_<dtype>_<E>,
 // fa_backward_keys_<dtype>_<E>. Inputs, then outputs, then scalars, as MLX
-// passes them. The keys pass's dK and dV are T without GQA, float32 sums
-// with it.
+// passes them. The rows pass's lse input is the forward's log-sum-exp where
+// mask_kind has kLse (mask_bits.h), else any array, never read. The keys
+// pass's dK and dV are T without GQA, float32 sums with it.
 #if !defined(FA_E) || !defined(FA_PASS)
 #error "define FA_E and FA_PASS"
 #endif
@@ -350,8 +357,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 #if FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_rows_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* o, const FA_T* d_out, const void* mask,
-    const int64_t* mask_base, FA_T* dq, float* stats, FA_BACKWARD_SCALARS) {
-  fa::backward_rows<FA_T, FA_E>(q, k, v, o, d_out, mask, mask_base, dq, stats, slices, H_q, H_kv, L, S, E, mask_kind,
+    const int64_t* mask_base, const float* lse, FA_T* dq, float* stats, FA_BACKWARD_SCALARS) {
+  fa::backward_rows<FA_T, FA_E>(q, k, v, o, d_out, mask, mask_base, lse, dq, stats, slices, H_q, H_kv, L, S, E, mask_kind,
                                 mask_rs, mask_cs, scale_log2, scale);
 }
 #else

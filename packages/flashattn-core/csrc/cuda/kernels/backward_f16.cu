@@ -175,7 +175,9 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
 // The extern "C" entry points of one unit (-DFA_DTYPE 1 | 2, -DFA_E 64 | 128:
 // the head-dim bucket, -DFA_PASS=0 stats | 1 keys): fa_backward_stats_<dtype>_<E>
 // and fa_backward_keysq_<dtype>_<E>. Inputs, then outputs, then scalars, as
-// MLX passes them; backward.cu's scalars.
+// MLX passes them; backward.cu's scalars. The statistics pass's lse input is
+// the forward's log-sum-exp where mask_kind has kLse (mask_bits.h), else
+// any array, never read.
 #if !defined(FA_E) || !defined(FA_PASS) || FA_DTYPE == 0 || FA_E > 128
 #error "backward_f16.cu: a 16-bit dtype, FA_E 64 or 128, and FA_PASS"
 #endif
@@ -186,8 +188,8 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
 #if FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_stats_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
-    float* stats, int* flags, FA_BACKWARD_SCALARS) {
-  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, stats, flags, slices, H_q, H_kv, L, S, E,
+    const float* lse, float* stats, int* flags, FA_BACKWARD_SCALARS) {
+  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, lse, stats, flags, slices, H_q, H_kv, L, S, E,
                                    mask_kind, mask_rs, mask_cs, scale_log2);
 }
 #else

@@ -1,7 +1,7 @@
 // The 16-bit backward's statistics pass (fa_backward_stats_*: mma.sync,
 // backward_f16.cu; fa_backward_statswg_*: wgmma, backward_wg.cu): 4 warps x
-// 16 query rows; each row's log-sum-exp again (a walk over the K tiles: the
-// forward kernels do not keep it), D and the row's flag.
+// 16 query rows; each row's log-sum-exp (the forward's, where the launch
+// has it: kLse; else again, a walk over the K tiles), D and the row's flag.
 
 #pragma once
 
@@ -21,7 +21,7 @@ template <typename T, int EB, bool WG = false>
 __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const T* __restrict__ k,
                                                  const T* __restrict__ o, const T* __restrict__ d_out,
                                                  const void* mask_data, const int64_t* __restrict__ mask_base,
-                                                 float* __restrict__ stats, int* __restrict__ flags, int64_t slices,
+                                                 const float* __restrict__ lse_fwd, float* __restrict__ stats, int* __restrict__ flags, int64_t slices,
                                                  int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
                                                  int mask_cs, float scale_log2) {
   constexpr int LD = WG ? EB : bs::ld16(EB), BR = bs::kRows, BC = bs::kKeyTile16, NB = BC / 8;
@@ -39,6 +39,12 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const T* k_head = k + kv_slice * S * E;
   const int64_t first = n * L + l0;  // the block's first row, of all
   const int count = min(BR, L - l0);
+  if (const float* lse = lse_in(mask_kind, lse_fwd)) {
+    // The forward kept each row's log-sum-exp: D and the flags only.
+    for (int r = threadIdx.x; r < count; r += blockDim.x) stats[(first + r) * 2] = lse[first + r];
+    row_d_flags(q, o, d_out, stats, flags, first, count, E);
+    return;
+  }
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int j0 = mask.kv_begin(l0, L, S) / BC;  // tile i holds keys (j0 + i) BC ...
   const int tiles = (mask.kv_end(l0, BR, L, S) + BC - 1) / BC - j0;

@@ -144,4 +144,15 @@ __device__ __forceinline__ float sink_log2(int mask_kind, const int64_t* mask_ba
   return sinks == nullptr ? FA_NEG_INF : sinks[h] * FA_LOG2E;
 }
 
+// The rows' log-sum-exp output where the launch asks for it (kLse), else
+// nullptr: the prefill kernels take the pointer from their arguments only
+// where a row ends, as the sinks.
+__device__ __forceinline__ float* lse_of(int mask_kind, float* lse) { return (mask_kind & kLse) ? lse : nullptr; }
+
+// The same for an input: the backward's statistics passes read the
+// forward's log-sum-exp where the launch says it holds it.
+__device__ __forceinline__ const float* lse_in(int mask_kind, const float* lse) {
+  return (mask_kind & kLse) ? lse : nullptr;
+}
+
 }  // namespace fa

@@ -132,11 +132,14 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max, float* scrat
 
 // The splits' partials merged (combine.cuh).
 // One block per query row: the split weights go to shared memory once, then
-// the threads take the head dim (merge_shapes.h).
+// the threads take the head dim (merge_shapes.h). lse (not null): each
+// row's log-sum-exp too (log2 domain, +inf where no split saw a key; with
+// a sink, which split 0 holds, the sink's row is finite: its P and D are 0
+// all the same).
 template <typename T>
 __device__ __forceinline__ void merge_splits(
     const float* __restrict__ o_part, const float* __restrict__ ml_part, T* __restrict__ out,
-    int rows, int E, int splits) {
+    int rows, int E, int splits, float* __restrict__ lse = nullptr) {
   constexpr int kWarps = merge_shapes::kThreads / 32, kMaxEL = 8;  // E <= 256
   __shared__ float weight[merge_shapes::kMaxSplits];
   __shared__ float scratch[32];
@@ -176,6 +179,7 @@ __device__ __forceinline__ void merge_splits(
   for (int i = 0; i < kMaxEL; ++i) part[w][lane + 32 * i] = acc[i];
   __syncthreads();
   const float inv = inverse_sum(l_sum);
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = l_sum == 0.0f ? INFINITY : base + log2f(l_sum);
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     float sum = 0.0f;
 #pragma unroll
@@ -187,8 +191,9 @@ __device__ __forceinline__ void merge_splits(
 }  // namespace fa
 
 // The extern "C" entry point of one unit (-DFA_DTYPE and -DFA_EPT with
-// -DFA_PARTIAL=0|1, or -DFA_MERGE): fa_generic_<dtype>_<EPT>,
-// fa_generic_split_<dtype>_<EPT> or fa_merge_<dtype>.
+// -DFA_PARTIAL=0|1, or -DFA_MERGE[ -DFA_LSE]): fa_generic_<dtype>_<EPT>,
+// fa_generic_split_<dtype>_<EPT>, fa_merge_<dtype> or fa_merge_lse_<dtype>
+// (each row's log-sum-exp as a second output, for a gradient).
 // Arguments: inputs, then outputs, then scalars, as MLX passes them.
 #if defined(FA_EPT) && FA_PARTIAL == 0
 extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_, FA_TNAME, _, FA_EPT, )(
@@ -213,9 +218,14 @@ extern "C" __global__ void __launch_bounds__(128) FA_CAT5(fa_generic_split_, FA_
 }
 #endif
 
-#if defined(FA_MERGE)
+#if defined(FA_MERGE) && !defined(FA_LSE)
 extern "C" __global__ void __launch_bounds__(fa::merge_shapes::kThreads) FA_CAT3(fa_merge_, FA_TNAME, )(
     const float* o_part, const float* ml_part, FA_T* out, int rows, int E, int splits) {
   fa::merge_splits<FA_T>(o_part, ml_part, out, rows, E, splits);
+}
+#elif defined(FA_MERGE)
+extern "C" __global__ void __launch_bounds__(fa::merge_shapes::kThreads) FA_CAT3(fa_merge_lse_, FA_TNAME, )(
+    const float* o_part, const float* ml_part, FA_T* out, float* lse, int rows, int E, int splits) {
+  fa::merge_splits<FA_T>(o_part, ml_part, out, rows, E, splits, lse);
 }
 #endif

@@ -7,11 +7,14 @@
 // reads the sinks without a launch argument more. A causal mask has no
 // array: its column-stride argument carries the sliding window instead (the
 // number of keys a row sees at most; causal.h's kNoWindow: no window).
+// kLse: the prefill kernels also write each row's log-sum-exp into their
+// lse output (a gradient will be taken); the backward's statistics passes
+// then read it from their lse input instead of taking it again.
 
 #pragma once
 
 namespace fa {
 
-constexpr int kKindBits = 3, kSinks = 4, kSinkWordsShift = 8;
+constexpr int kKindBits = 3, kSinks = 4, kLse = 8, kSinkWordsShift = 8;
 
 }  // namespace fa

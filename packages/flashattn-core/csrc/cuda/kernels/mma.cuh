@@ -207,18 +207,26 @@ struct PrefillBlock {
 // of eb0 + t and stores them in one 16-byte store, instead of four 4-byte
 // stores that fill half a sector each, which queued in the epilogue of a
 // block whose warpgroups store at once.
+//
+// lse (not null: a gradient will be taken): each row's log-sum-exp too, in
+// the log2 domain with the sink in it, +inf for a row that sees no key, as
+// the backward's statistics pass would take it again (backward_parts.cuh's
+// lse_final), one float a row of all (B H_q L).
 template <typename T, int NO>
 __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float* m_i, const float* l_i,
-                                           float sink2, T* out, int64_t n, int L, int E, int ra, int t) {
+                                           float sink2, T* out, int64_t n, int L, int E, int ra, int t,
+                                           float* lse = nullptr) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float l_sum = l_i[rr];
     l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 1);
     l_sum += __shfl_xor_sync(0xffffffffu, l_sum, 2);
+    const bool seen = l_sum != 0.0f;
     float m = m_i[rr];
     const float a = add_sink(m, l_sum, sink2);
     const float inv = a * inverse_sum(l_sum);
     const int r = ra + rr * 8;
+    if (lse != nullptr && t == 0 && r < L) lse[n * (int64_t)L + r] = seen ? exp_base(m) + log2f(l_sum) : INFINITY;
     T* dst = out + (n * (int64_t)L + r) * E;
     constexpr int kGrouped = sizeof(T) == 2 ? NO / 4 * 4 : 0;  // blocks stored 16 bytes a thread
 #pragma unroll

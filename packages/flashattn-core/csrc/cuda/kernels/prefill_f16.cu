@@ -63,6 +63,7 @@ template <typename T, int E>
 __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __restrict__ k,
                                         const T* __restrict__ v, const void* mask_data,
                                         const int64_t* __restrict__ mask_base, T* __restrict__ out,
+                                        float* __restrict__ lse,
                                         int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                         int mask_cs, float scale_log2, Layout lay) {
   constexpr int LD = PrefillSmem<T, E>::LD, KS = E / 16, NB = kBc / 8, NO = E / 8;
@@ -191,13 +192,16 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 
   cp_async_wait_all();  // nothing may be in flight at exit (no key tiles: Q only)
 
-  store_rows<T, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t);
+  store_rows<T, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
+                    lse_of(mask_kind, lse));
 }
 
 }  // namespace fa
 
 // fa_prefill_<dtype>_<E>: grid (row tiles x threads, H_q, batch), 32 x
 // f16_shapes::warps(E) threads, dynamic shared memory sizeof(PrefillSmem).
+// Outputs: the attention output and each row's log-sum-exp (written where
+// mask_kind has kLse: mask_bits.h).
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
@@ -206,8 +210,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 #endif
 extern "C" __global__ void __launch_bounds__(fa::PrefillSmem<FA_T, FA_E>::THREADS) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
-    FA_T* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    FA_T* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill<FA_T, FA_E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs,
+  fa::prefill<FA_T, FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
                           mask_cs, scale_log2, FA_LAYOUT);
 }

@@ -124,6 +124,7 @@ template <typename T, int E, typename Shape, bool kF32 = false, typename TO = st
 __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, const void* mask_data,
                                            const int64_t* __restrict__ mask_base, TO* __restrict__ out,
+                                           float* __restrict__ lse,
                                            int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                            int mask_cs, float scale_log2, int slices, int split_from,
                                            int splits, Layout lay,
@@ -555,7 +556,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       const KeySplit<NO, kConsumers> ks(map_slots, tail, split_at / splits, piece, splits);
       store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
     }
-    if (store) store_rows<TO, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t);
+    if (store) {
+      store_rows<TO, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
+                         lse_of(mask_kind, lse));
+    }
     it0 += n_tiles;
     done += n_tiles;
   }
@@ -571,7 +575,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 // splits (the last row tiles' keys split: key_split.cuh), which also
 // needs the split scratch past the maps' (wg_shapes.h's
 // split_scratch_bytes); threads and dynamic shared memory as wg_shapes.h
-// says. It also takes scratch for the TMA copies' tensor maps (kMapSlots x kMapSlotBytes) as a second output, and, as the last
+// says. Its outputs: the attention output, each row's log-sum-exp (written where
+// mask_kind has kLse: mask_bits.h), and scratch for the TMA copies' tensor
+// maps (kMapSlots x kMapSlotBytes); as the last
 // arguments, the call's tag (two 24-bit halves) and the tensor-map
 // template (32 words, made by the planner); strides must not be negative.
 #if !defined(FA_E)
@@ -609,11 +615,11 @@ static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E), WhUnitS
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(FA_WG_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
-    FA_WG_OUT* out, void* map_slots, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    FA_WG_OUT* out, float* lse, void* map_slots, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, int slices, int split_from, int splits, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi,
     FA_MAP_TEMPLATE_PARAMS) {
   const fa::MapTemplate templ = FA_MAP_TEMPLATE;
-  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
                                           scale_log2, slices, split_from, splits, FA_LAYOUT, &templ, map_slots,
                                           fa::call_tag(tag_lo, tag_hi));
 }

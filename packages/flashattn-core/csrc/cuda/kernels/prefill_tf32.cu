@@ -83,7 +83,7 @@ template <int E>
 __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const float* __restrict__ k,
                                              const float* __restrict__ v, const void* mask_data,
                                              const int64_t* __restrict__ mask_base,
-                                             float* __restrict__ out, int H_q, int H_kv, int L, int S,
+                                             float* __restrict__ out, float* __restrict__ lse, int H_q, int H_kv, int L, int S,
                                              int mask_kind, int mask_rs, int mask_cs, float scale_log2,
                                              Layout lay) {
   using Smem = Tf32Smem<E>;
@@ -215,11 +215,14 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
     __syncthreads();
   }
 
-  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t);
+  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
+                        lse_of(mask_kind, lse));
 }
 
 }  // namespace fa
 
+// fa_prefill_float32_<E>: outputs the attention output and each row's log-sum-exp
+// (written where mask_kind has kLse: mask_bits.h).
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
@@ -228,8 +231,8 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 #endif
 extern "C" __global__ void __launch_bounds__(fa::Tf32Smem<FA_E>::THREADS) FA_CAT3(fa_prefill_float32_, FA_E, )(
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
-    float* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    float* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32<FA_E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs,
+  fa::prefill_tf32<FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
                          mask_cs, scale_log2, FA_LAYOUT);
 }

@@ -176,6 +176,7 @@ template <int E>
 __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, const float* __restrict__ k,
                                                 const float* __restrict__ v, const void* mask_data,
                                                 const int64_t* __restrict__ mask_base, float* __restrict__ out,
+                                                float* __restrict__ lse,
                                                 int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                                 int mask_cs, float scale_log2, Layout lay) {
   constexpr int NB = kWgBc / 8, NO = E / 8;
@@ -354,11 +355,14 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
   }
 
-  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t);
+  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
+                        lse_of(mask_kind, lse));
 }
 
 }  // namespace fa
 
+// fa_prefill_wg_float32_<E>: outputs the attention output and each row's log-sum-exp
+// (written where mask_kind has kLse: mask_bits.h).
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
@@ -367,8 +371,8 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
 #endif
 extern "C" __global__ void __launch_bounds__(fa::kWgThreads, 1) FA_CAT3(fa_prefill_wg_float32_, FA_E, )(
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
-    float* out, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    float* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32_wg<FA_E>(q, k, v, mask, mask_base, out, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+  fa::prefill_tf32_wg<FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
                             scale_log2, FA_LAYOUT);
 }
