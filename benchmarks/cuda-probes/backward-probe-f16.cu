@@ -1,7 +1,10 @@
 // Standalone probe of the 16-bit backward (backward_f16.cu), without MLX:
 // the statistics pass and the keys pass at E = 64 and 128, bfloat16, checked
 // against a float64 gradient on small causal shapes (GQA, L != S, rows past
-// the tiles) and timed with CUDA events at qwen05b and hd128 causal 8K.
+// the tiles) and timed with CUDA events at qwen05b and hd128 causal 8K; the
+// Hopper keys pass also as its entry points take their arguments (keyswg_,
+// keyswgc_: a kernel whose mask and head dim are constants is faster than
+// the one that ships them as arguments).
 // With -DFA_BASELINE_DIR=<dir> (a copy of an earlier kernels/ directory,
 // e.g. `git archive REV packages/flashattn-core/csrc/cuda/kernels | tar -x`,
 // from commit 60016b6 on), that version's wgmma keys pass runs beside this
@@ -66,6 +69,22 @@ __global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_kernel(const T*
                                                                         float scale_log2, float scale) {
   fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
                              fa::kCausal, 0, fa::kNoWindow, scale_log2, scale);
+}
+// The wgmma keys pass as the shipped entry points run it: what they take as
+// launch arguments read here from device memory, so that the compiler
+// cannot fold it. FOLD 0: fa_backward_keyswg_ (head dim and mask at run
+// time); 5: fa_backward_keyswgc_ (the head dim and a causal kind folded, the
+// window at run time). (The "wgmma" kernel above folds the window too.)
+__device__ int g_args[2][4];  // [E == 128]: E, mask_kind, mask_rs, mask_cs
+template <int E, int FOLD>
+__global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_rt(const T* q, const T* k, const T* v,
+                                                                    const T* d_out, const float* stats,
+                                                                    const int* flags, void* dk, void* dv, float* dq,
+                                                                    int slices, int H_q, int H_kv, int L, int S,
+                                                                    float scale_log2, float scale) {
+  const int* a = g_args[E == 128];
+  fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S,
+                             (FOLD & 1) ? E : a[0], (FOLD & 4) ? fa::kCausal : a[1], a[2], a[3], scale_log2, scale);
 }
 #ifdef FA_BASELINE_DIR
 template <int E>
@@ -241,7 +260,10 @@ void timing(const Shape& s, const std::vector<std::pair<const char*, KeysFn>>& f
 
 template <int E>
 std::vector<std::pair<const char*, KeysFn>> keys_fns() {
-  std::vector<std::pair<const char*, KeysFn>> f = {{"keys", keys_kernel<E>}, {"wgmma", wg_keys_kernel<E>}};
+  std::vector<std::pair<const char*, KeysFn>> f = {{"keys", keys_kernel<E>},
+                                                   {"wgmma", wg_keys_kernel<E>},
+                                                   {"keyswg_", wg_keys_rt<E, 0>},
+                                                   {"keyswgc_", wg_keys_rt<E, 5>}};
 #ifdef FA_BASELINE_DIR
   f.push_back({"baseline", base_keys_kernel<E>});
 #endif
@@ -258,6 +280,8 @@ void setup() {
 
 int main(int argc, char** argv) {
   probe::print_gpu();
+  const int args[2][4] = {{64, fa::kCausal, 0, fa::kNoWindow}, {128, fa::kCausal, 0, fa::kNoWindow}};
+  CHECK(cudaMemcpyToSymbol(g_args, args, sizeof(args)));
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
   setup<64>();
   setup<128>();

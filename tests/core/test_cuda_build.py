@@ -21,6 +21,7 @@ EXPECTED = (
     | {f"fa_backward_{p}_{d}_{e}" for p in ("stats", "keysq") for d in ("float16", "bfloat16") for e in (64, 128)}
     | {f"fa_backward_{p}_{d}_{e}" for p in ("rows", "keys") for d in DTYPES for e in (64, 128, 256)
        if d == "float32" or e == 256}
+    | {f"fa_backward_{p}{k}_float32_{e}" for p in ("rows", "keys") for k in ("n", "c") for e in (64, 128)}
 )
 # Hopper's arch-specific instructions (wgmma): sm_90a machine code, no PTX.
 HOPPER_ONLY = (
@@ -28,6 +29,7 @@ HOPPER_ONLY = (
     | {f"fa_prefill_{f}_{d}_{e}" for f in ("wg", "wg32") for d in ("float16", "bfloat16") for e in (64, 80, 96, 128)}
     | {f"fa_prefill_wg2_{d}_64" for d in ("float16", "bfloat16")}
     | {f"fa_backward_{p}wg_{d}_{e}" for p in ("stats", "keys") for d in ("float16", "bfloat16") for e in (64, 128)}
+    | {f"fa_backward_keyswg{k}_{d}_{e}" for k in ("n", "c") for d in ("float16", "bfloat16") for e in (64, 128)}
 )
 
 

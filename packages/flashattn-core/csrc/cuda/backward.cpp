@@ -77,6 +77,14 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
                                                      call.scale * kLog2e,
                                                      call.scale};
   const std::string suffix = std::string(dtype_name(q.dtype())) + "_" + std::to_string(EB);
+  // Kernels compiled for a call with no mask or a causal one at E = 64 or
+  // 128 (the mask kind and head dim constants: faster) go by "n_" or "c_"
+  // where the others go by "_" (16-bit on Hopper: the keys pass; float32:
+  // both passes).
+  const int kind = m.kind & fa::kKindBits;
+  const bool plain = kind == static_cast<int>(MaskKind::none) || kind == static_cast<int>(MaskKind::causal);
+  const std::string fixed =
+      E == EB && EB <= 128 && plain ? (kind == static_cast<int>(MaskKind::causal) ? "c_" : "n_") : "_";
   auto launch = [&](const std::string& kernel, const std::vector<mx::array>& inputs,
                     const std::vector<mx::Shape>& shapes, const std::vector<mx::Dtype>& dtypes, int64_t blocks,
                     int threads, int smem, std::optional<float> init) {
@@ -95,8 +103,11 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     // Statistics (and each row's flag: Q or dO not finite), then one pass
     // for all three gradients (dQ float32 sums): on Hopper's wgmma where the
     // build has it.
-    const std::string wg_kernel = "fa_backward_keyswg_" + suffix;
-    const bool wg = find_image(wg_kernel, s.device.index) != nullptr;
+    // On Hopper, calls with no mask or a causal one at E = 64 or 128 take the
+    // keys pass compiled for their mask kind and head dim.
+    const std::string general = "fa_backward_keyswg_" + suffix;
+    const bool wg = find_image(general, s.device.index) != nullptr;
+    const std::string wg_kernel = "fa_backward_keyswg" + fixed + suffix;
     auto stats = launch((wg ? "fa_backward_statswg_" : "fa_backward_stats_") + suffix,
                         {q, k, out, dO, m.data, m.base, lse_in}, {stats_shape, {static_cast<int>(batch * H_q * L)}},
                         {mx::float32, mx::int32}, row_blocks, bs::kThreads,
@@ -113,9 +124,10 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
     return result;
   }
-  auto rows = launch("fa_backward_rows_" + suffix, {q, k, v, out, dO, m.data, m.base, lse_in}, {q.shape(), stats_shape},
+  const std::string f32_fixed = q.dtype() == mx::float32 ? fixed : "_";
+  auto rows = launch("fa_backward_rows" + f32_fixed + suffix, {q, k, v, out, dO, m.data, m.base, lse_in}, {q.shape(), stats_shape},
                      {q.dtype(), mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
-  auto keys = launch("fa_backward_keys_" + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
+  auto keys = launch("fa_backward_keys" + f32_fixed + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
                      {kv_dtype, kv_dtype}, key_blocks, key_threads, bs::keys_smem(EB, bytes),
                      group_sums ? std::optional<float>(0.0f) : poison_value());
   std::vector<mx::array> result = {rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)};

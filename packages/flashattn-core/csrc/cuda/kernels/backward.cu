@@ -354,18 +354,39 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs, int mask_cs, float scale_log2, \
       float scale
 
+// -DFA_KIND=0 | 1: fa_backward_rows<n|c>_ and fa_backward_keys<n|c>_, the
+// same arguments for calls with no mask or a causal one at E = FA_E exactly:
+// the mask's kind and the head dim fixed at compile time (as
+// backward_wg.cu's fa_backward_keyswg<n|c>_; the kind's other bits, sinks
+// and kLse, stay arguments).
+#if defined(FA_KIND)
+#if FA_KIND == 0
+#define FA_KIND_LETTER n
+#else
+#define FA_KIND_LETTER c
+#endif
+#define FA_ROWS_FAMILY FA_CAT3(fa_backward_rows, FA_KIND_LETTER, _)
+#define FA_KEYS_FAMILY FA_CAT3(fa_backward_keys, FA_KIND_LETTER, _)
+#define FA_PASS_E FA_E
+#define FA_PASS_KIND (FA_KIND | (mask_kind & ~fa::kKindBits))
+#else
+#define FA_ROWS_FAMILY fa_backward_rows_
+#define FA_KEYS_FAMILY fa_backward_keys_
+#define FA_PASS_E E
+#define FA_PASS_KIND mask_kind
+#endif
 #if FA_PASS == 0
-extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_rows_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(FA_ROWS_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* o, const FA_T* d_out, const void* mask,
     const int64_t* mask_base, const float* lse, FA_T* dq, float* stats, FA_BACKWARD_SCALARS) {
-  fa::backward_rows<FA_T, FA_E>(q, k, v, o, d_out, mask, mask_base, lse, dq, stats, slices, H_q, H_kv, L, S, E, mask_kind,
-                                mask_rs, mask_cs, scale_log2, scale);
+  fa::backward_rows<FA_T, FA_E>(q, k, v, o, d_out, mask, mask_base, lse, dq, stats, slices, H_q, H_kv, L, S, FA_PASS_E,
+                                FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale);
 }
 #else
-extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_keys_, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(FA_KEYS_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
     const int64_t* mask_base, void* dk, void* dv, FA_BACKWARD_SCALARS) {
-  fa::backward_keys<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, slices, H_q, H_kv, L, S, E, mask_kind,
-                                mask_rs, mask_cs, scale_log2, scale);
+  fa::backward_keys<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, slices, H_q, H_kv, L, S, FA_PASS_E,
+                                FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale);
 }
 #endif

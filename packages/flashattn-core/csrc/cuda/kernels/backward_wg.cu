@@ -220,13 +220,34 @@ extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_C
                                          mask_kind, mask_rs, mask_cs, scale_log2);
 }
 #else
+// -DFA_KIND=0 | 1: fa_backward_keyswgn_ / fa_backward_keyswgc_, the same
+// arguments for calls with no mask or a causal one (its window still an
+// argument) at E = FA_E exactly: the mask's kind and the head dim fixed at
+// compile time, so that the array mask's per-element code and the partial
+// columns' are compiled out. Taken at runtime, they cost this pass 1.26x
+// (hd128) and 1.5x (qwen05b) of its time at 8K (H200,
+// benchmarks/cuda-probes/backward-probe-f16.cu).
+#if defined(FA_KIND)
+#define FA_KEYS_FAMILY FA_CAT3(fa_backward_keyswg, FA_KIND_LETTER, _)
+#if FA_KIND == 0
+#define FA_KIND_LETTER n
+#else
+#define FA_KIND_LETTER c
+#endif
+#define FA_KEYS_E FA_E
+#define FA_KEYS_KIND FA_KIND
+#else
+#define FA_KEYS_FAMILY fa_backward_keyswg_
+#define FA_KEYS_E E
+#define FA_KEYS_KIND mask_kind
+#endif
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16, 1)
-    FA_CAT5(fa_backward_keyswg_, FA_TNAME, _, FA_E, )(const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out,
-                                                      const float* stats, const int* flags, const void* mask,
-                                                      const int64_t* mask_base, void* dk, void* dv, float* dq, int slices, int H_q, int H_kv,
-                                                      int L, int S, int E, int mask_kind, int mask_rs, int mask_cs,
-                                                      float scale_log2, float scale) {
-  fa::backward_keys_wg<FA_T, FA_E>(q, k, v, d_out, stats, flags, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,
-                                   mask_kind, mask_rs, mask_cs, scale_log2, scale);
+    FA_CAT5(FA_KEYS_FAMILY, FA_TNAME, _, FA_E, )(const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out,
+                                                 const float* stats, const int* flags, const void* mask,
+                                                 const int64_t* mask_base, void* dk, void* dv, float* dq, int slices,
+                                                 int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
+                                                 int mask_cs, float scale_log2, float scale) {
+  fa::backward_keys_wg<FA_T, FA_E>(q, k, v, d_out, stats, flags, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S,
+                                   FA_KEYS_E, FA_KEYS_KIND, mask_rs, mask_cs, scale_log2, scale);
 }
 #endif
