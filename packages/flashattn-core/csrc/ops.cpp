@@ -288,12 +288,13 @@ mx::array with_attention_vjp(
 Fused metal_backward(float scale, MaskKind mask_kind, int window, mx::Stream stream, metal::Launcher launch) {
   return [=](const std::vector<mx::array>& in, const std::vector<mx::array>& out, const mx::array& d_out) {
     const int mask_arg = has_mask_array(mask_kind) ? 1 : 0;
-    std::optional<mx::array> m, sinks;
+    std::optional<mx::array> m, sinks, lse;
     if (mask_arg) m = in[3];
     if (static_cast<int>(in.size()) > 3 + mask_arg) sinks = in.back();
+    if (out.size() > 1) lse = out[1];
     return metal::flash_attention_backward(
         {in[0], in[1], in[2], scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, out[0], d_out,
-        launch);
+        launch, lse);
   };
 }
 
@@ -534,7 +535,8 @@ mx::array flash_attention(
         return cuda::flash_attention_outputs(attention, false, true);
       }
       auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
-      return std::vector<mx::array>{metal::flash_attention(attention, launch)};
+      // The log-sum-exp for the fused backward, where a gradient may be taken.
+      return metal::flash_attention_outputs(attention, launch, {}, any_tracer(in));
     };
     if (backend == Backend::cuda) {
       return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, window,
@@ -580,9 +582,9 @@ mx::array flash_attention_metal_emulated(
     std::optional<mx::array> m, sk;
     if (has_mask_array(c.mask_kind)) m = in[3];
     if (sinks) sk = in.back();
-    return std::vector<mx::array>{metal::flash_attention(
+    return metal::flash_attention_outputs(
         {in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, window, nullptr, nullptr, {}, sk},
-        metal::emulated_launcher(emulation, stream), choice)};
+        metal::emulated_launcher(emulation, stream), choice, any_tracer(in));
   };
   return with_attention_vjp(
       forward, queries, keys, values, mask_arr, sinks, c.scale, c.mask_kind, window, stream, "metal",

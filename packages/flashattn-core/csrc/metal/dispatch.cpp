@@ -5,7 +5,8 @@
 //       flash_rows when one split suffices
 //   E in {64, 80, 96, 128}: flash_mma (SIMD-group matrices)
 //   everything else: flash_rows
-//   gradients: flash_backward_rows (dQ and each row's statistics), then
+//   gradients: flash_backward_rows (dQ and each row's statistics, from the
+//       log-sum-exp the forward's *_lse kernels kept where they ran), then
 //       flash_backward_keys (dK, dV)
 //
 // Every array reaches a kernel flat, row-contiguous and with at least 8
@@ -106,22 +107,25 @@ std::vector<Instance> instances() {
         T, "uint32_t", "float", "float", "uint32_t", "float", "float", "float", "int64_t", "int32_t", "float"};
     for (int ept : kEpts) {
       out.push_back({"flash_rows", {{"T", t}, {"EPT", ept}}, attention_inputs, {T}});
+      out.push_back({"flash_rows_lse", {{"T", t}, {"EPT", ept}}, attention_inputs, {T, "float"}});
       out.push_back({"flash_decode", {{"T", t}, {"EPT", ept}}, attention_inputs, {"float", "float"}});
       out.push_back({"flash_rows_q", {{"T", t}, {"EPT", ept}}, quantized_inputs, {T}});
       out.push_back({"flash_decode_q", {{"T", t}, {"EPT", ept}}, quantized_inputs, {"float", "float"}});
     }
     out.push_back({"flash_merge", {{"T", t}}, {"float", "float", "int32_t", "float"}, {T}});
     for (int ept : kEpts) {
-      // The rows pass takes the sinks last (its log-sum-exp counts them).
+      // The rows pass takes the sinks (its log-sum-exp counts them) and the
+      // forward's log-sum-exp last.
       std::vector<std::string> rows_inputs(attention_inputs.begin(), attention_inputs.end() - 1);
       std::vector<std::string> keys_inputs = rows_inputs;
-      rows_inputs.insert(rows_inputs.end(), {T, T, "float"});  // o, d_out, sinks
+      rows_inputs.insert(rows_inputs.end(), {T, T, "float", "float"});  // o, d_out, sinks, lse_kept
       keys_inputs.insert(keys_inputs.end(), {T, "float"});     // d_out, stats
       out.push_back({"flash_backward_rows", {{"T", t}, {"EPT", ept}}, rows_inputs, {T, "float"}});
       out.push_back({"flash_backward_keys", {{"T", t}, {"EPT", ept}}, keys_inputs, {T, T}});
     }
     for (int E : kMatrixDims) {
       out.push_back({"flash_mma", {{"T", t}, {"E", E}}, attention_inputs, {T}});
+      out.push_back({"flash_mma_lse", {{"T", t}, {"E", E}}, attention_inputs, {T, "float"}});
       out.push_back({"flash_mma_q", {{"T", t}, {"E", E}}, quantized_inputs, {T}});
     }
   }
@@ -209,6 +213,11 @@ KeyValueInputs key_value_inputs(const AttentionCall& call, std::vector<int32_t>&
 }  // namespace
 
 mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice) {
+  return flash_attention_outputs(call, launch, choice, false)[0];
+}
+
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const Launcher& launch, Choice choice,
+                                               bool lse) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
@@ -238,6 +247,15 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
   // words with float32 scales and biases for the *_q kernels.
   const KeyValueInputs kv = key_value_inputs(call, p);
   const std::string suffix = kv.quantized ? "_q" : "";
+  // For a gradient the prefill kernels (and an unsplit decode) also write
+  // each row's log-sum-exp (the *_lse kernels; never over quantized keys,
+  // which take no gradient).
+  lse = lse && !kv.quantized;
+  const std::vector<mx::Shape> shapes = lse ? std::vector<mx::Shape>{q.shape(), mx::Shape(q.shape().begin(), q.shape().end() - 1)}
+                                            : std::vector<mx::Shape>{q.shape()};
+  const std::vector<mx::Dtype> dtypes = lse ? std::vector<mx::Dtype>{q.dtype(), mx::float32}
+                                            : std::vector<mx::Dtype>{q.dtype()};
+  const std::string lse_suffix = lse ? "_lse" : "";
   const mx::array sinks = sinks_input(call, H_q);
   auto inputs = [&](const std::vector<int32_t>& params) {
     std::vector<mx::array> in = {flat_at_least_8(q, s)};
@@ -247,11 +265,11 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
   };
 
   if (variant == Variant::matrix) {
-    KernelCall call{"flash_mma" + suffix, {{"T", q.dtype()}, {"E", E}}, inputs(p), {q.shape()}, {q.dtype()},
+    KernelCall call{"flash_mma" + suffix + lse_suffix, {{"T", q.dtype()}, {"E", E}}, inputs(p), shapes, dtypes,
                     {checked_int(int64_t(ceil_div(L, mma_rows())) * kMmaThreads, "query tiles"),
                      checked_int(batch * H_q, "heads"), 1},
                     {kMmaThreads, 1, 1}};
-    return launch(call)[0];
+    return launch(call);
   }
 
   // flash_rows / flash_decode: a threadgroup holds up to rows_max rows of
@@ -280,7 +298,7 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
       chunks * 32 * tg_rows, checked_int(batch * H_kv, "heads"), splits};
   const std::tuple<int, int, int> threadgroup = {32 * tg_rows, 1, 1};
   if (variant == Variant::rows || (splits == 1 && choice.splits == 0)) {
-    return launch({"flash_rows" + suffix, rows_args, inputs(p), {q.shape()}, {q.dtype()}, grid, threadgroup})[0];
+    return launch({"flash_rows" + suffix + lse_suffix, rows_args, inputs(p), shapes, dtypes, grid, threadgroup});
   }
   const int64_t rows = p[kRowsTotal];
   const int part = checked_int(std::max<int64_t>(splits * rows * E, kMinElements), "partial outputs");
@@ -288,12 +306,13 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
   auto parts = launch({"flash_decode" + suffix, rows_args, inputs(p), {{part}, {ml}}, {mx::float32, mx::float32},
                        grid, threadgroup});
   const mx::array params(p.data(), {kParamCount}, mx::int32);
-  return launch({"flash_merge", {{"T", q.dtype()}}, {parts[0], parts[1], params, sinks}, {q.shape()}, {q.dtype()},
-                 {checked_int(32 * rows, "query rows"), 1, 1}, {32, 1, 1}})[0];
+  return {launch({"flash_merge", {{"T", q.dtype()}}, {parts[0], parts[1], params, sinks}, {q.shape()}, {q.dtype()},
+                  {checked_int(32 * rows, "query rows"), 1, 1}, {32, 1, 1}})[0]};
 }
 
-std::vector<mx::array> flash_attention_backward(
-    const AttentionCall& call, const mx::array& o, const mx::array& d_out, const Launcher& launch) {
+std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& o,
+                                                const mx::array& d_out, const Launcher& launch,
+                                                const std::optional<mx::array>& lse) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
@@ -311,10 +330,12 @@ std::vector<mx::array> flash_attention_backward(
   c.p[kRowsPerGroup] = tg_rows;
   c.p[kKeysPerSplit] = S;
   c.p[kSplits] = 1;
+  c.p[kLseKept] = lse ? 1 : 0;
   const int64_t rows = c.p[kRowsTotal];
   auto dq_stats = launch({"flash_backward_rows", args,
                           {qf, kf, vf, c.mask_data, c.mask_base, mx::array(c.p.data(), {kParamCount}, mx::int32),
-                           flat(mx::astype(o, q.dtype(), s)), d_out_f, sinks_input(call, H_q)},
+                           flat(mx::astype(o, q.dtype(), s)), d_out_f, sinks_input(call, H_q),
+                           lse ? flat(*lse) : mx::zeros({kMinElements}, mx::float32, s)},
                           {q.shape(), {checked_int(std::max<int64_t>(2 * rows, kMinElements), "query rows")}},
                           {q.dtype(), mx::float32},
                           {ceil_div(group_rows, tg_rows) * 32 * tg_rows, heads, 1},
@@ -323,6 +344,7 @@ std::vector<mx::array> flash_attention_backward(
   // Keys: a SIMD group per key, rows_max keys a threadgroup.
   const int tg_keys = std::min(rows_max, S);
   c.p[kRowsPerGroup] = tg_keys;
+  c.p[kLseKept] = 0;
   auto dk_dv = launch({"flash_backward_keys", args,
                        {qf, kf, vf, c.mask_data, c.mask_base, mx::array(c.p.data(), {kParamCount}, mx::int32),
                         d_out_f, dq_stats[1]},

@@ -42,12 +42,20 @@ struct Choice {
 
 mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice = {});
 
+// The same, and where lse (a gradient may be taken) and the kernel keeps it
+// (flash_mma, flash_rows: not a split decode, not quantized keys), each
+// row's log-sum-exp as a second array (q's shape but E; log2 domain, the
+// sink in it, +inf for a row that sees no key).
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const Launcher& launch, Choice choice,
+                                               bool lse);
+
 // dQ, dK and dV of that call (FlashAttention-2's backward in two launches,
 // flash_backward_rows then flash_backward_keys; backward.metal), and with
-// sinks their gradient: o is the call's output, d_out its cotangent. Never
-// builds an L x S array.
-std::vector<mx::array> flash_attention_backward(
-    const AttentionCall& call, const mx::array& o, const mx::array& d_out, const Launcher& launch);
+// sinks their gradient: o is the call's output, d_out its cotangent, lse the
+// forward's log-sum-exp where it kept it. Never builds an L x S array.
+std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& o,
+                                                const mx::array& d_out, const Launcher& launch,
+                                                const std::optional<mx::array>& lse = std::nullopt);
 
 // "flash_rows<float16_t, 4>": a kernel with its template arguments, as the
 // emulator names its instances.

@@ -28,10 +28,13 @@ std::string rows_sources(const std::string& source) {
          "                                 params[fa::kKVGroupSize]};\n";
 }
 
-std::string rows_body(const std::string& source) {
+// lse: the body of a *_lse kernel, which writes each row's log-sum-exp into
+// its second output (for a gradient).
+std::string rows_body(const std::string& source, bool lse = false) {
   return "\n" + rows_sources(source) + R"(  threadgroup float q_tile[fa::rows_per_threadgroup(EPT) * 32 * EPT];
   threadgroup float p_tile[fa::rows_per_threadgroup(EPT) * 32];
-  fa::flash_rows<T, EPT>(q, k_rows, v_rows, mask, mask_base, params, sinks, out, threadgroup_position_in_grid,
+  fa::flash_rows<T, EPT>(q, k_rows, v_rows, mask, mask_base, params, sinks, out, )" + (lse ? "lse" : "nullptr") +
+         R"(, threadgroup_position_in_grid,
                          simdgroup_index_in_threadgroup, thread_index_in_simdgroup, q_tile, p_tile);
 )";
 }
@@ -45,14 +48,15 @@ std::string decode_body(const std::string& source) {
 )";
 }
 
-std::string mma_body(const std::string& source) {
+std::string mma_body(const std::string& source, bool lse = false) {
   return "\n" + rows_sources(source) + R"(  threadgroup float o_tile[fa::mma_rows() * E];
   threadgroup float kv_tile[fa::mma_keys(E) * E];
   threadgroup float s_tile[fa::mma_rows() * 32];
   threadgroup float alpha_tile[fa::mma_rows()];
   threadgroup uchar hidden_tile[fa::mma_rows() * 32];
   threadgroup int flags[1];
-  fa::flash_mma<T, E>(q, k_rows, v_rows, mask, mask_base, params, sinks, out, threadgroup_position_in_grid,
+  fa::flash_mma<T, E>(q, k_rows, v_rows, mask, mask_base, params, sinks, out, )" + std::string(lse ? "lse" : "nullptr") +
+         R"(, threadgroup_position_in_grid,
                       simdgroup_index_in_threadgroup, thread_index_in_simdgroup,
                       thread_index_in_threadgroup, o_tile, kv_tile, s_tile, alpha_tile,
                       hidden_tile, flags);
@@ -64,6 +68,7 @@ std::string mma_body(const std::string& source) {
 const std::vector<MetalKernel>& metal_kernels() {
   static const std::vector<MetalKernel> kernels = {
       {"flash_rows", kAttentionInputs, {"out"}, rows_body("PlainRows")},
+      {"flash_rows_lse", kAttentionInputs, {"out", "lse"}, rows_body("PlainRows", true)},
       {"flash_rows_q", kQuantizedInputs, {"out"}, rows_body("QuantizedRows")},
       {"flash_decode", kAttentionInputs, {"o_part", "ml_part"}, decode_body("PlainRows")},
       {"flash_decode_q", kQuantizedInputs, {"o_part", "ml_part"}, decode_body("QuantizedRows")},
@@ -75,16 +80,17 @@ const std::vector<MetalKernel>& metal_kernels() {
                      thread_index_in_simdgroup);
 )"},
       {"flash_mma", kAttentionInputs, {"out"}, mma_body("PlainRows")},
+      {"flash_mma_lse", kAttentionInputs, {"out", "lse"}, mma_body("PlainRows", true)},
       {"flash_mma_q", kQuantizedInputs, {"out"}, mma_body("QuantizedRows")},
       {"flash_backward_rows",
-       {"q", "k", "v", "mask", "mask_base", "params", "o", "d_out", "sinks"},
+       {"q", "k", "v", "mask", "mask_base", "params", "o", "d_out", "sinks", "lse_kept"},
        {"dq", "stats"},
        R"(
   threadgroup float q_tile[fa::backward_rows_per_threadgroup(EPT) * 32 * EPT];
   threadgroup float do_tile[fa::backward_rows_per_threadgroup(EPT) * 32 * EPT];
   threadgroup float ds_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
   threadgroup uchar hidden_tile[fa::backward_rows_per_threadgroup(EPT) * 32];
-  fa::flash_backward_rows<T, EPT>(q, k, v, mask, mask_base, params, o, d_out, sinks, dq, stats,
+  fa::flash_backward_rows<T, EPT>(q, k, v, mask, mask_base, params, o, d_out, sinks, lse_kept, dq, stats,
                                   threadgroup_position_in_grid, simdgroup_index_in_threadgroup,
                                   thread_index_in_simdgroup, q_tile, do_tile, ds_tile, hidden_tile);
 )"},

@@ -6,9 +6,10 @@
 //   dV = P^T dO    dP = dO V^T    D = rowsum(dO * O)    dS = P * (dP - D)
 //   dQ = scale dS K    dK = scale dS^T Q
 //
-// flash_backward_rows: a row's log-sum-exp (the forward kernels do not keep
-// it, so a first walk over the keys takes it again; an attention sink joins
-// it, so that P is the forward's), D, and dQ; writes (lse, D) per row for
+// flash_backward_rows: a row's log-sum-exp (the forward's where it kept it,
+// params[kLseKept]; else a first walk over the keys takes it again, an
+// attention sink joining it, so that P is the forward's), D, and dQ; writes
+// (lse, D) per row for
 // flash_backward_keys: dK and dV of one key per SIMD group, walking the
 // query rows of its KV head's group. The sink's own gradient,
 // -sum p_sink D, is taken from (lse, D) outside.
@@ -40,7 +41,8 @@ template <typename T, int EPT>
 void flash_backward_rows(
     const device T* q, const device T* k, const device T* v, const device float* mask_data,
     const device int64_t* mask_base, const device int* params, const device T* o, const device T* d_out,
-    const device float* sinks, device T* dq, device float* stats, uint3 group, uint sg, uint lane,
+    const device float* sinks, const device float* lse_kept, device T* dq, device float* stats, uint3 group,
+    uint sg, uint lane,
     threadgroup float* q_tile,
     threadgroup float* do_tile, threadgroup float* ds_tile, threadgroup uchar* hidden_tile) {
   const RowTask t = row_task(params, group, sg);
@@ -67,20 +69,25 @@ void flash_backward_rows(
   D = simd_sum(D);
   simdgroup_barrier(mem_flags::mem_threadgroup);
 
-  // The row's log-sum-exp, by the forward's online softmax without V.
-  float m = -INFINITY, l = 0.0f;
-  for (int c0 = t.key_begin; c0 < t.key_end; c0 += 32) {
-    const ScoreFlag sf = row_score(k_j, q_row, mask, masked, mask_row, c0 + int(lane), t.key_end, E);
-    float m_use;
-    const float alpha = online_softmax_step(m, simd_max(isnan(sf.s) ? -INFINITY : sf.s), m_use);
-    l = l * alpha + (sf.hidden ? 0.0f : exp2(sf.s - m_use));
+  // The row's log-sum-exp: the forward's, or its online softmax again
+  // without V. A row that sees no key: +inf, so that every P = 2^(s - lse)
+  // of it is 0 (and its O and D are 0, so a sink's gradient gets nothing
+  // from it). A sink joins the denominator of the others: P is then the
+  // forward's.
+  float lse;
+  if (params[kLseKept] != 0) {
+    lse = lse_kept[i];
+  } else {
+    float m = -INFINITY, l = 0.0f;
+    for (int c0 = t.key_begin; c0 < t.key_end; c0 += 32) {
+      const ScoreFlag sf = row_score(k_j, q_row, mask, masked, mask_row, c0 + int(lane), t.key_end, E);
+      float m_use;
+      const float alpha = online_softmax_step(m, simd_max(isnan(sf.s) ? -INFINITY : sf.s), m_use);
+      l = l * alpha + (sf.hidden ? 0.0f : exp2(sf.s - m_use));
+    }
+    l = simd_sum(l);
+    lse = l == 0.0f ? INFINITY : exp_base(m) + log2(l + sink_term(sinks, int(t.n_q % params[kHeadsQ]), m));
   }
-  l = simd_sum(l);
-  // A row that sees no key: +inf, so that every P = 2^(s - lse) of it is 0
-  // (and its O and D are 0, so a sink's gradient gets nothing from it). A
-  // sink joins the denominator of the others: P is then the forward's.
-  const float lse =
-      l == 0.0f ? INFINITY : exp_base(m) + log2(l + sink_term(sinks, int(t.n_q % params[kHeadsQ]), m));
 
   float acc[EPT];
   for (int a = 0; a < EPT; ++a) acc[a] = 0.0f;

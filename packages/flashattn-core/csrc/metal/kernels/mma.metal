@@ -23,7 +23,7 @@ template <typename T, int E, typename KV>
 void flash_mma(
     const device T* q, KV k, KV v, const device float* mask_data,
     const device int64_t* mask_base, const device int* params, const device float* sinks, device T* out,
-    uint3 group, uint sg, uint lane, uint tid, threadgroup float* o_tile, threadgroup float* kv_tile,
+    device float* lse, uint3 group, uint sg, uint lane, uint tid, threadgroup float* o_tile, threadgroup float* kv_tile,
     threadgroup float* s_tile, threadgroup float* alpha_tile, threadgroup uchar* hidden_tile,
     threadgroup int* flags) {
   constexpr int Br = mma_rows(), Bc = mma_keys(E), D = E / 8, KB = Bc / 8, kThreads = kMmaThreads;
@@ -152,12 +152,19 @@ void flash_mma(
     threadgroup_barrier(mem_flags::mem_threadgroup);  // V and P read before the next tile
   }
 
-  // out_i = O_i / l_i; rows that saw no visible key are zeros.
+  // out_i = O_i / l_i; rows that saw no visible key are zeros. lse (not
+  // null: a gradient will be taken): each row's log-sum-exp too, as the
+  // backward's rows pass would take it again.
   simdgroup_barrier(mem_flags::mem_threadgroup);
   float inv[8];
   for (int r = 0; r < 8; ++r) {
     const float l = simd_sum(l_i[r]);
-    inv[r] = inverse_sum(l + sink_term(sinks, int(n_q % H_q), m_i[r]));
+    const float sink = sink_term(sinks, int(n_q % H_q), m_i[r]);
+    inv[r] = inverse_sum(l + sink);
+    const int row = row0 + int(sg) * 8 + r;
+    if (lse != nullptr && lane == 0 && row < L) {
+      lse[n_q * L + row] = l == 0.0f ? INFINITY : exp_base(m_i[r]) + log2(l + sink);
+    }
   }
   for (int i = int(lane); i < 8 * E; i += 32) {
     const int r = i / E, row = row0 + int(sg) * 8 + r;

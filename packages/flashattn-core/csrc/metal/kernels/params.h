@@ -28,6 +28,7 @@ enum Param : int {
   kWindow = 14,      // causal masks: a sliding window of this many keys (0: none)
   kKVBits = 15,      // quantized keys and values (the *_q kernels): bits a field
   kKVGroupSize = 16, //   and elements a scale and bias
+  kLseKept = 17,     // the backward's rows pass: 1 where its lse input holds the forward's log-sum-exp
   kParamCount = 18,
 };
 

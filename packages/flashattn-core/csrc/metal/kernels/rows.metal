@@ -118,19 +118,25 @@ RowState<EPT> attend_row(
   return st;
 }
 
-// Prefill (and unsplit decode): the normalised output row.
+// Prefill (and unsplit decode): the normalised output row; lse (not null: a
+// gradient will be taken): the row's log-sum-exp too, as the backward's
+// rows pass would take it again.
 template <typename T, int EPT, typename KV>
 void flash_rows(
     const device T* q, KV k, KV v, const device float* mask_data,
     const device int64_t* mask_base, const device int* params, const device float* sinks, device T* out,
-    uint3 group, uint sg, uint lane, threadgroup float* q_tile, threadgroup float* p_tile) {
+    device float* lse, uint3 group, uint sg, uint lane, threadgroup float* q_tile, threadgroup float* p_tile) {
   const RowTask t = row_task(params, group, sg);
   const RowState<EPT> st = attend_row<T, EPT, KV>(
       q, k, v, make_mask(mask_data, mask_base, params), params, t, lane, q_tile + sg * 32 * EPT,
       p_tile + sg * 32);
   if (!t.valid) return;
   const int L = params[kL], E = params[kE];
-  const float inv = inverse_sum(st.l + sink_term(sinks, int(t.n_q % params[kHeadsQ]), st.m));
+  const float sink = sink_term(sinks, int(t.n_q % params[kHeadsQ]), st.m);
+  const float inv = inverse_sum(st.l + sink);
+  if (lse != nullptr && lane == 0) {
+    lse[t.n_q * L + t.row] = st.l == 0.0f ? INFINITY : exp_base(st.m) + log2(st.l + sink);
+  }
   device T* o = out + (t.n_q * L + t.row) * E;
   for (int i = 0; i < EPT; ++i) {
     const int e = int(lane) + 32 * i;
