@@ -82,32 +82,34 @@ def test_which_keys_a_row_sees(helpers):
         assert helpers[L, S, W]["hides"] == want, (L, S, W)
 
 
-def test_a_row_tile_walks_every_key_its_rows_see_and_starts_at_the_first(helpers):
+def tile_ranges(helpers, name, tile_sizes, along_keys):
+    """Each case's tiles (of rows, or along_keys of keys) with the [begin,
+    end) the helper wrote for them under `name`, in the helper's order."""
     for L, S, W in all_cases():
-        got = iter(helpers[L, S, W]["kv"])
-        for R in ROWS:
-            for l0 in range(0, L, R):
-                begin, end = next(got)
-                seen = [c for r in range(l0, min(l0 + R, L)) for c in range(S) if sees(r, c, L, S, W)]
-                assert all(begin <= c < end for c in seen), (L, S, W, R, l0, begin, end)
-                first_row = [c for c in range(S) if sees(l0, c, L, S, W)]
-                if first_row:
-                    assert begin == first_row[0], (L, S, W, R, l0)
-                last_row = [c for c in range(S) if sees(min(l0 + R, L) - 1, c, L, S, W)]
-                if last_row:
-                    assert end == last_row[-1] + 1, (L, S, W, R, l0)
+        got = iter(helpers[L, S, W][name])
+        for T in tile_sizes:
+            for t0 in range(0, S if along_keys else L, T):
+                yield (L, S, W), T, t0, *next(got)
+
+
+def test_a_row_tile_walks_every_key_its_rows_see_and_starts_at_the_first(helpers):
+    for (L, S, W), R, l0, begin, end in tile_ranges(helpers, "kv", ROWS, along_keys=False):
+        seen = [c for r in range(l0, min(l0 + R, L)) for c in range(S) if sees(r, c, L, S, W)]
+        assert all(begin <= c < end for c in seen), (L, S, W, R, l0, begin, end)
+        first_row = [c for c in range(S) if sees(l0, c, L, S, W)]
+        if first_row:
+            assert begin == first_row[0], (L, S, W, R, l0)
+        last_row = [c for c in range(S) if sees(min(l0 + R, L) - 1, c, L, S, W)]
+        if last_row:
+            assert end == last_row[-1] + 1, (L, S, W, R, l0)
 
 
 def test_a_key_tile_walks_every_row_that_sees_its_keys(helpers):
-    for L, S, W in all_cases():
-        got = iter(helpers[L, S, W]["rows"])
-        for K in KEYS:
-            for c0 in range(0, S, K):
-                begin, end = next(got)
-                rows = [r for r in range(L) for c in range(c0, min(c0 + K, S)) if sees(r, c, L, S, W)]
-                assert all(begin <= r < end for r in rows), (L, S, W, K, c0, begin, end)
-                if rows:  # from the first row that sees the tile's first key, to the last that sees its last
-                    assert end == max(rows) + 1, (L, S, W, K, c0)
+    for (L, S, W), K, c0, begin, end in tile_ranges(helpers, "rows", KEYS, along_keys=True):
+        rows = [r for r in range(L) for c in range(c0, min(c0 + K, S)) if sees(r, c, L, S, W)]
+        assert all(begin <= r < end for r in rows), (L, S, W, K, c0, begin, end)
+        if rows:  # from the first row that sees the tile's first key, to the last that sees its last
+            assert end == max(rows) + 1, (L, S, W, K, c0)
 
 
 def test_a_tile_needs_the_mask_exactly_when_some_row_misses_some_key(helpers):

@@ -360,11 +360,6 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 // backward_wg.cu's fa_backward_keyswg<n|c>_; the kind's other bits, sinks
 // and kLse, stay arguments).
 #if defined(FA_KIND)
-#if FA_KIND == 0
-#define FA_KIND_LETTER n
-#else
-#define FA_KIND_LETTER c
-#endif
 #define FA_ROWS_FAMILY FA_CAT3(fa_backward_rows, FA_KIND_LETTER, _)
 #define FA_KEYS_FAMILY FA_CAT3(fa_backward_keys, FA_KIND_LETTER, _)
 #define FA_PASS_E FA_E

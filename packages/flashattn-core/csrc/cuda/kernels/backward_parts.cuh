@@ -80,7 +80,7 @@ __device__ __forceinline__ void lse_final(float (&m)[2], float (&l)[2], float (&
       lse[rr] = INFINITY;
     } else {
       add_sink(m[rr], l[rr], sink2);
-      lse[rr] = exp_base(m[rr]) + log2f(l[rr]);
+      lse[rr] = row_lse(true, m[rr], l[rr]);
     }
   }
 }

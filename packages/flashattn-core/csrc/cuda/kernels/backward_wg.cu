@@ -229,11 +229,6 @@ extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_C
 // benchmarks/cuda-probes/backward-probe-f16.cu).
 #if defined(FA_KIND)
 #define FA_KEYS_FAMILY FA_CAT3(fa_backward_keyswg, FA_KIND_LETTER, _)
-#if FA_KIND == 0
-#define FA_KIND_LETTER n
-#else
-#define FA_KIND_LETTER c
-#endif
 #define FA_KEYS_E FA_E
 #define FA_KEYS_KIND FA_KIND
 #else

@@ -179,7 +179,7 @@ __device__ __forceinline__ void merge_splits(
   for (int i = 0; i < kMaxEL; ++i) part[w][lane + 32 * i] = acc[i];
   __syncthreads();
   const float inv = inverse_sum(l_sum);
-  if (lse != nullptr && threadIdx.x == 0) lse[row] = l_sum == 0.0f ? INFINITY : base + log2f(l_sum);
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = row_lse(l_sum != 0.0f, m, l_sum);
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     float sum = 0.0f;
 #pragma unroll

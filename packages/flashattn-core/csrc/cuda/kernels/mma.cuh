@@ -226,7 +226,7 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
     const float a = add_sink(m, l_sum, sink2);
     const float inv = a * inverse_sum(l_sum);
     const int r = ra + rr * 8;
-    if (lse != nullptr && t == 0 && r < L) lse[n * (int64_t)L + r] = seen ? exp_base(m) + log2f(l_sum) : INFINITY;
+    if (lse != nullptr && t == 0 && r < L) lse[n * (int64_t)L + r] = row_lse(seen, m, l_sum);
     T* dst = out + (n * (int64_t)L + r) * E;
     constexpr int kGrouped = sizeof(T) == 2 ? NO / 4 * 4 : 0;  // blocks stored 16 bytes a thread
 #pragma unroll

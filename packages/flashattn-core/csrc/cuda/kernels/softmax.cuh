@@ -64,6 +64,14 @@ __device__ __forceinline__ float add_sink(float& m, float& l, float sink2) {
 // whose output is zeros, never NaN.
 __device__ __forceinline__ float inverse_sum(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
 
+// A row's log-sum-exp (log2 domain) from its final m and l (the sink's term
+// in l where there is one): +inf for a row that saw no visible key (seen:
+// its sum before any sink was not 0), so that every P = 2^(s - lse) the
+// backward recomputes for it is 0.
+__device__ __forceinline__ float row_lse(bool seen, float m, float l) {
+  return seen ? exp_base(m) + log2f(l) : INFINITY;
+}
+
 // Masks the scores of one warp's 16 rows x NB*8 keys (accumulator layout),
 // scales them into the log2 domain, and runs the online-softmax step:
 // s becomes P, m_i / l_i are updated, and each row's rescale factor for o

@@ -19,6 +19,16 @@
 #error "FA_DTYPE must be 0 (float32), 1 (float16) or 2 (bfloat16)"
 #endif
 
+// -DFA_KIND=0 | 1 (backward.cu, backward_wg.cu): a unit compiled for no mask
+// or a causal one, its kernels' names marked n or c.
+#if defined(FA_KIND)
+#if FA_KIND == 0
+#define FA_KIND_LETTER n
+#else
+#define FA_KIND_LETTER c
+#endif
+#endif
+
 #define FA_CAT3_(a, b, c) a##b##c
 #define FA_CAT3(a, b, c) FA_CAT3_(a, b, c)
 #define FA_CAT5_(a, b, c, d, e) a##b##c##d##e

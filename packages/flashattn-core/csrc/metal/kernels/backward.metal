@@ -86,7 +86,7 @@ void flash_backward_rows(
       l = l * alpha + (sf.hidden ? 0.0f : exp2(sf.s - m_use));
     }
     l = simd_sum(l);
-    lse = l == 0.0f ? INFINITY : exp_base(m) + log2(l + sink_term(sinks, int(t.n_q % params[kHeadsQ]), m));
+    lse = row_lse(m, l, sink_term(sinks, int(t.n_q % params[kHeadsQ]), m));
   }
 
   float acc[EPT];

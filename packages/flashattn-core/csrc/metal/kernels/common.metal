@@ -134,6 +134,11 @@ inline float sink_term(const device float* sinks, int head, float m) {
   return sink == -INFINITY ? 0.0f : exp2(sink * kLog2e - exp_base(m));
 }
 
+// A row's log-sum-exp (log2 domain) from its final m and l and its sink's
+// term: +inf for a row that saw no visible key (l = 0), so that every
+// P = 2^(s - lse) the backward recomputes for it is 0.
+inline float row_lse(float m, float l, float sink) { return l == 0.0f ? INFINITY : exp_base(m) + log2(l + sink); }
+
 // The split merge (FlashDecoding): out = sum_s 2^(m_s - m) o_s / sum_s
 // 2^(m_s - m) l_s with m = max_s m_s, over the partials (o_s, m_s, l_s) the
 // key splits wrote in slot split x rows + row, and the row's sink once. One

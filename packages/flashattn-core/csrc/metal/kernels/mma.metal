@@ -163,7 +163,7 @@ void flash_mma(
     inv[r] = inverse_sum(l + sink);
     const int row = row0 + int(sg) * 8 + r;
     if (lse != nullptr && lane == 0 && row < L) {
-      lse[n_q * L + row] = l == 0.0f ? INFINITY : exp_base(m_i[r]) + log2(l + sink);
+      lse[n_q * L + row] = row_lse(m_i[r], l, sink);
     }
   }
   for (int i = int(lane); i < 8 * E; i += 32) {

@@ -135,7 +135,7 @@ void flash_rows(
   const float sink = sink_term(sinks, int(t.n_q % params[kHeadsQ]), st.m);
   const float inv = inverse_sum(st.l + sink);
   if (lse != nullptr && lane == 0) {
-    lse[t.n_q * L + t.row] = st.l == 0.0f ? INFINITY : exp_base(st.m) + log2(st.l + sink);
+    lse[t.n_q * L + t.row] = row_lse(st.m, st.l, sink);
   }
   device T* o = out + (t.n_q * L + t.row) * E;
   for (int i = 0; i < EPT; ++i) {
