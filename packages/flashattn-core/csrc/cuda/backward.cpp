@@ -6,7 +6,9 @@
 // (dQ and the statistics) and the keys pass (dK, dV). Under GQA dK and dV are
 // float32 sums of the group's heads; sums are cast to the inputs' dtype after. Both read their inputs
 // row-contiguous (MLX copies a strided view first: O(L) memory, like the
-// gradients themselves). A call the kernels cannot take (a GPU with less
+// gradients themselves). Float32 attention over 16-bit inputs (ops.cpp)
+// comes here with its 16-bit inputs: the 16-bit kernels, its output and dO
+// rounded to the inputs' dtype. A call the kernels cannot take (a GPU with less
 // shared memory a block than they use, sm_86 / sm_89 above E = 64) throws
 // Unsupported: ops.cpp then recomputes, and counts why. Attention sinks join
 // each row's log-sum-exp in the statistics; their own gradient is taken from
@@ -61,10 +63,13 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // Sinks ride in the mask's arguments, as in the forward: the statistics
   // count them in each row's log-sum-exp.
   const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
+  // The output in the inputs' dtype, as the kernels read it (float32
+  // attention over 16-bit inputs: its float32 output rounded, as dO is).
+  const mx::array o = mx::astype(out, q.dtype(), s);
   // The forward's log-sum-exp, which the statistics / rows pass then reads
   // (kLse; without it the output stands in, never read: row-contiguous, so
   // MLX copies nothing for it).
-  const mx::array lse_in = lse ? *lse : out;
+  const mx::array lse_in = lse ? *lse : o;
   const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(batch * H_q),
                                                      H_q,
                                                      H_kv,
@@ -100,7 +105,8 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const mx::Dtype kv_dtype = group_sums ? mx::float32 : k.dtype();
   const mx::Shape stats_shape = {static_cast<int>(batch * H_q * L * 2)};
   if (bs::f16_kernel(EB, bytes)) {
-    // Statistics (and each row's flag: Q or dO not finite), then one pass
+    // Statistics (and each row's flag: Q or dO not finite; where the forward
+    // kept the log-sum-exp, D and the flags alone, without shared memory), then one pass
     // for all three gradients (dQ float32 sums): on Hopper's wgmma where the
     // build has it.
     // On Hopper, calls with no mask or a causal one at E = 64 or 128 take the
@@ -109,9 +115,9 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     const bool wg = find_image(general, s.device.index) != nullptr;
     const std::string wg_kernel = "fa_backward_keyswg" + fixed + suffix;
     auto stats = launch((wg ? "fa_backward_statswg_" : "fa_backward_stats_") + suffix,
-                        {q, k, out, dO, m.data, m.base, lse_in}, {stats_shape, {static_cast<int>(batch * H_q * L)}},
+                        {q, k, o, dO, m.data, m.base, lse_in}, {stats_shape, {static_cast<int>(batch * H_q * L)}},
                         {mx::float32, mx::int32}, row_blocks, bs::kThreads,
-                        wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes), poison_value());
+                        lse ? 0 : wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes), poison_value());
     const std::vector<mx::Shape> grad_shapes = {k.shape(), v.shape(), q.shape()};
     const std::vector<mx::Dtype> grad_dtypes = {kv_dtype, kv_dtype, mx::float32};
     auto grads = wg
@@ -125,7 +131,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     return result;
   }
   const std::string f32_fixed = q.dtype() == mx::float32 ? fixed : "_";
-  auto rows = launch("fa_backward_rows" + f32_fixed + suffix, {q, k, v, out, dO, m.data, m.base, lse_in}, {q.shape(), stats_shape},
+  auto rows = launch("fa_backward_rows" + f32_fixed + suffix, {q, k, v, o, dO, m.data, m.base, lse_in}, {q.shape(), stats_shape},
                      {q.dtype(), mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
   auto keys = launch("fa_backward_keys" + f32_fixed + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
                      {kv_dtype, kv_dtype}, key_blocks, key_threads, bs::keys_smem(EB, bytes),

@@ -28,7 +28,6 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_s = reinterpret_cast<T*>(smem_raw);
   T* k_s = q_s + BR * LD;  // two buffers
-  if (WG && (smem_u32(smem_raw) & 1023)) __trap();  // the swizzle's tiles on 1024-byte boundaries
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
   const int row_tiles = (L + BR - 1) / BR;
@@ -41,10 +40,16 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const int count = min(BR, L - l0);
   if (const float* lse = lse_in(mask_kind, lse_fwd)) {
     // The forward kept each row's log-sum-exp: D and the flags only.
+    // (Launched without shared memory.)
     for (int r = threadIdx.x; r < count; r += blockDim.x) stats[(first + r) * 2] = lse[first + r];
-    row_d_flags(q, o, d_out, stats, flags, first, count, E);
+    if (vector_copies(E, q, o, d_out, q)) {
+      row_d_flags16<T, EB, BR, bs::kThreads>(q, o, d_out, stats, flags, first, count, E);
+    } else {
+      row_d_flags(q, o, d_out, stats, flags, first, count, E);
+    }
     return;
   }
+  if (WG && (smem_u32(smem_raw) & 1023)) __trap();  // the swizzle's tiles on 1024-byte boundaries
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int j0 = mask.kv_begin(l0, L, S) / BC;  // tile i holds keys (j0 + i) BC ...
   const int tiles = (mask.kv_end(l0, BR, L, S) + BC - 1) / BC - j0;
