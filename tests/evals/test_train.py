@@ -59,6 +59,20 @@ def test_both_settings_train_on_the_same_steps(report):
     assert 0 < report["model"]["trainable"] < report["model"]["parameters"]
 
 
+def test_rounds_pool_the_step_times(model_dir, text_file):
+    r = invoke(model_dir, text_file, "-l", "16", "--steps", "3", "--rounds", "2", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["protocol"]["rounds"] == 2 and "2 rounds" in rep["protocol"]["timing"]
+    assert [x["patch"] for x in rep["results"]] == ["off", "on"]
+    for row in rep["results"]:
+        assert len(row["losses"]) == 3 and len(row["round_median_step_seconds"]) == 2
+        assert min(row["round_median_step_seconds"]) <= row["median_step_seconds"] <= max(
+            row["round_median_step_seconds"])
+        assert row["tokens_per_second"] == pytest.approx(16 / row["median_step_seconds"])
+    assert rep["results"][1]["max_loss_relative_difference"] <= 1e-4
+
+
 def test_full_fine_tune_trains_every_parameter(model_dir, text_file):
     r = invoke(model_dir, text_file, "-l", "16", "--steps", "2", "--fine-tune", "full", "--json")
     assert r.exit_code == 0, r.output
@@ -86,6 +100,7 @@ def test_table_and_chart(model_dir, text_file, tmp_path):
         (["-l", "100000", "--steps", "2"], "need 200,002"),
         (["--learning-rate", "0"], "0 is not in the range x>0"),
         (["--fine-tune", "half"], "'half' is not one of"),
+        (["--rounds", "0"], "0 is not in the range x>=1"),
     ],
 )
 def test_bad_input(model_dir, text_file, args, message):

@@ -102,6 +102,19 @@ def run_setting(model, initial, data: list[mx.array], patch: str, precision: str
     }
 
 
+def pool_rounds(runs: list[dict]) -> dict:
+    """One setting's rounds as one row: the first round's losses and steps,
+    step time and tokens/s the median over every round's steps after its
+    first, each round's median beside it (the spread a ratio meets)."""
+    row = dict(runs[0])
+    timed = [t for r in runs for t in (r["step_seconds"][1:] or r["step_seconds"])]
+    row["median_step_seconds"] = statistics.median(timed)
+    row["tokens_per_second"] = runs[0]["tokens_per_second"] * runs[0]["median_step_seconds"] / row["median_step_seconds"]
+    row["peak_memory_gb"] = max(r["peak_memory_gb"] for r in runs)
+    row["round_median_step_seconds"] = [r["median_step_seconds"] for r in runs]
+    return row
+
+
 def compare(rows: list[dict]) -> None:
     """Beside the "on" row: its losses against the "off" row's, step by step,
     and the speed and memory ratios."""
@@ -135,12 +148,15 @@ def compare(rows: list[dict]) -> None:
               callback=comma_list(["off", "on"]), help="Settings to run, in order.")
 @click.option("--precision", type=click.Choice(["float32", "native"]), default="float32", show_default=True,
               help="The patch's precision (float32 casts as the design asks).")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1),
+              help="Run the settings in alternation this many times a length (each from the same weights): "
+                   "step times pooled, so that a ratio does not meet one state of a drifting machine.")
 @click.option("--seed", default=0, show_default=True, help="Seeds the LoRA adapters.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every step) instead of a table.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True),
               help="Write a PNG chart here: the losses step by step, time and memory per length.")
 def train(model_spec, dtype, lengths, steps, batch_size, fine_tune, lora_layers, learning_rate, dataset, patches,
-          precision, seed, as_json, plot):
+          precision, rounds, seed, as_json, plot):
     """Fine-tuning steps with the patch off and on: loss, step time, tokens/s
     and peak memory, on the same model, data and seed."""
     if not lengths:
@@ -158,9 +174,13 @@ def train(model_spec, dtype, lengths, steps, batch_size, fine_tune, lora_layers,
     trainable = sum(v.size for _, v in _flatten(initial))
 
     results = []
-    with progress_bar(len(lengths) * len(patches) * steps, "training steps", quiet) as advance:
+    with progress_bar(len(lengths) * len(patches) * steps * rounds, "training steps", quiet) as advance:
         for n in lengths:
-            rows = [run_setting(lm.model, initial, data[n], p, precision, learning_rate, advance) for p in patches]
+            runs = {p: [] for p in patches}
+            for _ in range(rounds):
+                for p in patches:
+                    runs[p].append(run_setting(lm.model, initial, data[n], p, precision, learning_rate, advance))
+            rows = [pool_rounds(runs[p]) for p in patches]
             for r in rows:
                 r["length"] = n
             compare(rows)
@@ -170,7 +190,9 @@ def train(model_spec, dtype, lengths, steps, batch_size, fine_tune, lora_layers,
         "text": {"name": text.name, "note": text.note, "tokens": int(len(tokens))},
         "protocol": {"fine_tune": fine_tune, "lora": LORA | {"layers": lora_layers} if fine_tune == "lora" else None,
                      "optimizer": "Adam", "learning_rate": learning_rate, "steps": steps, "batch_size": batch_size,
-                     "seed": seed, "timing": "step time and tokens/s: medians of the steps after the first"},
+                     "seed": seed, "rounds": rounds,
+                     "timing": "step time and tokens/s: medians of the steps after the first"
+                               + (f", over {rounds} rounds of the settings in alternation" if rounds > 1 else "")},
         "device": str(mx.default_device()),
         "blas": blas.summary(),
         "precision": precision,
