@@ -36,17 +36,17 @@ namespace bs = fa::backward_shapes;
 
 template <int E>
 __global__ void __launch_bounds__(bs::kThreads) stats_kernel(const T* q, const T* k, const T* o, const T* d_out,
-                                                             float* stats, int* flags, int slices, int H_q, int H_kv,
-                                                             int L, int S, float scale_log2) {
-  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, nullptr, stats, flags, slices, H_q, H_kv, L, S, E, fa::kCausal, 0,
+                                                             float* stats, int* flags, float* dq, int slices, int H_q,
+                                                             int H_kv, int L, int S, float scale_log2) {
+  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, nullptr, stats, flags, dq, slices, H_q, H_kv, L, S, E, fa::kCausal, 0,
                              fa::kNoWindow, scale_log2);
 }
 
 template <int E>
 __global__ void __launch_bounds__(bs::kThreads) stats_wg_kernel(const T* q, const T* k, const T* o, const T* d_out,
-                                                                float* stats, int* flags, int slices, int H_q,
-                                                                int H_kv, int L, int S, float scale_log2) {
-  fa::backward_stats16<T, E, true>(q, k, o, d_out, nullptr, nullptr, nullptr, stats, flags, slices, H_q, H_kv, L, S, E,
+                                                                float* stats, int* flags, float* dq, int slices,
+                                                                int H_q, int H_kv, int L, int S, float scale_log2) {
+  fa::backward_stats16<T, E, true>(q, k, o, d_out, nullptr, nullptr, nullptr, stats, flags, dq, slices, H_q, H_kv, L, S, E,
                                    fa::kCausal, 0, fa::kNoWindow, scale_log2);
 }
 
@@ -129,7 +129,7 @@ struct Call {
   float scale() const { return 1.0f / std::sqrt(float(E)); }
   void stats_pass(bool wg = false) const {
     const int blocks = (s.L + bs::kRows - 1) / bs::kRows * s.H_q;
-    (wg ? stats_wg_kernel<E> : stats_kernel<E>)<<<blocks, bs::kThreads, bs::rows_smem(E, 2)>>>(q, k, o, d_out, stats, flags, s.H_q, s.H_q, s.H_kv, s.L,
+    (wg ? stats_wg_kernel<E> : stats_kernel<E>)<<<blocks, bs::kThreads, bs::rows_smem(E, 2)>>>(q, k, o, d_out, stats, flags, dq, s.H_q, s.H_q, s.H_kv, s.L,
                                                                   s.S, scale() * 1.4426950408889634f);
   }
   void keys_pass(KeysFn fn) const {

@@ -188,14 +188,14 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
 #if FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_stats_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
-    const float* lse, float* stats, int* flags, FA_BACKWARD_SCALARS) {
-  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, lse, stats, flags, slices, H_q, H_kv, L, S, E,
+    const float* lse, float* stats, int* flags, float* dq, FA_BACKWARD_SCALARS) {
+  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, lse, stats, flags, dq, slices, H_q, H_kv, L, S, E,
                                    mask_kind, mask_rs, mask_cs, scale_log2);
 }
 #else
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16) FA_CAT5(fa_backward_keysq_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
-    const int64_t* mask_base, void* dk, void* dv, float* dq, FA_BACKWARD_SCALARS) {
+    const int64_t* mask_base, float* dq, void* dk, void* dv, FA_BACKWARD_SCALARS) {
   fa::backward_keysq16<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,
                                    mask_kind, mask_rs, mask_cs, scale_log2, scale);
 }

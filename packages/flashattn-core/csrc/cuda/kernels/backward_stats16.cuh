@@ -11,17 +11,30 @@
 
 namespace fa {
 
+// n floats from dst zeroed by the block, 16 bytes a store where aligned.
+__device__ __forceinline__ void zero_rows(float* dst, int n) {
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    for (int i = threadIdx.x * 4; i + 3 < n; i += blockDim.x * 4) *reinterpret_cast<float4*>(dst + i) = make_float4(0, 0, 0, 0);
+    for (int i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x) dst[i] = 0.0f;
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = 0.0f;
+  }
+}
+
 // Each row's log-sum-exp (log2 domain) and D = rowsum(dO * O), as
 // (lse, D) pairs in stats; a row that sees no key gets lse = +inf. flags:
 // whether the row's Q or dO holds a value that is not finite (the Hopper
 // keys pass then takes its guarded products for the row's tile, instead of
-// scanning every tile it copies). WG (Hopper, backward_wg.cu): Q K^T on
+// scanning every tile it copies). dq: the rows' float32 sums of dQ, zeroed
+// here for the keys pass's atomics (MLX's fill of a keys-pass output took
+// ~90 us at qwen05b 8K on an H100). WG (Hopper, backward_wg.cu): Q K^T on
 // wgmma, the tiles in its swizzled layout.
 template <typename T, int EB, bool WG = false>
 __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const T* __restrict__ k,
                                                  const T* __restrict__ o, const T* __restrict__ d_out,
                                                  const void* mask_data, const int64_t* __restrict__ mask_base,
-                                                 const float* __restrict__ lse_fwd, float* __restrict__ stats, int* __restrict__ flags, int64_t slices,
+                                                 const float* __restrict__ lse_fwd, float* __restrict__ stats, int* __restrict__ flags,
+                                                 float* __restrict__ dq, int64_t slices,
                                                  int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
                                                  int mask_cs, float scale_log2) {
   constexpr int LD = WG ? EB : bs::ld16(EB), BR = bs::kRows, BC = bs::kKeyTile16, NB = BC / 8;
@@ -38,6 +51,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const T* k_head = k + kv_slice * S * E;
   const int64_t first = n * L + l0;  // the block's first row, of all
   const int count = min(BR, L - l0);
+  zero_rows(dq + first * E, count * E);
   if (const float* lse = lse_in(mask_kind, lse_fwd)) {
     // The forward kept each row's log-sum-exp: D and the flags only.
     // (Launched without shared memory.)
