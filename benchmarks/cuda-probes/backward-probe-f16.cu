@@ -38,7 +38,7 @@ template <int E>
 __global__ void __launch_bounds__(bs::kThreads) stats_kernel(const T* q, const T* k, const T* o, const T* d_out,
                                                              float* stats, int* flags, float* dq, int slices, int H_q,
                                                              int H_kv, int L, int S, float scale_log2) {
-  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, nullptr, stats, flags, dq, slices, H_q, H_kv, L, S, E, fa::kCausal, 0,
+  fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, stats, flags, dq, slices, H_q, H_kv, L, S, E, fa::kCausal, 0,
                              fa::kNoWindow, scale_log2);
 }
 
@@ -46,7 +46,7 @@ template <int E>
 __global__ void __launch_bounds__(bs::kThreads) stats_wg_kernel(const T* q, const T* k, const T* o, const T* d_out,
                                                                 float* stats, int* flags, float* dq, int slices,
                                                                 int H_q, int H_kv, int L, int S, float scale_log2) {
-  fa::backward_stats16<T, E, true>(q, k, o, d_out, nullptr, nullptr, nullptr, stats, flags, dq, slices, H_q, H_kv, L, S, E,
+  fa::backward_stats16<T, E, true>(q, k, o, d_out, nullptr, nullptr, stats, flags, dq, slices, H_q, H_kv, L, S, E,
                                    fa::kCausal, 0, fa::kNoWindow, scale_log2);
 }
 

@@ -89,7 +89,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // The output in the inputs' dtype, as the kernels read it (float32
   // attention over 16-bit inputs: its float32 output rounded, as dO is).
   const mx::array o = mx::astype(out, q.dtype(), s);
-  // The forward's log-sum-exp, which the statistics / rows pass then reads
+  // The forward's log-sum-exp, which the float32 rows pass then reads
   // (kLse; without it the output stands in, never read: row-contiguous, so
   // MLX copies nothing for it).
   const mx::array lse_in = lse ? *lse : o;
@@ -129,7 +129,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const mx::Shape stats_shape = {static_cast<int>(batch * H_q * L * 2)};
   if (bs::f16_kernel(EB, bytes)) {
     // Statistics (and each row's flag: Q or dO not finite; where the forward
-    // kept the log-sum-exp, D and the flags alone, without shared memory), then one pass
+    // kept the log-sum-exp, D and the flags alone: fa_backward_dflags_), then one pass
     // for all three gradients (dQ float32 sums): on Hopper's wgmma where the
     // build has it.
     // On Hopper, calls with no mask or a causal one at E = 64 or 128 take the
@@ -140,11 +140,13 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     // The statistics pass also zeroes dQ's float32 sums, which the keys pass
     // then adds into in place (an input it writes): MLX's own fill of an
     // output would be one more launch, slower than these stores.
-    auto stats = launch((wg ? "fa_backward_statswg_" : "fa_backward_stats_") + suffix,
-                        {q, k, o, dO, m.data, m.base, lse_in},
-                        {stats_shape, {static_cast<int>(batch * H_q * L)}, q.shape()},
-                        {mx::float32, mx::int32, mx::float32}, row_blocks, bs::kThreads,
-                        lse ? 0 : wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes), poison_value());
+    const std::vector<mx::Shape> stats_shapes = {stats_shape, {static_cast<int>(batch * H_q * L)}, q.shape()};
+    const std::vector<mx::Dtype> stats_dtypes = {mx::float32, mx::int32, mx::float32};
+    auto stats = lse ? launch("fa_backward_dflags_" + suffix, {q, o, dO, *lse}, stats_shapes, stats_dtypes, row_blocks,
+                              bs::kThreads, 0, poison_value())
+                     : launch((wg ? "fa_backward_statswg_" : "fa_backward_stats_") + suffix,
+                              {q, k, o, dO, m.data, m.base}, stats_shapes, stats_dtypes, row_blocks, bs::kThreads,
+                              wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes), poison_value());
     const mx::array& dq_sums = stats[2];
     const std::vector<mx::Shape> grad_shapes = {k.shape(), v.shape()};
     const std::vector<mx::Dtype> grad_dtypes = {kv_dtype, kv_dtype};

@@ -173,11 +173,11 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
 }  // namespace fa
 
 // The extern "C" entry points of one unit (-DFA_DTYPE 1 | 2, -DFA_E 64 | 128:
-// the head-dim bucket, -DFA_PASS=0 stats | 1 keys): fa_backward_stats_<dtype>_<E>
-// and fa_backward_keysq_<dtype>_<E>. Inputs, then outputs, then scalars, as
-// MLX passes them; backward.cu's scalars. The statistics pass's lse input is
-// the forward's log-sum-exp where mask_kind has kLse (mask_bits.h), else
-// any array, never read.
+// the head-dim bucket, -DFA_PASS=0 stats | 1 keys | 2 D and flags):
+// fa_backward_stats_<dtype>_<E>, fa_backward_keysq_<dtype>_<E> and
+// fa_backward_dflags_<dtype>_<E> (the forward's log-sum-exp as an input).
+// Inputs, then outputs, then scalars, as MLX passes them; backward.cu's
+// scalars. The keys pass adds dQ into its float32 sums, an input.
 #if !defined(FA_E) || !defined(FA_PASS) || FA_DTYPE == 0 || FA_E > 128
 #error "backward_f16.cu: a 16-bit dtype, FA_E 64 or 128, and FA_PASS"
 #endif
@@ -188,9 +188,15 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
 #if FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_stats_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
-    const float* lse, float* stats, int* flags, float* dq, FA_BACKWARD_SCALARS) {
-  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, lse, stats, flags, dq, slices, H_q, H_kv, L, S, E,
+    float* stats, int* flags, float* dq, FA_BACKWARD_SCALARS) {
+  fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, stats, flags, dq, slices, H_q, H_kv, L, S, E,
                                    mask_kind, mask_rs, mask_cs, scale_log2);
+}
+#elif FA_PASS == 2
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_dflags_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* o, const FA_T* d_out, const float* lse, float* stats, int* flags, float* dq,
+    FA_BACKWARD_SCALARS) {
+  fa::backward_d_flags16<FA_T, FA_E>(q, o, d_out, lse, stats, flags, dq, slices, L, E);
 }
 #else
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16) FA_CAT5(fa_backward_keysq_, FA_TNAME, _, FA_E, )(

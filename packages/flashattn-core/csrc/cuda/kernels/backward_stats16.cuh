@@ -1,7 +1,8 @@
 // The 16-bit backward's statistics pass (fa_backward_stats_*: mma.sync,
 // backward_f16.cu; fa_backward_statswg_*: wgmma, backward_wg.cu): 4 warps x
-// 16 query rows; each row's log-sum-exp (the forward's, where the launch
-// has it: kLse; else again, a walk over the K tiles), D and the row's flag.
+// 16 query rows; each row's log-sum-exp (a walk over the K tiles), D and the
+// row's flag; or, where the forward kept the log-sum-exp,
+// fa_backward_dflags_* (backward_f16.cu): D and the flags alone.
 
 #pragma once
 
@@ -21,6 +22,29 @@ __device__ __forceinline__ void zero_rows(float* dst, int n) {
   }
 }
 
+// Where the forward kept each row's log-sum-exp (fa_backward_dflags_*, no
+// shared memory: a launch of its own, as MLX sets a kernel's shared-memory
+// limit once): the statistics pass's stats with that log-sum-exp, its
+// flags, and dQ's zeroed sums.
+template <typename T, int EB>
+__device__ __forceinline__ void backward_d_flags16(const T* __restrict__ q, const T* __restrict__ o,
+                                                   const T* __restrict__ d_out, const float* __restrict__ lse,
+                                                   float* __restrict__ stats, int* __restrict__ flags,
+                                                   float* __restrict__ dq, int64_t slices, int L, int E) {
+  constexpr int BR = bs::kRows;
+  const int row_tiles = (L + BR - 1) / BR;
+  const BackwardBlock blk(slices, EB);
+  const int64_t first = blk.slice * L + (row_tiles - 1 - blk.tile) * BR;
+  const int count = min(BR, L - (row_tiles - 1 - blk.tile) * BR);
+  zero_rows(dq + first * E, count * E);
+  for (int r = threadIdx.x; r < count; r += blockDim.x) stats[(first + r) * 2] = lse[first + r];
+  if (vector_copies(E, q, o, d_out, q)) {
+    row_d_flags16<T, EB, BR, bs::kThreads>(q, o, d_out, stats, flags, first, count, E);
+  } else {
+    row_d_flags(q, o, d_out, stats, flags, first, count, E);
+  }
+}
+
 // Each row's log-sum-exp (log2 domain) and D = rowsum(dO * O), as
 // (lse, D) pairs in stats; a row that sees no key gets lse = +inf. flags:
 // whether the row's Q or dO holds a value that is not finite (the Hopper
@@ -33,7 +57,7 @@ template <typename T, int EB, bool WG = false>
 __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const T* __restrict__ k,
                                                  const T* __restrict__ o, const T* __restrict__ d_out,
                                                  const void* mask_data, const int64_t* __restrict__ mask_base,
-                                                 const float* __restrict__ lse_fwd, float* __restrict__ stats, int* __restrict__ flags,
+                                                 float* __restrict__ stats, int* __restrict__ flags,
                                                  float* __restrict__ dq, int64_t slices,
                                                  int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
                                                  int mask_cs, float scale_log2) {
@@ -41,6 +65,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_s = reinterpret_cast<T*>(smem_raw);
   T* k_s = q_s + BR * LD;  // two buffers
+  if (WG && (smem_u32(smem_raw) & 1023)) __trap();  // the swizzle's tiles on 1024-byte boundaries
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
   const int row_tiles = (L + BR - 1) / BR;
@@ -52,18 +77,6 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const int64_t first = n * L + l0;  // the block's first row, of all
   const int count = min(BR, L - l0);
   zero_rows(dq + first * E, count * E);
-  if (const float* lse = lse_in(mask_kind, lse_fwd)) {
-    // The forward kept each row's log-sum-exp: D and the flags only.
-    // (Launched without shared memory.)
-    for (int r = threadIdx.x; r < count; r += blockDim.x) stats[(first + r) * 2] = lse[first + r];
-    if (vector_copies(E, q, o, d_out, q)) {
-      row_d_flags16<T, EB, BR, bs::kThreads>(q, o, d_out, stats, flags, first, count, E);
-    } else {
-      row_d_flags(q, o, d_out, stats, flags, first, count, E);
-    }
-    return;
-  }
-  if (WG && (smem_u32(smem_raw) & 1023)) __trap();  // the swizzle's tiles on 1024-byte boundaries
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int j0 = mask.kv_begin(l0, L, S) / BC;  // tile i holds keys (j0 + i) BC ...
   const int tiles = (mask.kv_end(l0, BR, L, S) + BC - 1) / BC - j0;

@@ -214,9 +214,9 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
 #if FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_statswg_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
-    const float* lse, float* stats, int* flags, float* dq, int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind,
+    float* stats, int* flags, float* dq, int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind,
     int mask_rs, int mask_cs, float scale_log2, float) {
-  fa::backward_stats16<FA_T, FA_E, true>(q, k, o, d_out, mask, mask_base, lse, stats, flags, dq, slices, H_q, H_kv, L, S, E,
+  fa::backward_stats16<FA_T, FA_E, true>(q, k, o, d_out, mask, mask_base, stats, flags, dq, slices, H_q, H_kv, L, S, E,
                                          mask_kind, mask_rs, mask_cs, scale_log2);
 }
 #else
