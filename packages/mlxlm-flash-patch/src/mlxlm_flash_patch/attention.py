@@ -22,7 +22,8 @@ def make_attention(original, precision: str):
     in float32 and casts the result back to the queries' dtype: 16-bit
     queries, keys and values go to flash_attention with dtype=float32, which
     is float32 attention on cast inputs (on CUDA the decode reads the 16-bit
-    keys and values without casting them); "native" hands flash_attention
+    keys and values without casting them, and a gradient comes from the
+    16-bit backward); "native" hands flash_attention
     the model's own dtype.
     """
     dtype = mx.float32 if precision == "float32" else None
