@@ -94,6 +94,7 @@ def run_setting(model, initial, data: list[mx.array], patch: str, precision: str
         "losses": losses,
         "step_seconds": seconds,
         "median_step_seconds": statistics.median(timed),
+        "tokens": tokens,
         "tokens_per_second": tokens / statistics.median(timed),
         "peak_memory_gb": max(peaks),
         "flash_calls": stats["flash_calls"],
@@ -109,7 +110,7 @@ def pool_rounds(runs: list[dict]) -> dict:
     row = dict(runs[0])
     timed = [t for r in runs for t in (r["step_seconds"][1:] or r["step_seconds"])]
     row["median_step_seconds"] = statistics.median(timed)
-    row["tokens_per_second"] = runs[0]["tokens_per_second"] * runs[0]["median_step_seconds"] / row["median_step_seconds"]
+    row["tokens_per_second"] = row["tokens"] / row["median_step_seconds"]
     row["peak_memory_gb"] = max(r["peak_memory_gb"] for r in runs)
     row["round_median_step_seconds"] = [r["median_step_seconds"] for r in runs]
     return row

@@ -89,10 +89,6 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // The output in the inputs' dtype, as the kernels read it (float32
   // attention over 16-bit inputs: its float32 output rounded, as dO is).
   const mx::array o = mx::astype(out, q.dtype(), s);
-  // The forward's log-sum-exp, which the float32 rows pass then reads
-  // (kLse; without it the output stands in, never read: row-contiguous, so
-  // MLX copies nothing for it).
-  const mx::array lse_in = lse ? *lse : o;
   const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(batch * H_q),
                                                      H_q,
                                                      H_kv,
@@ -160,6 +156,10 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
     return result;
   }
+  // The forward's log-sum-exp, which the float32 rows pass then reads
+  // (kLse; without it the output stands in, never read: row-contiguous, so
+  // MLX copies nothing for it).
+  const mx::array lse_in = lse ? *lse : o;
   const std::string f32_fixed = q.dtype() == mx::float32 ? fixed : "_";
   auto rows = launch("fa_backward_rows" + f32_fixed + suffix, {q, k, v, o, dO, m.data, m.base, lse_in}, {q.shape(), stats_shape},
                      {q.dtype(), mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
