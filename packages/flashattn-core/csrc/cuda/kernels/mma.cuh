@@ -97,6 +97,15 @@ __device__ __forceinline__ void split_tf32_query(float x, uint32_t& hi, uint32_t
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
+// split_tf32 without its guard for +-inf (lo = inf - inf = NaN there): for
+// a probability, never infinite, and for values, whose infinities send the
+// tile down the rare path, which reads hi alone where it is infinite. A NaN
+// keeps its quiet bit in hi and stays NaN in both.
+__device__ __forceinline__ void split_finite(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <>

@@ -11,6 +11,7 @@
 // from the accumulator layout to the A-operand layout by quad shuffles.
 
 #include "mma.cuh"
+#include "pv_fma.cuh"
 #include "tf32_shapes.h"
 #include "unit.cuh"
 
@@ -39,43 +40,6 @@ __device__ __forceinline__ void load_tile32(float* dst, const float* src, int64_
     const int r = idx / CHUNKS, c4 = idx % CHUNKS;
     const bool valid = r < count;
     cp_async16(dst + r * LDT + c4 * 4, valid ? src + (first + r) * stride + c4 * 4 : src, valid);
-  }
-}
-
-// The rare path's O += P V (a tile whose values hold +-inf, or NaN that
-// some row cannot see): in float32 FMA, a key at a time, over the keys each
-// row can see only, so a hidden value never reaches a row and a visible
-// infinite one meets P as it is (no split term 0 x inf = NaN). Key c's P
-// for rows g, g + 8 sits in lane 4 g + (c % 8) / 2 (accumulator layout);
-// this thread adds it into its own o columns. Not unrolled over keys: this
-// path would otherwise be most of the module, which MLX copies and hashes
-// on every launch.
-template <int E, int NB, int NO, int LDV>
-__device__ __forceinline__ void add_pv_fma(float (&o)[NO][4], const float (&s)[NB][4], const float* v_tile,
-                                           const Mask& mask, int64_t n, int ra, int L, int S, int c0, int count,
-                                           int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
-                         mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
-#pragma unroll 1
-  for (int c = 0; c < count; ++c) {
-    const int kb = c >> 3, odd = c & 1;
-    float pa = 0.0f, pb = 0.0f;
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      if (b == kb) pa = odd ? s[b][1] : s[b][0], pb = odd ? s[b][3] : s[b][2];
-    }
-    const int src = 4 * g + ((c & 7) >> 1);
-    const float p[2] = {__shfl_sync(0xffffffffu, pa, src), __shfl_sync(0xffffffffu, pb, src)};
-    bool sees[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) sees[rr] = !mask.hides(rb[rr], ra + 8 * rr, c0 + c, L, S);
-    const float* v_row = v_tile + c * LDV + 2 * t;
-#pragma unroll
-    for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (sees[i >> 1]) o[eb][i] = fmaf(p[i >> 1], v_row[eb * 8 + (i & 1)], o[eb][i]);
   }
 }
 
@@ -182,7 +146,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
     const bool guard = __syncthreads_or(bad);
 
     if (guard) {
-      add_pv_fma<E, NB, NO, LDV>(o, s, v_tile, mask, n, ra, L, S, c0, count, lane);
+      add_pv_fma<NB, NO>(o, s, [&](int c, int e) { return v_tile[c * LDV + e]; }, mask, n, ra, L, S, c0, count, lane);
     } else {
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {

@@ -62,15 +62,6 @@ struct WgSmem {
 // P V asks of it, so P needs no shuffles between the two products.
 __device__ __forceinline__ int paired_key(int r) { return (r & ~7) | ((r & 1) << 2) | ((r & 7) >> 1); }
 
-// split_tf32 without its guard for +-inf (lo = inf - inf = NaN there): for
-// a probability, never infinite, and for values, whose infinities send the
-// tile down the rare path, which reads hi alone where it is infinite. A NaN
-// keeps its quiet bit in hi and stays NaN in both.
-__device__ __forceinline__ void split_finite(float x, uint32_t& hi, uint32_t& lo) {
-  hi = __float_as_uint(x) & 0xffffe000u;
-  lo = __float_as_uint(x - __uint_as_float(hi));
-}
-
 template <bool Finite>
 __device__ __forceinline__ void split4(const float4& x, float4& hi, float4& lo) {
   uint32_t h[4], l[4];

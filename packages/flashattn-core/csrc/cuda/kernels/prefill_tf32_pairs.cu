@@ -1,0 +1,263 @@
+// FlashAttention-2 forward for float32 at float32 accuracy, E = 128, where a
+// block may take 208 KB (H100, H200): prefill_tf32.cu's 3xTF32 products on
+// mma.sync m16n8k8, with each K and V element split into TF32 parts once per
+// block instead of once for every warp that reads it.
+//
+// prefill_tf32.cu (4 warps x 16 rows over raw float32 tiles) issues about 8
+// instructions per mma.sync (Nsight Compute): every warp splits each K and
+// V element it uses, after a scalar shared-memory load. Here 8 warps x 16
+// rows share 64-key tiles. The next tile is loaded into registers while the
+// products of this one run, then split and stored with the high and low
+// parts side by side, in the order the fragments are read, so that one
+// 16-byte load gives a product's two B registers in both parts:
+//   - K, row c: per pair of head-dim columns (e, e + 1), e even, (hi e,
+//     hi e + 1, lo e, lo e + 1) at 2e. Step kk of S = Q K^T takes column
+//     8 kk + 2t as its k slot t and 8 kk + 2t + 1 as slot t + 4 (a sum's
+//     order is free); Q's A fragment takes the same columns, a pair of raw
+//     floats from its row, split in registers.
+//   - V^T, row e: per pair of keys (c, c + 1), c even, (hi c, hi c + 1,
+//     lo c, lo c + 1) at 2c. Step kb of P V takes key 8 kb + 2t as slot t
+//     and 8 kb + 2t + 1 as slot t + 4: the keys that S's accumulator leaves
+//     in each thread, so P enters the A operand without shuffles.
+// Two barriers a tile: every warp is done with the tile before the next is
+// stored over it, and the next is stored before any warp reads it.
+
+#include "mma.cuh"
+#include "pv_fma.cuh"
+#include "tf32_shapes.h"
+#include "unit.cuh"
+
+namespace fa {
+
+namespace tp = tf32_shapes::pairs;
+
+struct PairsSmem {
+  float q[tp::kRows * tp::kLdQ];   // Q as it is
+  float k[tp::kKeys * tp::kLdK];   // K, (hi, hi, lo, lo) a column pair
+  float vt[tp::kE * tp::kLdVt];    // V^T, (hi, hi, lo, lo) a key pair
+};
+static_assert(sizeof(PairsSmem) == tp::kSmemBytes, "the planner's shared memory");
+
+// Where x's high part lies in a row of (hi, hi, lo, lo) pairs; its low part
+// is 2 further.
+__device__ __forceinline__ int pair_at(int x) { return 2 * (x & ~1) + (x & 1); }
+
+// (hi, hi, lo, lo) of the pairs (a, b) and (c, d), in that order, stored at
+// row + at and row + at + 4, the first store at row + at + 4 first_b where
+// first_b says so: lanes whose rows differ in bank by 16 then start on
+// different halves, and a 16-byte store of 8 lanes hits 32 banks.
+__device__ __forceinline__ void store_pairs(float* row, int at, const float (&x)[4], bool first_b) {
+  uint32_t h[4], l[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) split_tf32(x[j], h[j], l[j]);
+  const float4 a = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(l[0]),
+                               __uint_as_float(l[1]));
+  const float4 b = make_float4(__uint_as_float(h[2]), __uint_as_float(h[3]), __uint_as_float(l[2]),
+                               __uint_as_float(l[3]));
+  *reinterpret_cast<float4*>(row + at + (first_b ? 4 : 0)) = first_b ? b : a;
+  *reinterpret_cast<float4*>(row + at + (first_b ? 0 : 4)) = first_b ? a : b;
+}
+
+// One thread's part of a K tile (64 keys x 128 columns as 2,048 float4), in
+// registers between its load and its split. Piece p = i * 8 + warp covers
+// two rows x 16 float4: lane bits 0, 1, 3, 4 pick the float4, bit 2 the
+// row (256 contiguous bytes a row from global memory), so that the 8 lanes
+// of a 16-byte store meet every bank.
+struct KPairs {
+  static constexpr int N = tp::kKeys * tp::kE / 4 / tp::kThreads;
+  float x[N][4];
+
+  __device__ __forceinline__ static int row(int i, int w, int lane) { return ((i * 8 + w) >> 1) * 2 + ((lane >> 2) & 1); }
+  __device__ __forceinline__ static int col(int i, int w, int lane) {
+    return ((lane & 3) | ((lane >> 3) << 2) | (((i * 8 + w) & 1) << 4)) * 4;
+  }
+  // Keys first.. of src (row stride `stride`), zeros from count on.
+  __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int w, int lane) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int r = row(i, w, lane);
+      const float4 v = r < count ? *reinterpret_cast<const float4*>(src + (first + r) * stride + col(i, w, lane))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
+    }
+  }
+  __device__ __forceinline__ void store(float* k_s, int w, int lane) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int r = row(i, w, lane);
+      store_pairs(k_s + r * tp::kLdK, 2 * col(i, w, lane), x[i], r & 1);
+    }
+  }
+};
+
+// One thread's part of a V tile: 4 consecutive keys of one column, 8 times
+// (128 columns x 16 key quads). Piece p = i * 8 + warp covers 8 columns x 4
+// quads: lane bits 0, 3, 4 pick the column (32 contiguous bytes a key row
+// from global memory), bits 1, 2 the quad.
+struct VPairs {
+  static constexpr int N = tp::kE * tp::kKeys / 4 / tp::kThreads;
+  float x[N][4];
+
+  __device__ __forceinline__ static int col(int i, int w, int lane) {
+    return ((i * 8 + w) & 15) * 8 + (lane & 1) + ((lane >> 3) << 1);
+  }
+  __device__ __forceinline__ static int quad(int i, int w, int lane) {
+    return ((i * 8 + w) >> 4) * 4 + ((lane >> 1) & 3);
+  }
+  __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int w, int lane) {
+    const bool full = count >= tp::kKeys;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int e = col(i, w, lane), c = quad(i, w, lane) * 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[i][j] = full || c + j < count ? src[(first + c + j) * stride + e] : 0.0f;
+    }
+  }
+  // bad: set when a value is +-inf, or not finite in a tile with hidden
+  // keys (masked): the rare path (pv_fma.cuh).
+  __device__ __forceinline__ void store(float* vt_s, int w, int lane, bool masked, bool& bad) const {
+    float big = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int e = col(i, w, lane);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (masked) bad |= !isfinite(x[i][j]);
+        big = fmaxf(big, fabsf(x[i][j]));
+      }
+      store_pairs(vt_s + e * tp::kLdVt, 8 * quad(i, w, lane), x[i], e & 1);
+    }
+    bad |= big == INFINITY;
+  }
+};
+
+__device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, const float* __restrict__ k,
+                                                   const float* __restrict__ v, const void* mask_data,
+                                                   const int64_t* __restrict__ mask_base, float* __restrict__ out,
+                                                   float* __restrict__ lse, int H_q, int H_kv, int L, int S,
+                                                   int mask_kind, int mask_rs, int mask_cs, float scale_log2,
+                                                   Layout lay) {
+  constexpr int E = tp::kE, BR = tp::kRows, BC = tp::kKeys, NB = BC / 8, NO = E / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<PairsSmem*>(smem_raw);
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const PrefillBlock blk(BR, H_q, H_kv, L, S, mask_kind, mask_cs);
+  const int64_t n = blk.n;
+  const int l0 = blk.l0;
+  const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
+  const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
+  const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+
+  {
+    const float* q_rows = q + lay.q.at(blk.b, blk.h, 0);
+    const int count = min(BR, L - l0);
+    for (int idx = tid; idx < BR * E / 4; idx += tp::kThreads) {
+      const int r = idx / (E / 4), c4 = idx % (E / 4);
+      const bool valid = r < count;
+      cp_async16(sm.q + r * tp::kLdQ + c4 * 4, valid ? q_rows + int64_t(l0 + r) * lay.q.sr + c4 * 4 : q_rows, valid);
+    }
+    cp_async_commit();
+  }
+
+  const int c_begin = blk.kv_begin / BC * BC;
+  const int tiles = c_begin < blk.kv_end ? (blk.kv_end - c_begin + BC - 1) / BC : 0;
+  KPairs kt;
+  VPairs vt;
+  auto load = [&](int c0) {
+    const int count = min(BC, S - c0);
+    kt.load(k_head, lay.k.sr, c0, count, w, lane);
+    vt.load(v_head, lay.v.sr, c0, count, w, lane);
+  };
+  auto store = [&](int c0) {
+    bool bad = false;
+    kt.store(sm.k, w, lane);
+    vt.store(sm.vt, w, lane, mask.tile_hides(c0, BC, l0, BR, S), bad);
+    return bad;
+  };
+  bool bad = false;
+  if (tiles > 0) {
+    load(c_begin);
+    bad = store(c_begin);
+  }
+  cp_async_wait_all();
+  bool guard = __syncthreads_or(bad);
+
+  const int ra = l0 + w * 16 + g;
+  const float* q_a = sm.q + (w * 16 + g) * tp::kLdQ + 2 * t;  // row g; row g + 8 lies 8 rows on
+  float o[NO][4] = {};
+  float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
+
+  for (int j = 0; j < tiles; ++j) {
+    const int c0 = c_begin + j * BC;
+    if (j + 1 < tiles) load(c0 + BC);  // in flight during the products
+
+    float s[NB][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < E / 8; ++kk) {
+      const float2 qa = *reinterpret_cast<const float2*>(q_a + kk * 8);
+      const float2 qb = *reinterpret_cast<const float2*>(q_a + 8 * tp::kLdQ + kk * 8);
+      uint32_t ah[4], al[4];
+      split_tf32_query(qa.x, ah[0], al[0]);  // row g, slot t
+      split_tf32_query(qb.x, ah[1], al[1]);  // row g + 8, slot t
+      split_tf32_query(qa.y, ah[2], al[2]);  // row g, slot t + 4
+      split_tf32_query(qb.y, ah[3], al[3]);  // row g + 8, slot t + 4
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        const float4 b = *reinterpret_cast<const float4*>(sm.k + (nb * 8 + g) * tp::kLdK + kk * 16 + 4 * t);
+        const uint32_t bh0 = __float_as_uint(b.x), bh1 = __float_as_uint(b.y);
+        mma1688_tf32(s[nb], al, bh0, bh1);
+        mma1688_tf32(s[nb], ah, __float_as_uint(b.z), __float_as_uint(b.w));
+        mma1688_tf32(s[nb], ah, bh0, bh1);
+      }
+    }
+    softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, mask.tile_hides(c0, BC, l0, BR, S),
+                         lane);
+
+    if (!guard) {
+#pragma unroll
+      for (int kb = 0; kb < NB; ++kb) {
+        uint32_t ah[4], al[4];
+        split_finite(s[kb][0], ah[0], al[0]);  // row g, key 8 kb + 2t (slot t)
+        split_finite(s[kb][2], ah[1], al[1]);  // row g + 8
+        split_finite(s[kb][1], ah[2], al[2]);  // row g, key 8 kb + 2t + 1 (slot t + 4)
+        split_finite(s[kb][3], ah[3], al[3]);  // row g + 8
+#pragma unroll
+        for (int eb = 0; eb < NO; ++eb) {
+          const float4 b = *reinterpret_cast<const float4*>(sm.vt + (eb * 8 + g) * tp::kLdVt + kb * 16 + 4 * t);
+          const uint32_t bh0 = __float_as_uint(b.x), bh1 = __float_as_uint(b.y);
+          mma1688_tf32(o[eb], al, bh0, bh1);
+          mma1688_tf32(o[eb], ah, __float_as_uint(b.z), __float_as_uint(b.w));
+          mma1688_tf32(o[eb], ah, bh0, bh1);
+        }
+      }
+    } else {
+      // split_tf32 kept lo = 0 beside an infinite hi: hi + lo is the value.
+      auto v_at = [&](int c, int e) {
+        const float* at = sm.vt + e * tp::kLdVt + pair_at(c);
+        return at[0] + at[2];
+      };
+      add_pv_fma<NB, NO>(o, s, v_at, mask, n, ra, L, S, c0, min(BC, S - c0), lane);
+    }
+    __syncthreads();  // every warp is done with the tile
+    bad = j + 1 < tiles ? store(c0 + BC) : false;
+    guard = __syncthreads_or(bad);
+  }
+
+  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
+                        lse_of(mask_kind, lse));
+}
+
+}  // namespace fa
+
+// fa_prefill_pairs_float32_128: outputs the attention output and each row's
+// log-sum-exp (written where mask_kind has kLse: mask_bits.h).
+#if FA_DTYPE != 0 || FA_E != 128
+#error "prefill_tf32_pairs.cu takes float32 at E = 128"
+#endif
+extern "C" __global__ void __launch_bounds__(fa::tf32_shapes::pairs::kThreads, 1) fa_prefill_pairs_float32_128(
+    const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base, float* out,
+    float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2,
+    FA_LAYOUT_PARAMS) {
+  fa::prefill_tf32_pairs(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+                         scale_log2, FA_LAYOUT);
+}
