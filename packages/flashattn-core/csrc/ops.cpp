@@ -516,24 +516,8 @@ mx::array flash_attention(
     return cpu_attention(q32, unpack_keys_values(f32(keys_arg), f32(values_arg), q32, group_size, bits, stream), c,
                          window, sinks, stream);
   }
-  if (widen && backend == Backend::cuda) {
-    // Under a transformation (the launch alone is above): the forward in
-    // float32 over the 16-bit inputs as without one, and its gradient, which
-    // is the inputs' dtype, from the 16-bit backward (cuda/backward.cpp):
-    // the float32 backward on cast inputs would be several times slower for
-    // a gradient rounded to 16 bits all the same (docs/cuda.md).
-    auto forward = [=](const std::vector<mx::array>& in) {
-      std::optional<mx::array> m, sk;
-      if (has_mask_array(mask_kind)) m = in[3];
-      if (sinks) sk = in.back();
-      return cuda::flash_attention_outputs(
-          {in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sk}, true, true);
-    };
-    return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, window,
-                              stream, "cuda", cuda_backward(softmax_scale, mask_kind, window, stream));
-  }
-  if (widen) {
-    // Elsewhere float32 attention over 16-bit inputs is the float32 path on
+  if (widen && backend != Backend::cuda) {
+    // Off CUDA float32 attention over 16-bit inputs is the float32 path on
     // cast inputs.
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, stream); };
     return flash_attention(f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s, std::nullopt,
@@ -547,8 +531,13 @@ mx::array flash_attention(
       const AttentionCall attention{in[0], in[1], in[2], softmax_scale, mask_kind, m, stream, window,
                                     nullptr, nullptr, {}, sk};
       if (backend == Backend::cuda) {
-        // The fused backward reads the forward's log-sum-exp where it is kept.
-        return cuda::flash_attention_outputs(attention, false, true);
+        // The fused backward reads the forward's log-sum-exp where it is
+        // kept. Float32 attention over 16-bit inputs runs its forward as
+        // without a transformation and takes its gradient, which is the
+        // inputs' dtype, from the 16-bit backward (cuda/backward.cpp): the
+        // float32 backward on cast inputs would be several times slower for
+        // a gradient rounded to 16 bits all the same (docs/cuda.md).
+        return cuda::flash_attention_outputs(attention, widen, true);
       }
       auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
       // The log-sum-exp for the fused backward, where a gradient may be taken.

@@ -22,6 +22,22 @@ __device__ __forceinline__ void zero_rows(float* dst, int n) {
   }
 }
 
+// A statistics block's rows (both passes below): row tile blk.tile counted
+// from the end, so the last rows, which see the most keys under a causal
+// mask, go first; first is its first row of all (B H_q L).
+struct StatsRows {
+  int64_t slice, first;
+  int l0, count;
+  __device__ __forceinline__ StatsRows(int64_t slices, int EB, int L) {
+    const int row_tiles = (L + bs::kRows - 1) / bs::kRows;
+    const BackwardBlock blk(slices, EB);
+    slice = blk.slice;
+    l0 = (row_tiles - 1 - blk.tile) * bs::kRows;
+    first = slice * L + l0;
+    count = min(bs::kRows, L - l0);
+  }
+};
+
 // Where the forward kept each row's log-sum-exp (fa_backward_dflags_*, no
 // shared memory: a launch of its own, as MLX sets a kernel's shared-memory
 // limit once): the statistics pass's stats with that log-sum-exp, its
@@ -31,15 +47,13 @@ __device__ __forceinline__ void backward_d_flags16(const T* __restrict__ q, cons
                                                    const T* __restrict__ d_out, const float* __restrict__ lse,
                                                    float* __restrict__ stats, int* __restrict__ flags,
                                                    float* __restrict__ dq, int64_t slices, int L, int E) {
-  constexpr int BR = bs::kRows;
-  const int row_tiles = (L + BR - 1) / BR;
-  const BackwardBlock blk(slices, EB);
-  const int64_t first = blk.slice * L + (row_tiles - 1 - blk.tile) * BR;
-  const int count = min(BR, L - (row_tiles - 1 - blk.tile) * BR);
+  const StatsRows rows(slices, EB, L);
+  const int64_t first = rows.first;
+  const int count = rows.count;
   zero_rows(dq + first * E, count * E);
   for (int r = threadIdx.x; r < count; r += blockDim.x) stats[(first + r) * 2] = lse[first + r];
   if (vector_copies(E, q, o, d_out, q)) {
-    row_d_flags16<T, EB, BR, bs::kThreads>(q, o, d_out, stats, flags, first, count, E);
+    row_d_flags16<T, EB, bs::kRows, bs::kThreads>(q, o, d_out, stats, flags, first, count, E);
   } else {
     row_d_flags(q, o, d_out, stats, flags, first, count, E);
   }
@@ -68,14 +82,13 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   if (WG && (smem_u32(smem_raw) & 1023)) __trap();  // the swizzle's tiles on 1024-byte boundaries
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
-  const int row_tiles = (L + BR - 1) / BR;
-  const BackwardBlock blk(slices, EB);
-  const int64_t n = blk.slice;  // b H_q + h
-  const int l0 = (row_tiles - 1 - blk.tile) * BR;  // the last rows first
+  const StatsRows rows(slices, EB, L);
+  const int64_t n = rows.slice;  // b H_q + h
+  const int l0 = rows.l0;
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / (H_q / H_kv);
   const T* k_head = k + kv_slice * S * E;
-  const int64_t first = n * L + l0;  // the block's first row, of all
-  const int count = min(BR, L - l0);
+  const int64_t first = rows.first;
+  const int count = rows.count;
   zero_rows(dq + first * E, count * E);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int j0 = mask.kv_begin(l0, L, S) / BC;  // tile i holds keys (j0 + i) BC ...

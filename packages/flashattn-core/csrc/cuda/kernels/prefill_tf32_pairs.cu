@@ -6,10 +6,9 @@
 // prefill_tf32.cu (4 warps x 16 rows over raw float32 tiles) issues about 8
 // instructions per mma.sync (Nsight Compute): every warp splits each K and
 // V element it uses, after a scalar shared-memory load. Here 8 warps x 16
-// rows share 64-key tiles. The next tile is loaded into registers while the
-// products of this one run, then split and stored with the high and low
-// parts side by side, in the order the fragments are read, so that one
-// 16-byte load gives a product's two B registers in both parts:
+// rows share 64-key tiles, which the block loads, splits and stores with
+// the high and low parts side by side, in the order the fragments are read,
+// so that one 16-byte load gives a product's two B registers in both parts:
 //   - K, row c: per pair of head-dim columns (e, e + 1), e even, (hi e,
 //     hi e + 1, lo e, lo e + 1) at 2e. Step kk of S = Q K^T takes column
 //     8 kk + 2t as its k slot t and 8 kk + 2t + 1 as slot t + 4 (a sum's
@@ -20,7 +19,10 @@
 //     and 8 kb + 2t + 1 as slot t + 4: the keys that S's accumulator leaves
 //     in each thread, so P enters the A operand without shuffles.
 // Two barriers a tile: every warp is done with the tile before the next is
-// stored over it, and the next is stored before any warp reads it.
+// stored over it, and the next is stored before any warp reads it. (Loading
+// the next tile into registers during the products gained nothing, 8.99
+// against 8.97 ms at hd128 causal 8K on an H100, prefill-pairs-probe.cu, and
+// cost 64 registers and a spill.)
 
 #include "mma.cuh"
 #include "pv_fma.cuh"
@@ -189,8 +191,6 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
 
   for (int j = 0; j < tiles; ++j) {
     const int c0 = c_begin + j * BC;
-    if (j + 1 < tiles) load(c0 + BC);  // in flight during the products
-
     float s[NB][4] = {};
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
@@ -239,7 +239,11 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
       add_pv_fma<NB, NO>(o, s, v_at, mask, n, ra, L, S, c0, min(BC, S - c0), lane);
     }
     __syncthreads();  // every warp is done with the tile
-    bad = j + 1 < tiles ? store(c0 + BC) : false;
+    bad = false;
+    if (j + 1 < tiles) {
+      load(c0 + BC);
+      bad = store(c0 + BC);
+    }
     guard = __syncthreads_or(bad);
   }
 
