@@ -60,6 +60,17 @@ __device__ __forceinline__ void store_pairs(float* row, int at, const float (&x)
   *reinterpret_cast<float4*>(row + at + (first_b ? 0 : 4)) = first_b ? a : b;
 }
 
+// c += a b in 3xTF32 (lo hi + hi lo + hi hi): a split in registers, b's two
+// registers as (hi, hi, lo, lo) at `pair`, one 16-byte load.
+__device__ __forceinline__ void mma_pairs(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                          const float* pair) {
+  const float4 b = *reinterpret_cast<const float4*>(pair);
+  const uint32_t bh0 = __float_as_uint(b.x), bh1 = __float_as_uint(b.y);
+  mma1688_tf32(c, al, bh0, bh1);
+  mma1688_tf32(c, ah, __float_as_uint(b.z), __float_as_uint(b.w));
+  mma1688_tf32(c, ah, bh0, bh1);
+}
+
 // One thread's part of a K tile (64 keys x 128 columns as 2,048 float4), in
 // registers between its load and its split. Piece p = i * 8 + warp covers
 // two rows x 16 float4: lane bits 0, 1, 3, 4 pick the float4, bit 2 the
@@ -203,11 +214,7 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
       split_tf32_query(qb.y, ah[3], al[3]);  // row g + 8, slot t + 4
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
-        const float4 b = *reinterpret_cast<const float4*>(sm.k + (nb * 8 + g) * tp::kLdK + kk * 16 + 4 * t);
-        const uint32_t bh0 = __float_as_uint(b.x), bh1 = __float_as_uint(b.y);
-        mma1688_tf32(s[nb], al, bh0, bh1);
-        mma1688_tf32(s[nb], ah, __float_as_uint(b.z), __float_as_uint(b.w));
-        mma1688_tf32(s[nb], ah, bh0, bh1);
+        mma_pairs(s[nb], ah, al, sm.k + (nb * 8 + g) * tp::kLdK + kk * 16 + 4 * t);
       }
     }
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, mask.tile_hides(c0, BC, l0, BR, S),
@@ -223,11 +230,7 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
         split_finite(s[kb][3], ah[3], al[3]);  // row g + 8
 #pragma unroll
         for (int eb = 0; eb < NO; ++eb) {
-          const float4 b = *reinterpret_cast<const float4*>(sm.vt + (eb * 8 + g) * tp::kLdVt + kb * 16 + 4 * t);
-          const uint32_t bh0 = __float_as_uint(b.x), bh1 = __float_as_uint(b.y);
-          mma1688_tf32(o[eb], al, bh0, bh1);
-          mma1688_tf32(o[eb], ah, __float_as_uint(b.z), __float_as_uint(b.w));
-          mma1688_tf32(o[eb], ah, bh0, bh1);
+          mma_pairs(o[eb], ah, al, sm.vt + (eb * 8 + g) * tp::kLdVt + kb * 16 + 4 * t);
         }
       }
     } else {
