@@ -1,26 +1,28 @@
-// Standalone probe of the float32 prefill at E = 128: prefill_tf32.cu's
-// mma.sync kernel against prefill_tf32_pairs.cu's, on the same random
-// inputs, checked against float64 on sampled rows and timed with CUDA
-// events:
+// Standalone probe of the float32 prefill at E = 80, 96 or 128 (-DFA_E,
+// 128 by default): prefill_tf32.cu's mma.sync kernel against
+// prefill_tf32_pairs.cu's, on the same random inputs, checked against
+// float64 on sampled rows and timed with CUDA events:
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe benchmarks/cuda-probes/prefill-pairs-probe.cu && /tmp/probe
 
 #define FA_DTYPE 0
+#ifndef FA_E
 #define FA_E 128
+#endif
 #include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_tf32.cu"
 #include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_tf32_pairs.cu"
 #include "harness.cuh"
 
-__global__ void __launch_bounds__(fa::Tf32Smem<128>::THREADS) mma_kernel(
+__global__ void __launch_bounds__(fa::Tf32Smem<FA_E>::THREADS) mma_kernel(
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base, float* out, int H_q,
     int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32<128>(q, k, v, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+  fa::prefill_tf32<FA_E>(q, k, v, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
                         scale_log2, FA_LAYOUT);
 }
 __global__ void __launch_bounds__(fa::tf32_shapes::pairs::kThreads, 1) pairs_kernel(
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base, float* out, int H_q,
     int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32_pairs(q, k, v, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+  fa::prefill_tf32_pairs<FA_E>(q, k, v, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
                          scale_log2, FA_LAYOUT);
 }
 
@@ -29,14 +31,14 @@ int main(int argc, char** argv) {
   probe::print_gpu();
   namespace tp = fa::tf32_shapes::pairs;
   const std::vector<probe::Launch<float>> launches = {
-      {"mma.sync 3xTF32", mma_kernel, 64, 128, int(sizeof(fa::Tf32Smem<128>))},
-      {"pairs 3xTF32", pairs_kernel, tp::kRows, tp::kThreads, tp::kSmemBytes},
+      {"mma.sync 3xTF32", mma_kernel, 64, 128, int(sizeof(fa::Tf32Smem<FA_E>))},
+      {"pairs 3xTF32", pairs_kernel, tp::kRows, tp::kThreads, tp::smem_bytes(FA_E)},
   };
   const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
-  run<float, 128>({32, 8, 8192, 8192, 1, -1}, launches, reps);
-  run<float, 128>({32, 8, 2048, 8192, 1, -1}, launches, reps);
-  run<float, 128>({32, 8, 2048, 2048, 1, -1}, launches, reps);
-  run<float, 128>({32, 8, 1000, 1000, 0, 500}, launches, 3);
-  run<float, 128>({4, 2, 300, 1000, 1, 700}, launches, 3);
+  run<float, FA_E>({32, 8, 8192, 8192, 1, -1}, launches, reps);
+  run<float, FA_E>({32, 8, 2048, 8192, 1, -1}, launches, reps);
+  run<float, FA_E>({32, 8, 2048, 2048, 1, -1}, launches, reps);
+  run<float, FA_E>({32, 8, 1000, 1000, 0, 500}, launches, 3);
+  run<float, FA_E>({4, 2, 300, 1000, 1, 700}, launches, 3);
   return 0;
 }

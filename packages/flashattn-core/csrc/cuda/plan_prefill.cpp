@@ -104,11 +104,12 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
   int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
   if (smem > shared_memory_limit(device_index)) return std::nullopt;  // it would not launch: the generic kernel
-  // float32 at E = 128: prefill_tf32_pairs.cu where its block fits.
+  // float32 at E = 80, 96 and 128: prefill_tf32_pairs.cu where its block fits.
   namespace tp = fa::tf32_shapes::pairs;
-  if (dtype == mx::float32 && d.E == tp::kE && tp::kSmemBytes <= shared_memory_limit(device_index) &&
-      find_image("fa_prefill_pairs_float32_128", device_index)) {
-    kernel = "fa_prefill_pairs_float32_128", rows = tp::kRows, threads = tp::kThreads, smem = tp::kSmemBytes;
+  const std::string pairs_kernel = "fa_prefill_pairs_float32_" + std::to_string(d.E);
+  if (dtype == mx::float32 && tp::has(d.E) && tp::smem_bytes(d.E) <= shared_memory_limit(device_index) &&
+      find_image(pairs_kernel, device_index)) {
+    kernel = pairs_kernel, rows = tp::kRows, threads = tp::kThreads, smem = tp::smem_bytes(d.E);
   }
   // Hopper: the wgmma kernels (only sm_90a images exist: find_image finds none elsewhere).
   // Widened, the 16-bit one's float32 variant (fa_prefill_wg32_) or none.

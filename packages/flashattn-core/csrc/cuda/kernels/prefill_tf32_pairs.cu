@@ -1,7 +1,7 @@
-// FlashAttention-2 forward for float32 at float32 accuracy, E = 128, where a
-// block may take 208 KB (H100, H200): prefill_tf32.cu's 3xTF32 products on
-// mma.sync m16n8k8, with each K and V element split into TF32 parts once per
-// block instead of once for every warp that reads it.
+// FlashAttention-2 forward for float32 at float32 accuracy, E = 80, 96 and
+// 128, where a block may take 133-208 KB (tf32_shapes.h): prefill_tf32.cu's
+// 3xTF32 products on mma.sync m16n8k8, with each K and V element split into
+// TF32 parts once per block instead of once for every warp that reads it.
 //
 // prefill_tf32.cu (4 warps x 16 rows over raw float32 tiles) issues about 8
 // instructions per mma.sync (Nsight Compute): every warp splits each K and
@@ -33,12 +33,16 @@ namespace fa {
 
 namespace tp = tf32_shapes::pairs;
 
+template <int E>
 struct PairsSmem {
-  float q[tp::kRows * tp::kLdQ];   // Q as it is
-  float k[tp::kKeys * tp::kLdK];   // K, (hi, hi, lo, lo) a column pair
-  float vt[tp::kE * tp::kLdVt];    // V^T, (hi, hi, lo, lo) a key pair
+  static constexpr int LDQ = tp::ld_q(E), LDK = tp::ld_k(E);
+  float q[tp::kRows * LDQ];      // Q as it is
+  float k[tp::kKeys * LDK];      // K, (hi, hi, lo, lo) a column pair
+  float vt[E * tp::kLdVt];       // V^T, (hi, hi, lo, lo) a key pair
 };
-static_assert(sizeof(PairsSmem) == tp::kSmemBytes, "the planner's shared memory");
+static_assert(sizeof(PairsSmem<80>) == tp::smem_bytes(80) && sizeof(PairsSmem<96>) == tp::smem_bytes(96) &&
+                  sizeof(PairsSmem<128>) == tp::smem_bytes(128),
+              "the planner's shared memory");
 
 // Where x's high part lies in a row of (hi, hi, lo, lo) pairs; its low part
 // is 2 further.
@@ -71,18 +75,27 @@ __device__ __forceinline__ void mma_pairs(float (&c)[4], const uint32_t (&ah)[4]
   mma1688_tf32(c, ah, bh0, bh1);
 }
 
-// One thread's part of a K tile (64 keys x 128 columns as 2,048 float4), in
-// registers between its load and its split. Piece p = i * 8 + warp covers
-// two rows x 16 float4: lane bits 0, 1, 3, 4 pick the float4, bit 2 the
-// row (256 contiguous bytes a row from global memory), so that the 8 lanes
-// of a 16-byte store meet every bank.
+// One thread's part of a K tile (64 keys x E columns as float4), in
+// registers between its load and its split. 8 lanes take 4 float4 of each
+// of two rows (lane bits 0, 1: the float4, bit 2: the row): a 16-byte store
+// of theirs meets every bank, and each row is read 64 contiguous bytes at a
+// time from global memory. Unit u (lane bits 3, 4 and the warp's piece
+// i * 8 + w) is row pair u / (E / 16), float4 4 (u % (E / 16)) on.
+template <int E>
 struct KPairs {
-  static constexpr int N = tp::kKeys * tp::kE / 4 / tp::kThreads;
+  static constexpr int N = tp::kKeys * E / 4 / tp::kThreads, kUnitsARow = E / 16;
+  static_assert(tp::kKeys * E / 4 % tp::kThreads == 0, "the tile divides over the block");
   float x[N][4];
 
-  __device__ __forceinline__ static int row(int i, int w, int lane) { return ((i * 8 + w) >> 1) * 2 + ((lane >> 2) & 1); }
+  // (unsigned: a power-of-two divisor then takes a shift)
+  __device__ __forceinline__ static unsigned unit(int i, int w, int lane) {
+    return unsigned((i * 8 + w) * 4 + (lane >> 3));
+  }
+  __device__ __forceinline__ static int row(int i, int w, int lane) {
+    return int(unit(i, w, lane) / kUnitsARow) * 2 + ((lane >> 2) & 1);
+  }
   __device__ __forceinline__ static int col(int i, int w, int lane) {
-    return ((lane & 3) | ((lane >> 3) << 2) | (((i * 8 + w) & 1) << 4)) * 4;
+    return (int(unit(i, w, lane) % kUnitsARow) * 4 + (lane & 3)) * 4;
   }
   // Keys first.. of src (row stride `stride`), zeros from count on.
   __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int w, int lane) {
@@ -98,24 +111,27 @@ struct KPairs {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int r = row(i, w, lane);
-      store_pairs(k_s + r * tp::kLdK, 2 * col(i, w, lane), x[i], r & 1);
+      store_pairs(k_s + r * PairsSmem<E>::LDK, 2 * col(i, w, lane), x[i], r & 1);
     }
   }
 };
 
-// One thread's part of a V tile: 4 consecutive keys of one column, 8 times
-// (128 columns x 16 key quads). Piece p = i * 8 + warp covers 8 columns x 4
-// quads: lane bits 0, 3, 4 pick the column (32 contiguous bytes a key row
-// from global memory), bits 1, 2 the quad.
+// One thread's part of a V tile: 4 consecutive keys of one column, E / 16
+// times (E columns x 16 key quads). Piece p = i * 8 + warp covers 8 columns
+// (block p % (E / 8)) x 4 quads (block p / (E / 8)): lane bits 0, 3, 4 pick
+// the column (32 contiguous bytes a key row from global memory), bits 1, 2
+// the quad.
+template <int E>
 struct VPairs {
-  static constexpr int N = tp::kE * tp::kKeys / 4 / tp::kThreads;
+  static constexpr int N = E * tp::kKeys / 4 / tp::kThreads;
+  static_assert(E * tp::kKeys / 4 % tp::kThreads == 0, "the tile divides over the block");
   float x[N][4];
 
   __device__ __forceinline__ static int col(int i, int w, int lane) {
-    return ((i * 8 + w) & 15) * 8 + (lane & 1) + ((lane >> 3) << 1);
+    return int(unsigned(i * 8 + w) % (E / 8)) * 8 + (lane & 1) + ((lane >> 3) << 1);
   }
   __device__ __forceinline__ static int quad(int i, int w, int lane) {
-    return ((i * 8 + w) >> 4) * 4 + ((lane >> 1) & 3);
+    return int(unsigned(i * 8 + w) / (E / 8)) * 4 + ((lane >> 1) & 3);
   }
   __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int w, int lane) {
     const bool full = count >= tp::kKeys;
@@ -144,15 +160,17 @@ struct VPairs {
   }
 };
 
+template <int E>
 __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, const float* __restrict__ k,
                                                    const float* __restrict__ v, const void* mask_data,
                                                    const int64_t* __restrict__ mask_base, float* __restrict__ out,
                                                    float* __restrict__ lse, int H_q, int H_kv, int L, int S,
                                                    int mask_kind, int mask_rs, int mask_cs, float scale_log2,
                                                    Layout lay) {
-  constexpr int E = tp::kE, BR = tp::kRows, BC = tp::kKeys, NB = BC / 8, NO = E / 8;
+  constexpr int BR = tp::kRows, BC = tp::kKeys, NB = BC / 8, NO = E / 8;
+  using Smem = PairsSmem<E>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<PairsSmem*>(smem_raw);
+  auto& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(BR, H_q, H_kv, L, S, mask_kind, mask_cs);
   const int64_t n = blk.n;
@@ -167,15 +185,15 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
     for (int idx = tid; idx < BR * E / 4; idx += tp::kThreads) {
       const int r = idx / (E / 4), c4 = idx % (E / 4);
       const bool valid = r < count;
-      cp_async16(sm.q + r * tp::kLdQ + c4 * 4, valid ? q_rows + int64_t(l0 + r) * lay.q.sr + c4 * 4 : q_rows, valid);
+      cp_async16(sm.q + r * Smem::LDQ + c4 * 4, valid ? q_rows + int64_t(l0 + r) * lay.q.sr + c4 * 4 : q_rows, valid);
     }
     cp_async_commit();
   }
 
   const int c_begin = blk.kv_begin / BC * BC;
   const int tiles = c_begin < blk.kv_end ? (blk.kv_end - c_begin + BC - 1) / BC : 0;
-  KPairs kt;
-  VPairs vt;
+  KPairs<E> kt;
+  VPairs<E> vt;
   auto load = [&](int c0) {
     const int count = min(BC, S - c0);
     kt.load(k_head, lay.k.sr, c0, count, w, lane);
@@ -196,7 +214,7 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
   bool guard = __syncthreads_or(bad);
 
   const int ra = l0 + w * 16 + g;
-  const float* q_a = sm.q + (w * 16 + g) * tp::kLdQ + 2 * t;  // row g; row g + 8 lies 8 rows on
+  const float* q_a = sm.q + (w * 16 + g) * Smem::LDQ + 2 * t;  // row g; row g + 8 lies 8 rows on
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
 
@@ -206,7 +224,7 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
       const float2 qa = *reinterpret_cast<const float2*>(q_a + kk * 8);
-      const float2 qb = *reinterpret_cast<const float2*>(q_a + 8 * tp::kLdQ + kk * 8);
+      const float2 qb = *reinterpret_cast<const float2*>(q_a + 8 * Smem::LDQ + kk * 8);
       uint32_t ah[4], al[4];
       split_tf32_query(qa.x, ah[0], al[0]);  // row g, slot t
       split_tf32_query(qb.x, ah[1], al[1]);  // row g + 8, slot t
@@ -214,7 +232,7 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
       split_tf32_query(qb.y, ah[3], al[3]);  // row g + 8, slot t + 4
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
-        mma_pairs(s[nb], ah, al, sm.k + (nb * 8 + g) * tp::kLdK + kk * 16 + 4 * t);
+        mma_pairs(s[nb], ah, al, sm.k + (nb * 8 + g) * Smem::LDK + kk * 16 + 4 * t);
       }
     }
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, mask.tile_hides(c0, BC, l0, BR, S),
@@ -256,15 +274,16 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
 
 }  // namespace fa
 
-// fa_prefill_pairs_float32_128: outputs the attention output and each row's
+// fa_prefill_pairs_float32_<E>: outputs the attention output and each row's
 // log-sum-exp (written where mask_kind has kLse: mask_bits.h).
-#if FA_DTYPE != 0 || FA_E != 128
-#error "prefill_tf32_pairs.cu takes float32 at E = 128"
+#if FA_DTYPE != 0 || !(FA_E == 80 || FA_E == 96 || FA_E == 128)
+#error "prefill_tf32_pairs.cu takes float32 at E = 80, 96 or 128"
 #endif
-extern "C" __global__ void __launch_bounds__(fa::tf32_shapes::pairs::kThreads, 1) fa_prefill_pairs_float32_128(
-    const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base, float* out,
-    float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2,
-    FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32_pairs(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                         scale_log2, FA_LAYOUT);
+extern "C" __global__ void __launch_bounds__(fa::tf32_shapes::pairs::kThreads, 1)
+    FA_CAT3(fa_prefill_pairs_float32_, FA_E, )(const float* q, const float* k, const float* v, const void* mask,
+                                               const int64_t* mask_base, float* out, float* lse, int H_q, int H_kv,
+                                               int L, int S, int mask_kind, int mask_rs, int mask_cs,
+                                               float scale_log2, FA_LAYOUT_PARAMS) {
+  fa::prefill_tf32_pairs<FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+                               scale_log2, FA_LAYOUT);
 }

@@ -44,15 +44,19 @@ constexpr bool shared_kv(int E) { return E > 128 && FA_TF32_WIDE_SHARED; }
 constexpr int kv_floats(int E) { return keys(E) * (shared_kv(E) ? ld_v(E) : ld_qk(E) + ld_v(E)); }
 constexpr int smem_bytes(int E) { return (rows(E) * ld_qk(E) + kv_floats(E)) * 4; }
 
-// E = 128 where a block may take 208 KB (H100, H200): prefill_tf32_pairs.cu,
-// 8 warps x 16 rows against 64-key tiles that the block splits once into
-// TF32 high and low parts, stored side by side. Rows padded so that each
-// fragment load below hits 32 different banks: Q (raw, read as pairs) by
-// 8 floats, K and V^T (four floats a pair: hi, hi, lo, lo) by 16.
+// E = 80, 96 and 128 where a block may take its 133 / 158 / 208 KB (H100,
+// H200; A100 too below E = 128): prefill_tf32_pairs.cu, 8 warps x 16 rows
+// against 64-key tiles that the block splits once into TF32 high and low
+// parts, stored side by side. Rows padded so that each fragment load hits
+// 32 different banks: Q (raw, read as pairs) by 8 floats, K and V^T (four
+// floats a pair: hi, hi, lo, lo) by 16.
 namespace pairs {
-constexpr int kE = 128, kWarps = 8, kRows = 16 * kWarps, kThreads = 32 * kWarps, kKeys = 64;
-constexpr int kLdQ = kE + 8, kLdK = 2 * kE + 16, kLdVt = 2 * kKeys + 16;
-constexpr int kSmemBytes = (kRows * kLdQ + kKeys * kLdK + kE * kLdVt) * 4;
+constexpr int kWarps = 8, kRows = 16 * kWarps, kThreads = 32 * kWarps, kKeys = 64;
+constexpr bool has(int E) { return E == 80 || E == 96 || E == 128; }
+constexpr int ld_q(int E) { return E + 8; }
+constexpr int ld_k(int E) { return 2 * E + 16; }
+constexpr int kLdVt = 2 * kKeys + 16;
+constexpr int smem_bytes(int E) { return (kRows * ld_q(E) + kKeys * ld_k(E) + E * kLdVt) * 4; }
 }  // namespace pairs
 
 }  // namespace fa::tf32_shapes
