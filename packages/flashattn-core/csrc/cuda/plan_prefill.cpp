@@ -106,10 +106,11 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   if (smem > shared_memory_limit(device_index)) return std::nullopt;  // it would not launch: the generic kernel
   // float32 at E = 80, 96 and 128: prefill_tf32_pairs.cu where its block fits.
   namespace tp = fa::tf32_shapes::pairs;
-  const std::string pairs_kernel = "fa_prefill_pairs_float32_" + std::to_string(d.E);
-  if (dtype == mx::float32 && tp::has(d.E) && tp::smem_bytes(d.E) <= shared_memory_limit(device_index) &&
-      find_image(pairs_kernel, device_index)) {
-    kernel = pairs_kernel, rows = tp::kRows, threads = tp::kThreads, smem = tp::smem_bytes(d.E);
+  if (dtype == mx::float32 && tp::has(d.E) && tp::smem_bytes(d.E) <= shared_memory_limit(device_index)) {
+    const std::string pairs_kernel = "fa_prefill_pairs_float32_" + std::to_string(d.E);
+    if (find_image(pairs_kernel, device_index)) {
+      kernel = pairs_kernel, rows = tp::kRows, threads = tp::kThreads, smem = tp::smem_bytes(d.E);
+    }
   }
   // Hopper: the wgmma kernels (only sm_90a images exist: find_image finds none elsewhere).
   // Widened, the 16-bit one's float32 variant (fa_prefill_wg32_) or none.

@@ -128,23 +128,16 @@ __device__ __forceinline__ void key_tile_ds(float (&p)[NB][4], float (&ds)[NB][4
 // acc += W X for a tile of X that holds a value that is not finite: in
 // float32 FMA, skipping zero weights, so that a value a row (or key) cannot
 // see never meets its zero weight (0 x inf is NaN). W: 16 x NB*8 in the
-// accumulator layout; weight k of rows g, g + 8 lies in lane
-// 4 g + (k % 8) / 2. x_at(k, c): X's element (k, c) as a float, whatever
+// accumulator layout (accumulator_column, common.cuh). x_at(k, c): X's element (k, c) as a float, whatever
 // the tile's layout. Rare: not unrolled over k.
 template <int NB, int NO, typename At>
 __device__ __forceinline__ void accumulate_guarded_at(float (&acc)[NO][4], const float (&w)[NB][4], At x_at,
                                                       int lane) {
-  const int g = lane >> 2, t = lane & 3;
+  const int t = lane & 3;
 #pragma unroll 1
   for (int k = 0; k < NB * 8; ++k) {
-    const int kb = k >> 3, odd = k & 1;
-    float wa = 0.0f, wb = 0.0f;
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      if (b == kb) wa = odd ? w[b][1] : w[b][0], wb = odd ? w[b][3] : w[b][2];
-    }
-    const int src = 4 * g + ((k & 7) >> 1);
-    const float p[2] = {__shfl_sync(0xffffffffu, wa, src), __shfl_sync(0xffffffffu, wb, src)};
+    float p[2];
+    accumulator_column(w, k, lane, p);
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)
 #pragma unroll

@@ -36,6 +36,21 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Column k of W (16 x NB*8 in the mma accumulator layout) for this thread's
+// rows g and g + 8: lane 4 g + (k % 8) / 2 holds them. Every lane asks.
+template <int NB>
+__device__ __forceinline__ void accumulator_column(const float (&w)[NB][4], int k, int lane, float (&p)[2]) {
+  const int kb = k >> 3, odd = k & 1;
+  float wa = 0.0f, wb = 0.0f;
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    if (b == kb) wa = odd ? w[b][1] : w[b][0], wb = odd ? w[b][3] : w[b][2];
+  }
+  const int src = 4 * (lane >> 2) + ((k & 7) >> 1);
+  p[0] = __shfl_sync(0xffffffffu, wa, src);
+  p[1] = __shfl_sync(0xffffffffu, wb, src);
+}
+
 // A call's tag (48 bits the host never repeats: primitive.cpp's next_tag)
 // from its two 24-bit launch arguments: the fused decode's tickets and the
 // tensor maps' slots tell this call's writes from what lay there before.
