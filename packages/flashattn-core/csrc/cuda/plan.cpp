@@ -28,9 +28,11 @@
 //       cache in place; other prefill calls run the float32 path on cast
 //       inputs
 //   quantized keys and values (MLX's affine format, 4 or 8 bits, K and V
-//       alike): read in place by the 16-bit tensor-core decode's
-//       fa_decode_mmaq_ where it takes the call (no sinks, attention in the
-//       queries' dtype); otherwise nothing here (quantized.cpp dequantizes)
+//       alike, scales and biases in the queries' dtype): read in place by
+//       the 16-bit tensor-core decode's fa_decode_mmaq_ where it takes the
+//       call (no sinks, attention in the queries' dtype), and with float32
+//       attention for L > 8 by the 3xTF32 prefill's fa_prefill_tf32q_;
+//       otherwise nothing here (quantized.cpp dequantizes)
 //
 // Each family plans its own launches (plan_decode.cpp, plan_prefill.cpp,
 // plan_generic.cpp); here the call takes the first that accepts it, with
@@ -56,10 +58,10 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   auto decode = decode_launches(d, splits);
   // The decodes keep no log-sum-exp (a gradient's backward takes it again).
   if (decode) d.lse = false;
-  // Quantized keys and values: the quantized decode, or nothing (the caller
-  // dequantizes them for the other kernels).
-  if (d.quantized() && !decode) return std::nullopt;
   auto prefill = decode ? std::nullopt : prefill_launches(d, dtype, device_index);
+  // Quantized keys and values: the quantized decode or prefill, or nothing
+  // (the caller dequantizes them for the other kernels).
+  if (d.quantized() && !decode && !prefill) return std::nullopt;
   // A widened decode that no tensor-core decode takes (other head dims, an
   // array mask) goes to the generic kernel on the 16-bit inputs: a cast would
   // copy the whole cache to float32 on every call. A widened prefill goes to

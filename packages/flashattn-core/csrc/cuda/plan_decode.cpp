@@ -131,11 +131,7 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S};
   if (masks) scalars.insert(scalars.end(), {d.kind_arg, d.mask_rs, d.mask_cs});
   scalars.insert(scalars.end(), {keys_per_split, d.scale_log2});
-  if (d.quantized()) {
-    int shift = 0;
-    while ((1 << shift) < d.quant_group) ++shift;
-    scalars.insert(scalars.end(), {d.quant_bits, shift});
-  }
+  if (d.quantized()) scalars.insert(scalars.end(), {d.quant_bits, d.quant_group_shift()});
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
   const std::string family = mma ? tensor_core : "fa_decode_";
   // Past one split the keys are always merged in the same launch (splits

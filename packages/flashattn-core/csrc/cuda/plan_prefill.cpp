@@ -1,7 +1,8 @@
 // The tensor-core prefills' launches: on Hopper the wgmma kernels
 // (prefill_f16_wg.cu, prefill_tf32_wg.cu; the 16-bit one shaped by the
 // launch model, wg_launch.h), elsewhere the mma.sync ones (prefill_f16.cu,
-// prefill_tf32.cu), each where its block fits the GPU's shared memory.
+// prefill_tf32.cu), each where its block fits the GPU's shared memory;
+// quantized keys and values: prefill_tf32.cu's quantized variant.
 
 #include <algorithm>
 #include <cstdint>
@@ -95,12 +96,34 @@ int forced_splits() {
   return value;
 }
 
+// Quantized keys and values (alike, 4 or 8 bits) under float32 attention
+// (widened, or float32 inputs): prefill_tf32.cu's fa_prefill_tf32q_, which
+// expands each tile into shared memory as it reads it. Attention in 16
+// bits: none (the caller dequantizes).
+std::optional<Launches> quantized_prefill_launches(const Dims& d, int device_index) {
+  namespace ts = fa::tf32_shapes;
+  const int smem = ts::smem_bytes(d.E);
+  const std::string kernel = "fa_prefill_tf32q_" + d.dt + "_" + std::to_string(d.E);
+  if (!(d.widen || d.dt == "float32") || (d.quant_bits != 4 && d.quant_bits != 8) ||
+      smem > shared_memory_limit(device_index) || !find_image(kernel, device_index)) {
+    return std::nullopt;
+  }
+  const int threads = ts::threads(d.E), tiles = (d.L + ts::rows(d.E) - 1) / ts::rows(d.E);
+  const std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind_arg | (d.lse ? fa::kLse : 0), d.mask_rs,
+                                       d.mask_cs, d.scale_log2, d.quant_bits, d.quant_group_shift()};
+  Step attend{kernel, scalars, {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1}, smem};
+  attend.quantized = true;
+  attend.lse_output = true;
+  return Launches{attend, std::nullopt};
+}
+
 }  // namespace
 
 std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
   if (d.L < kMinPrefillL || !has_prefill_kernel(d.E) || d.batch > 65535 || d.H_q > 65535) {
     return std::nullopt;
   }
+  if (d.quantized()) return quantized_prefill_launches(d, device_index);
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
   int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
   if (smem > shared_memory_limit(device_index)) return std::nullopt;  // it would not launch: the generic kernel

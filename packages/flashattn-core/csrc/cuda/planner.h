@@ -29,7 +29,8 @@ struct Dims {
   bool widen;     // float32 attention over 16-bit inputs, float32 output
   int kind_arg;   // the kernels' mask_kind argument: kind, and the sinks' bits (kernels/mask_bits.h)
   // Keys and values both quantized alike (MLX's affine format), read in
-  // place by the quantized decode: bits and group size; 0 otherwise.
+  // place by the quantized decode or prefill: bits and group size; 0
+  // otherwise.
   int quant_bits = 0, quant_group = 0;
   // A gradient may be taken: the prefill kernels (or the generic kernel's
   // merge) also write each row's log-sum-exp, which the backward reads
@@ -41,6 +42,12 @@ struct Dims {
     return kind == static_cast<int>(MaskKind::causal) && mask_cs != fa::kNoWindow ? mask_cs : 0;
   }
   bool quantized() const { return quant_bits != 0; }
+  // log2 of the group size (the quantized kernels' group_shift argument).
+  int quant_group_shift() const {
+    int shift = 0;
+    while ((1 << shift) < quant_group) ++shift;
+    return shift;
+  }
 };
 
 // The decode launches, when decode takes the call; splits: the key splits chosen.

@@ -154,15 +154,17 @@ void Attention::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&)
 
 namespace {
 
-// The quantized decode's launch: its inputs (q, K's codes, V's, K's scales,
-// biases, V's scales, biases) and the scalars' strides: q's, the codes',
-// then the scales' rows (a bias lies as its scale: where they do not, MLX
-// copies them all row-contiguous, as where the kernel cannot read an input
-// in place).
+// The quantized kernels' launch: their inputs (q, K's codes, V's, K's
+// scales, biases, V's scales, biases; the prefill's also the mask's data
+// and base offsets, or q standing in) and the scalars' strides: q's, the
+// codes', then the scales' rows (a bias lies as its scale: where they do
+// not, MLX copies them all row-contiguous, as where the kernel cannot read
+// an input in place, or a mask's data is not row-contiguous).
 void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs, std::vector<mx::array>& in,
                       std::vector<Scalar>& scalars, bool& copy) {
   std::array<std::optional<Rows>, 7> place;
-  copy = false;
+  const bool mask_inputs = inputs.size() > 7;
+  copy = mask_inputs && !inputs[7].flags().row_contiguous;
   for (int i = 0; i < 7; ++i) {
     place[i] = rows_in_place(inputs[i]);
     copy |= !place[i].has_value();
@@ -179,6 +181,9 @@ void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs,
     scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
   }
   in.assign(inputs.begin(), inputs.begin() + 7);
+  if (run.attend.mask_inputs) {
+    in.insert(in.end(), {mask_inputs ? inputs[7] : inputs[0], mask_inputs ? inputs[8] : inputs[0]});
+  }
 }
 
 }  // namespace

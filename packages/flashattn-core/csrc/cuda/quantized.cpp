@@ -1,18 +1,24 @@
-// Quantized keys and values on MLX's CUDA backend. A decode that the 16-bit
-// tensor-core decode takes (no mask or causal with one query position, E =
-// 64 or 128, at most 16 query rows a KV head, attention in the queries'
-// 16-bit dtype, K and V quantized alike with 4 or 8 bits, no sinks) reads
-// the packed rows in place (fa_decode_mmaq_: decode_rows.cuh expands each
-// fragment in registers). Every other call is dequantized (mx.dequantize,
-// into the queries' dtype or float32) and handed to the ordinary kernels: a
-// transient full-precision copy of the keys and values a layer reads, O(S),
-// never an L x S matrix. (A kernel that dequantized each element as it read
-// it, one warp a query row, took 0.69 ms for a 4-bit qwen05b decode over
-// 32K keys and 2.1 s for an hd128 8K prefill on an H100, where the
-// tensor-core kernels on the unquantized cache take 0.037 ms and 1.0 ms.)
+// Quantized keys and values on MLX's CUDA backend. Two kernels read the
+// packed rows in place (K and V quantized alike with 4 or 8 bits, scales
+// and biases in the queries' dtype):
+//  - a decode that the 16-bit tensor-core decode takes (no mask or causal
+//    with one query position, E = 64 or 128, at most 16 query rows a KV
+//    head, attention in the queries' 16-bit dtype, no sinks):
+//    fa_decode_mmaq_ (decode_rows.cuh expands each fragment in registers);
+//  - a prefill (L > 8) with float32 attention (dtype=float32 over 16-bit
+//    queries, the patch's default, or float32 inputs): fa_prefill_tf32q_
+//    (quant_tiles.cuh expands each key and value tile into shared memory).
+// Every other call is dequantized (mx.dequantize, into the queries' dtype
+// or float32) and handed to the ordinary kernels: a transient
+// full-precision copy of the keys and values a layer reads, O(S), never an
+// L x S matrix. (A kernel that dequantized each element as it read it, one
+// warp a query row, took 0.69 ms for a 4-bit qwen05b decode over 32K keys
+// and 2.1 s for an hd128 8K prefill on an H100, where the tensor-core
+// kernels on the unquantized cache take 0.037 ms and 1.0 ms.)
 
 #include "cuda/dispatch.h"
 
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -27,44 +33,48 @@ namespace flashattn::cuda {
 
 namespace {
 
-// What the quantized decode's plan depends on (the queries' shape holds B,
+// What the quantized kernels' plan depends on (the queries' shape holds B,
 // H_q, L and E).
 struct QuantKey {
   mx::Shape q_shape;
-  int H_kv, S, dtype, kind, window, bits, group;
+  int H_kv, S, dtype, kind, mask_rs, mask_cs, bits, group;
   float scale_log2;
+  bool widen;
   int device;
   bool operator==(const QuantKey&) const = default;
 };
 
-// The quantized decode's node, when it takes the call.
-std::optional<mx::array> quantized_decode(const AttentionCall& call, bool widen) {
+// The quantized kernels' node, when one takes the call.
+std::optional<mx::array> quantized_in_place(const AttentionCall& call, bool widen) {
   const KVQuantization& qz = call.quantization;
   const QuantizedArray *kq = call.k_quantized, *vq = call.v_quantized;
   const mx::array& q = call.q;
-  if (widen || call.sinks || !kq || !vq || qz.k_bits != qz.v_bits || qz.k_group_size != qz.v_group_size ||
+  if (!kq || !vq || qz.k_bits != qz.v_bits || qz.k_group_size != qz.v_group_size ||
       kq->scales.dtype() != q.dtype() || vq->scales.dtype() != q.dtype() || kq->biases.dtype() != q.dtype() ||
-      vq->biases.dtype() != q.dtype() || q.shape(-2) >= kMinPrefillL) {
+      vq->biases.dtype() != q.dtype()) {
     return std::nullopt;
   }
-  // Strides reach the kernel as 32-bit launch arguments: larger caches take
+  // Strides reach the kernels as 32-bit launch arguments: larger caches take
   // the other route, whose kernels refuse them by name.
-  const int64_t cache_elements = static_cast<int64_t>(call.k.shape(-3)) * call.k.shape(-2) * q.shape(-1);
-  if (cache_elements > std::numeric_limits<int>::max()) return std::nullopt;
+  const int64_t head_elements = static_cast<int64_t>(std::max(q.shape(-2), call.k.shape(-2))) * q.shape(-1);
+  if (head_elements * std::max(q.shape(-3), call.k.shape(-3)) > std::numeric_limits<int>::max()) {
+    return std::nullopt;
+  }
   int64_t batch = 1;
   for (int d = 0; d < q.ndim() - 3; ++d) batch *= q.shape(d);
-  const int kind = static_cast<int>(call.mask_kind);
+  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, call.stream);
   Dims d{batch, q.shape(-3), call.k.shape(-3), q.shape(-2), call.k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
-         kind, 0, call.window > 0 ? call.window : fa::kNoWindow, call.scale * kLog2e, false, kind, qz.k_bits,
-         qz.k_group_size};
-  const QuantKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), kind, d.mask_cs, d.quant_bits,
-                     d.quant_group, d.scale_log2, call.stream.device.index};
+         static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen, m.kind,
+         qz.k_bits, qz.k_group_size};
+  const QuantKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), d.kind_arg, d.mask_rs, d.mask_cs,
+                     d.quant_bits, d.quant_group, d.scale_log2, widen, call.stream.device.index};
   thread_local Recent<QuantKey, std::optional<Planned>, 8> recent;
   std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
   if (!planned) planned = recent.put(key, plan_call(d, q.dtype(), q.shape(), call.stream.device.index));
   if (!planned->has_value()) return std::nullopt;
   const Planned& plan = **planned;
   std::vector<mx::array> inputs = {q, kq->packed, vq->packed, kq->scales, kq->biases, vq->scales, vq->biases};
+  if (m.inputs && plan.plan.aligned.attend.mask_inputs) inputs.insert(inputs.end(), {m.data, m.base});
   auto node = std::make_shared<Attention>(call.stream, std::shared_ptr<const Plan>(planned, &plan.plan));
   return mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs)[0];
 }
@@ -72,7 +82,7 @@ std::optional<mx::array> quantized_decode(const AttentionCall& call, bool widen)
 }  // namespace
 
 mx::array quantized_attention(const AttentionCall& call, bool widen) {
-  if (auto out = quantized_decode(call, widen)) return *out;
+  if (auto out = quantized_in_place(call, widen)) return *out;
   const KVQuantization& qz = call.quantization;
   // float32 attention dequantizes into float32 (exactly the format's values)
   // and runs the float32 kernels; otherwise the queries' dtype throughout.

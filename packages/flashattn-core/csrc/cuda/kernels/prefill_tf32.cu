@@ -12,6 +12,7 @@
 
 #include "mma.cuh"
 #include "pv_fma.cuh"
+#include "quant_tiles.cuh"
 #include "tf32_shapes.h"
 #include "unit.cuh"
 
@@ -32,24 +33,89 @@ static_assert(sizeof(Tf32Smem<128>) == tf32_shapes::smem_bytes(128) &&
               "the planner's shared memory");
 
 // ROWS rows of E floats (row stride LDT) from src's rows first.., zeros past count.
-template <int E, int LDT, int ROWS>
+template <int E, int LDT, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile32(float* dst, const float* src, int64_t stride, int first, int count,
                                             int tid) {
   constexpr int CHUNKS = E / 4;
-  for (int idx = tid; idx < ROWS * CHUNKS; idx += Tf32Smem<E>::THREADS) {
+  for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
     const int r = idx / CHUNKS, c4 = idx % CHUNKS;
     const bool valid = r < count;
     cp_async16(dst + r * LDT + c4 * 4, valid ? src + (first + r) * stride + c4 * 4 : src, valid);
   }
 }
 
-template <int E>
-__device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const float* __restrict__ k,
-                                             const float* __restrict__ v, const void* mask_data,
+// Where prefill_tf32 reads one block's rows from (head(blk): Q's query head,
+// K's and V's KV head), each tile as ROWS x E floats of row stride LDT:
+// float32 rows, copied by cp.async (Tf32Rows), or 16-bit or float32 queries
+// and MLX's affine-quantized keys and values (Tf32QuantRows: quant_tiles.cuh),
+// read by plain loads. Either way the kernel waits for a tile (cp.async's
+// wait and a barrier) before reading it.
+struct Tf32Rows {
+  const float *q, *k, *v;
+  Layout lay;
+  struct Head {
+    const float *q, *k, *v;
+    int64_t q_sr, k_sr, v_sr;
+    template <int E, int LDT, int ROWS, int THREADS>
+    __device__ __forceinline__ void load_q(float* dst, int first, int count, int tid) const {
+      load_tile32<E, LDT, ROWS, THREADS>(dst, q, q_sr, first, count, tid);
+    }
+    template <int E, int LDT, int ROWS, int THREADS>
+    __device__ __forceinline__ void load_k(float* dst, int first, int count, int tid) const {
+      load_tile32<E, LDT, ROWS, THREADS>(dst, k, k_sr, first, count, tid);
+    }
+    template <int E, int LDT, int ROWS, int THREADS>
+    __device__ __forceinline__ void load_v(float* dst, int first, int count, int tid) const {
+      load_tile32<E, LDT, ROWS, THREADS>(dst, v, v_sr, first, count, tid);
+    }
+  };
+  __device__ __forceinline__ Head head(const PrefillBlock& blk) const {
+    return {q + lay.q.at(blk.b, blk.h, 0), k + lay.k.at(blk.b, blk.g, 0), v + lay.v.at(blk.b, blk.g, 0),
+            lay.q.sr, lay.k.sr, lay.v.sr};
+  }
+};
+
+// T: the queries' dtype, which the scales and biases share. lay.k / lay.v:
+// the packed codes' rows (in words); ks / vs: the scales' rows (in groups;
+// the biases lie alike).
+template <typename T>
+struct Tf32QuantRows {
+  const T* q;
+  const uint32_t *k, *v;
+  const T *k_scales, *k_biases, *v_scales, *v_biases;
+  Layout lay;
+  Rows ks, vs;
+  int bits, group_shift;
+  struct Head {
+    const T* q;
+    int64_t q_sr;
+    QuantHead<T> k, v;
+    template <int E, int LDT, int ROWS, int THREADS>
+    __device__ __forceinline__ void load_q(float* dst, int first, int count, int tid) const {
+      load_rows_f32<T, E, LDT, ROWS, THREADS>(dst, q, q_sr, first, count, tid);
+    }
+    template <int E, int LDT, int ROWS, int THREADS>
+    __device__ __forceinline__ void load_k(float* dst, int first, int count, int tid) const {
+      k.template load_f32<E, LDT, ROWS, THREADS>(dst, first, count, tid);
+    }
+    template <int E, int LDT, int ROWS, int THREADS>
+    __device__ __forceinline__ void load_v(float* dst, int first, int count, int tid) const {
+      v.template load_f32<E, LDT, ROWS, THREADS>(dst, first, count, tid);
+    }
+  };
+  __device__ __forceinline__ Head head(const PrefillBlock& blk) const {
+    const int64_t k_at = ks.at(blk.b, blk.g, 0), v_at = vs.at(blk.b, blk.g, 0);
+    return {q + lay.q.at(blk.b, blk.h, 0), lay.q.sr,
+            {k + lay.k.at(blk.b, blk.g, 0), k_scales + k_at, k_biases + k_at, lay.k.sr, ks.sr, bits, group_shift},
+            {v + lay.v.at(blk.b, blk.g, 0), v_scales + v_at, v_biases + v_at, lay.v.sr, vs.sr, bits, group_shift}};
+  }
+};
+
+template <int E, class Src>
+__device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_data,
                                              const int64_t* __restrict__ mask_base,
                                              float* __restrict__ out, float* __restrict__ lse, int H_q, int H_kv, int L, int S,
-                                             int mask_kind, int mask_rs, int mask_cs, float scale_log2,
-                                             Layout lay) {
+                                             int mask_kind, int mask_rs, int mask_cs, float scale_log2) {
   using Smem = Tf32Smem<E>;
   constexpr int LDQ = Smem::LDQ, LDV = Smem::LDV, kBr32 = Smem::BR, kBc32 = Smem::BC, NB = kBc32 / 8, NO = E / 8;
   constexpr int kThreads32 = Smem::THREADS;
@@ -59,11 +125,10 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
   const PrefillBlock blk(kBr32, H_q, H_kv, L, S, mask_kind, mask_cs);
   const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
-  const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
-  const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
+  const typename Src::Head rows = src.head(blk);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
 
-  load_tile32<E, LDQ, kBr32>(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, min(kBr32, L - l0), tid);
+  rows.template load_q<E, LDQ, kBr32, kThreads32>(sm.q, l0, min(kBr32, L - l0), tid);
   cp_async_commit();
 
   const int ra = l0 + w * 16 + g;
@@ -94,8 +159,8 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
     const int count = min(kBc32, S - c0);
     float* const k_tile = sm.k();
     float* const v_tile = sm.v();
-    load_tile32<E, LDQ, kBc32>(k_tile, k_head, lay.k.sr, c0, count, tid);
-    if constexpr (!Smem::SHARED_KV) load_tile32<E, LDV, kBc32>(v_tile, v_head, lay.v.sr, c0, count, tid);
+    rows.template load_k<E, LDQ, kBc32, kThreads32>(k_tile, c0, count, tid);
+    if constexpr (!Smem::SHARED_KV) rows.template load_v<E, LDV, kBc32, kThreads32>(v_tile, c0, count, tid);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -125,7 +190,7 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
     }
     if constexpr (Smem::SHARED_KV) {  // V over K once every warp is done with K, copied during the softmax
       __syncthreads();
-      load_tile32<E, LDV, kBc32>(v_tile, v_head, lay.v.sr, c0, count, tid);
+      rows.template load_v<E, LDV, kBc32, kThreads32>(v_tile, c0, count, tid);
       cp_async_commit();
     }
     const bool need_mask = mask.tile_hides(c0, kBc32, l0, kBr32, S);
@@ -186,10 +251,27 @@ __device__ __forceinline__ void prefill_tf32(const float* __restrict__ q, const 
 }  // namespace fa
 
 // fa_prefill_float32_<E>: outputs the attention output and each row's log-sum-exp
-// (written where mask_kind has kLse: mask_bits.h).
+// (written where mask_kind has kLse: mask_bits.h). -DFA_QUANT=1:
+// fa_prefill_tf32q_<dtype>_<E>, queries of the unit's dtype and keys and
+// values in MLX's affine format read in place (the arguments: q, K's and
+// V's packed codes, K's scales and biases, V's, the mask's two pointers,
+// then the outputs (float32), the scalars with bits and log2(group size)
+// after the scale, the layout (K's and V's rows: the codes', in words) and
+// the scales' rows (the biases lie alike)).
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
+#if defined(FA_QUANT) && FA_QUANT
+extern "C" __global__ void __launch_bounds__(fa::Tf32Smem<FA_E>::THREADS) FA_CAT5(fa_prefill_tf32q_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const uint32_t* k, const uint32_t* v, const FA_T* k_scales, const FA_T* k_biases,
+    const FA_T* v_scales, const FA_T* v_biases, const void* mask, const int64_t* mask_base, float* out, float* lse,
+    int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, int bits,
+    int group_shift, FA_LAYOUT_PARAMS, int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr) {
+  const fa::Tf32QuantRows<FA_T> src{q, k, v, k_scales, k_biases, v_scales, v_biases, FA_LAYOUT,
+                                    {ks_sb, ks_sh, ks_sr}, {vs_sb, vs_sh, vs_sr}, bits, group_shift};
+  fa::prefill_tf32<FA_E>(src, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2);
+}
+#else
 #if FA_DTYPE != 0
 #error "prefill_tf32.cu takes float32"
 #endif
@@ -197,6 +279,7 @@ extern "C" __global__ void __launch_bounds__(fa::Tf32Smem<FA_E>::THREADS) FA_CAT
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
     float* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32<FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
-                         mask_cs, scale_log2, FA_LAYOUT);
+  fa::prefill_tf32<FA_E>(fa::Tf32Rows{q, k, v, FA_LAYOUT}, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind,
+                         mask_rs, mask_cs, scale_log2);
 }
+#endif

@@ -1,0 +1,145 @@
+"""The quantized prefill on CUDA: float32 attention (dtype=float32 over
+16-bit queries, as the patch asks by default, or float32 inputs) over keys
+and values in MLX's affine format (as mlx-lm's QuantizedKVCache holds them),
+read in place by the 3xTF32 prefill, against float64 attention on their
+float64 dequantization, over a covering matrix of head layouts, query rows,
+cache lengths (prefill, chunks, fewer keys than rows), head dims, bits,
+group sizes, dtypes, masks (causal, windows, boolean arrays, sinks), batch
+and memory layouts; no full-precision copy of the cache."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from attention_cases import TOLERANCE
+from pairwise import pairwise
+
+from flashattn_core import flash_attention
+from flashattn_core.reference import attention_reference, causal_mask, dequantize, relative_error
+
+pytestmark = pytest.mark.skipif(
+    not (mx.is_available(mx.gpu) and mx.cuda.is_available()),
+    reason="needs MLX's CUDA backend and an NVIDIA GPU",
+)
+
+
+def quantized_prefill_case(batch, heads, L, S, E, bits, group_size, dtype, layout, seed=0):
+    """Queries, and keys and values as (packed, scales, biases). layout:
+    "contiguous"; "kv_cache" (sliced from a longer buffer, as mlx-lm's
+    cache is); "transposed" (queries a transposed view of (batch, L, H, E),
+    as mlx-lm's attention passes them)."""
+    rng = np.random.default_rng(seed)
+    H_q, H_kv = heads
+    t = getattr(mx, dtype)
+    if layout == "transposed":
+        q = mx.swapaxes(mx.array(rng.standard_normal((*batch, L, H_q, E))).astype(t), -2, -3)
+    else:
+        q = mx.array(rng.standard_normal((*batch, H_q, L, E))).astype(t)
+    capacity = 256 * (S // 256 + 1) if layout == "kv_cache" else S
+
+    def quantized():
+        x = mx.array(rng.standard_normal((*batch, H_kv, capacity, E))).astype(t)
+        return tuple(p[..., :S, :] for p in mx.quantize(x, group_size=group_size, bits=bits))
+
+    return q, quantized(), quantized()
+
+
+def keys_for(L, span):
+    return {"same": L, "chunk": L + 1500, "fewer": max(1, L // 4)}[span]
+
+
+MATRIX = [
+    row
+    for row in pairwise(
+        {
+            # (14, 2) Qwen2-0.5B, (32, 8) 7B-class, (8, 1) one KV head, (4, 4) multi-head
+            "heads": [(14, 2), (32, 8), (8, 1), (4, 4)],
+            "L": [9, 64, 65, 200, 600],
+            "span": ["same", "chunk", "fewer"],
+            "E": [64, 96, 128, 256],
+            "bits": [4, 8],
+            "group_size": [32, 64, 128],
+            "dtype": ["bfloat16", "float16", "float32"],
+            "mask": ["none", "causal", "window", "bool", "sinks"],
+            "batch": [(), (1,), (2,)],
+            "layout": ["contiguous", "kv_cache", "transposed"],
+        },
+        accept=lambda r: math.prod(r["batch"]) * r["heads"][0] * r["L"] * keys_for(r["L"], r["span"]) <= 25_000_000,
+        candidates=300,
+    )
+]
+for r in MATRIX:  # the largest group size up to the one drawn that divides E (MLX's format asks it)
+    r["group_size"] = max(g for g in (32, 64, 128) if g <= r["group_size"] and r["E"] % g == 0)
+
+
+def row_id(r):
+    b = "x".join(map(str, r["batch"])) or "-"
+    return (f"b{b}_h{r['heads'][0]}-{r['heads'][1]}_L{r['L']}_{r['span']}_E{r['E']}_{r['bits']}bit"
+            f"_g{r['group_size']}_{r['mask']}_{r['dtype']}_{r['layout']}")
+
+
+def mask_and_sinks(kind, H_q, L, S, seed=3):
+    """The call's mask, window and sinks, and the reference's mask and sinks."""
+    rng = np.random.default_rng(seed)
+    if kind == "bool":
+        m = rng.random((L, S)) < 0.7
+        return {"mask": mx.array(m)}, m, None
+    if kind == "window":
+        return {"mask": "causal", "window": 100}, causal_mask(L, S, 100), None
+    if kind == "sinks":
+        s = rng.normal(0.5, 1.5, H_q).astype(np.float32)
+        return {"mask": "causal", "sinks": mx.array(s)}, causal_mask(L, S), s
+    if kind == "causal":
+        return {"mask": "causal"}, causal_mask(L, S), None
+    return {}, None, None
+
+
+@pytest.mark.parametrize("r", MATRIX, ids=map(row_id, MATRIX))
+def test_matches_float64_on_the_dequantized_cache(r):
+    S = keys_for(r["L"], r["span"])
+    q, kq, vq = quantized_prefill_case(r["batch"], r["heads"], r["L"], S, r["E"], r["bits"], r["group_size"],
+                                       r["dtype"], r["layout"])
+    kwargs, ref_mask, ref_sinks = mask_and_sinks(r["mask"], r["heads"][0], r["L"], S)
+    out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
+    assert out.shape == q.shape and out.dtype == mx.float32
+    ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]), mask=ref_mask, sinks=ref_sinks)
+    assert relative_error(out, ref) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("E", [64, 128])
+def test_values_at_the_codes_extremes(E):
+    # Every code 0 or all ones (15 / 255): the expansion's shifts and masks
+    # reach each field whole. Values 0.3 and 0.45 over 256 keys: an output
+    # that cancels to near zero, or a sum of one sign over thousands of keys
+    # (the tensor cores' float32 accumulation: 3e-5 off with the float32
+    # kernel on plain values), would measure the arithmetic, not this.
+    rng = np.random.default_rng(4)
+    L, S = 64, 256
+    q = mx.array(rng.standard_normal((1, 8, L, E))).astype(mx.bfloat16)
+    for bits in (4, 8):
+        top = (1 << bits) - 1
+        codes = rng.choice([0, top], size=(1, 2, S, E))
+        x = mx.array(0.3 + codes / top * 0.15).astype(mx.bfloat16)
+        kq, vq = mx.quantize(x, group_size=32, bits=bits), mx.quantize(x[..., ::-1, :], group_size=32, bits=bits)
+        out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)
+        ref = attention_reference(q, dequantize(kq, E), dequantize(vq, E), mask=causal_mask(L, S))
+        assert relative_error(out, ref) <= TOLERANCE["float32"]
+
+
+def test_reads_the_cache_in_place():
+    # A 2,048-row chunk over 16,384 keys (Qwen2-0.5B's heads): a float32
+    # copy of K and V would be 16 MiB and of the queries 7 MiB; the call
+    # adds its float32 output (7 MiB) alone.
+    q, kq, vq = quantized_prefill_case((1,), (14, 2), 2048, 16384, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
+    mx.eval(q, kq, vq)
+    out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)  # the module loaded
+    mx.eval(out)
+    del out
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)
+    mx.eval(out)
+    extra = mx.get_peak_memory() - before
+    assert extra < out.nbytes + 2**20, f"{(extra - out.nbytes) / 2**20:.1f} MiB beyond the output"
