@@ -2,7 +2,7 @@
 // (prefill_f16_wg.cu, prefill_tf32_wg.cu; the 16-bit one shaped by the
 // launch model, wg_launch.h), elsewhere the mma.sync ones (prefill_f16.cu,
 // prefill_tf32.cu), each where its block fits the GPU's shared memory;
-// quantized keys and values: prefill_tf32.cu's quantized variant.
+// quantized keys and values: the float32 ones' quantized variants.
 
 #include <algorithm>
 #include <cstdint>
@@ -98,17 +98,21 @@ int forced_splits() {
 
 // Quantized keys and values (alike, 4 or 8 bits) under float32 attention
 // (widened, or float32 inputs): prefill_tf32.cu's fa_prefill_tf32q_, which
-// expands each tile into shared memory as it reads it. Attention in 16
-// bits: none (the caller dequantizes).
+// expands each tile into shared memory as it reads it; on Hopper at E = 64
+// prefill_tf32_wg.cu's fa_prefill_wgq_. Attention in 16 bits: none (the
+// caller dequantizes).
 std::optional<Launches> quantized_prefill_launches(const Dims& d, int device_index) {
   namespace ts = fa::tf32_shapes;
-  const int smem = ts::smem_bytes(d.E);
-  const std::string kernel = "fa_prefill_tf32q_" + d.dt + "_" + std::to_string(d.E);
-  if (!(d.widen || d.dt == "float32") || (d.quant_bits != 4 && d.quant_bits != 8) ||
-      smem > shared_memory_limit(device_index) || !find_image(kernel, device_index)) {
-    return std::nullopt;
+  namespace ws = fa::wg_shapes;
+  if (!(d.widen || d.dt == "float32") || (d.quant_bits != 4 && d.quant_bits != 8)) return std::nullopt;
+  std::string kernel = "fa_prefill_wgq_" + d.dt + "_" + std::to_string(d.E);
+  int rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
+  if (d.E != ws::kTf32E || !find_image(kernel, device_index)) {
+    kernel = "fa_prefill_tf32q_" + d.dt + "_" + std::to_string(d.E);
+    rows = ts::rows(d.E), threads = ts::threads(d.E), smem = ts::smem_bytes(d.E);
   }
-  const int threads = ts::threads(d.E), tiles = (d.L + ts::rows(d.E) - 1) / ts::rows(d.E);
+  if (smem > shared_memory_limit(device_index) || !find_image(kernel, device_index)) return std::nullopt;
+  const int tiles = (d.L + rows - 1) / rows;
   const std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind_arg | (d.lse ? fa::kLse : 0), d.mask_rs,
                                        d.mask_cs, d.scale_log2, d.quant_bits, d.quant_group_shift()};
   Step attend{kernel, scalars, {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1}, smem};

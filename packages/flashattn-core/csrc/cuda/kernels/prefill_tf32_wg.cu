@@ -31,6 +31,7 @@
 #include "unit.cuh"
 #include "wg_shapes.h"
 #include "pingpong.cuh"
+#include "quant_tiles.cuh"
 #include "wgmma.cuh"
 
 namespace fa {
@@ -78,6 +79,12 @@ __device__ __forceinline__ void split4(const float4& x, float4& hi, float4& lo) 
   lo = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
 }
 
+// Float32 rows of one head from a row on (the plain tiles' source).
+struct F32Rows {
+  const float* p;
+  int64_t sr;
+};
+
 // One thread's part of a ROWS x E tile of Q or K, held in registers between
 // its load from global memory and its split into shared memory. Thread
 // element idx is core-matrix row idx % 8 of core matrix idx / 8 (row-major
@@ -97,6 +104,9 @@ struct RowTile {
     return reinterpret_cast<const float4*>(src + row * stride + ((idx >> 3) % (E / 4)) * 4);
   }
   // Rows first .. first + count - 1 of src (zeros past count).
+  __device__ __forceinline__ void load(const F32Rows& rows, int first, int count, int tid) {
+    load(rows.p, rows.sr, first, count, tid);
+  }
   __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int tid) {
     src += first * stride;
     if (count >= ROWS) {
@@ -131,6 +141,9 @@ struct VTile {
   static_assert(E * kWgBc / 4 % kWgThreads == 0, "tile must divide over the block");
   float x[N][4];
 
+  __device__ __forceinline__ void load(const F32Rows& rows, int first, int count, int tid) {
+    load(rows.p, rows.sr, first, count, tid);
+  }
   __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int tid) {
     src += first * stride;
     const bool full = count >= kWgBc;
@@ -163,13 +176,159 @@ struct VTile {
   }
 };
 
-template <int E>
-__device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, const float* __restrict__ k,
-                                                const float* __restrict__ v, const void* mask_data,
+// The same tiles from MLX's affine-quantized rows (quant_tiles.cuh's
+// QuantHead: T the scales' dtype). A thread holds its part's codes, scales
+// and biases as loaded, and expands them only when it stores the tile (a
+// tile later), so the loads stay in flight meanwhile, as the plain tiles'.
+template <typename T>
+struct QuantRaw {
+  uint32_t w;  // the word that holds the 4 codes (4 bits: in its low or high half)
+  T s, b;
+};
+template <typename T>
+__device__ __forceinline__ QuantRaw<T> load_quant4(const QuantHead<T>& h, int64_t row, int col) {
+  const int64_t gi = row * h.ssr + (col >> h.group_shift);
+  return {__ldg(h.packed + row * h.psr + ((col * h.bits) >> 5)), h.scales[gi], h.biases[gi]};
+}
+// Elements col .. col + 3 (col a multiple of 4) from their raw.
+template <typename T>
+__device__ __forceinline__ float4 expand_quant4(const QuantRaw<T>& r, int col, int bits) {
+  const float s = to_f(r.s), b = to_f(r.b);
+  float x[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t code = bits == 4 ? (r.w >> ((col & 4) * 4 + 4 * j)) & 0xFu : (r.w >> (8 * j)) & 0xFFu;
+    x[j] = fmaf(s, float(code), b);
+  }
+  return make_float4(x[0], x[1], x[2], x[3]);
+}
+
+// RowTile's layout (4 columns of one row a thread element).
+template <int E, int ROWS, bool PAIRED, typename T>
+struct QuantRowTile {
+  using Plain = RowTile<E, ROWS, PAIRED>;
+  static constexpr int N = Plain::N;
+  QuantRaw<T> x[N];
+  int bits;
+  __device__ __forceinline__ static int col_of(int idx) { return ((idx >> 3) % (E / 4)) * 4; }
+  __device__ __forceinline__ void load(const QuantHead<T>& h, int first, int count, int tid) {
+    bits = h.bits;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int idx = tid + i * kWgThreads, r = Plain::row_of(idx);
+      x[i] = r < count ? load_quant4(h, first + r, col_of(idx)) : QuantRaw<T>{0u, T(0.0f), T(0.0f)};
+    }
+  }
+  __device__ __forceinline__ void store(float* hi, float* lo, int tid) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int idx = tid + i * kWgThreads;
+      float4 h, l;
+      split4<false>(expand_quant4(x[i], col_of(idx), bits), h, l);
+      *reinterpret_cast<float4*>(hi + idx * 4) = h;
+      *reinterpret_cast<float4*>(lo + idx * 4) = l;
+    }
+  }
+};
+
+// VTile's layout from quantized rows: a thread element is 4 consecutive
+// keys x 4 consecutive columns (4 words, scales and biases for 16 values),
+// stored as 4 of VTile's (4 keys of one column each).
+template <int E, typename T>
+struct QuantVTile {
+  static constexpr int N = E * kWgBc / 16 / kWgThreads;
+  static_assert(E * kWgBc / 16 % kWgThreads == 0, "tile must divide over the block");
+  QuantRaw<T> x[N][4];
+  int bits;
+  __device__ __forceinline__ void load(const QuantHead<T>& h, int first, int count, int tid) {
+    bits = h.bits;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int idx = tid + i * kWgThreads, col = (idx % (E / 4)) * 4, key = (idx / (E / 4)) * 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        x[i][j] = key + j < count ? load_quant4(h, first + key + j, col) : QuantRaw<T>{0u, T(0.0f), T(0.0f)};
+      }
+    }
+  }
+  __device__ __forceinline__ void store(float* hi, float* lo, int tid, bool masked, bool& bad) const {
+    float big = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int idx = tid + i * kWgThreads, col = (idx % (E / 4)) * 4, kc = idx / (E / 4);
+      float4 keys[4];  // keys[j]: key j's 4 columns
+#pragma unroll
+      for (int j = 0; j < 4; ++j) keys[j] = expand_quant4(x[i][j], col, bits);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int e = col + c, at = ((e >> 3) * (kWgBc / 4) + kc) * 32 + (e & 7) * 4;
+        auto pick = [&](const float4& k) { return c == 0 ? k.x : c == 1 ? k.y : c == 2 ? k.z : k.w; };
+        const float4 v = make_float4(pick(keys[0]), pick(keys[1]), pick(keys[2]), pick(keys[3]));
+        if (masked) bad |= !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w));
+        big = fmaxf(big, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        float4 h, l;
+        split4<true>(v, h, l);
+        *reinterpret_cast<float4*>(hi + at) = h;
+        *reinterpret_cast<float4*>(lo + at) = l;
+      }
+    }
+    bad |= big == INFINITY;
+  }
+};
+
+// Where prefill_tf32_wg reads one block's rows from (head(blk, first):
+// Q's query head, K's and V's KV head from key `first` on): float32 rows
+// (Wg32Rows), or queries of T and MLX's affine-quantized keys and values
+// (WgQuantRows, T the scales' dtype too; lay.k / lay.v the codes' rows in
+// words, ks / vs the scales' rows, the biases' alike).
+struct Wg32Rows {
+  const float *q, *k, *v;
+  Layout lay;
+  template <int E>
+  using KTile = RowTile<E, kWgBc, true>;
+  template <int E>
+  using VTiles = VTile<E>;
+  struct Head {
+    const float* q;
+    int64_t q_sr;
+    F32Rows k, v;
+  };
+  __device__ __forceinline__ Head head(const PrefillBlock& blk, int first) const {
+    return {q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, {k + lay.k.at(blk.b, blk.g, first), lay.k.sr},
+            {v + lay.v.at(blk.b, blk.g, first), lay.v.sr}};
+  }
+};
+template <typename T>
+struct WgQuantRows {
+  const T* q;
+  const uint32_t *k, *v;
+  const T *k_scales, *k_biases, *v_scales, *v_biases;
+  Layout lay;
+  Rows ks, vs;
+  int bits, group_shift;
+  template <int E>
+  using KTile = QuantRowTile<E, kWgBc, true, T>;
+  template <int E>
+  using VTiles = QuantVTile<E, T>;
+  struct Head {
+    const T* q;
+    int64_t q_sr;
+    QuantHead<T> k, v;
+  };
+  __device__ __forceinline__ Head head(const PrefillBlock& blk, int first) const {
+    const int64_t k_at = ks.at(blk.b, blk.g, first), v_at = vs.at(blk.b, blk.g, first);
+    return {q + lay.q.at(blk.b, blk.h, 0), lay.q.sr,
+            {k + lay.k.at(blk.b, blk.g, first), k_scales + k_at, k_biases + k_at, lay.k.sr, ks.sr, bits, group_shift},
+            {v + lay.v.at(blk.b, blk.g, first), v_scales + v_at, v_biases + v_at, lay.v.sr, vs.sr, bits, group_shift}};
+  }
+};
+
+template <int E, class Src>
+__device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask_data,
                                                 const int64_t* __restrict__ mask_base, float* __restrict__ out,
                                                 float* __restrict__ lse,
                                                 int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-                                                int mask_cs, float scale_log2, Layout lay) {
+                                                int mask_cs, float scale_log2) {
   constexpr int NB = kWgBc / 8, NO = E / 8;
   static_assert(E == wg_shapes::kTf32E, "the wgmma products are written for 64 x 64 tiles");
   static_assert(sizeof(WgSmem<E>) == wg_shapes::kTf32SmemBytes, "the planner's shared memory");
@@ -195,8 +354,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   const int c_first = blk.kv_begin / kWgBc * kWgBc;
   S -= c_first;
   const int l0 = blk.l0, kv_end = blk.kv_end - c_first;
-  const float* k_head = k + lay.k.at(blk.b, blk.g, c_first);
-  const float* v_head = v + lay.v.at(blk.b, blk.g, c_first);
+  const typename Src::Head rows = src.head(blk, c_first);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   auto masked = [&](int c0, int first, int rows) { return mask.tile_hides(c0, kWgBc, first, rows, S); };
 
@@ -210,8 +368,8 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
 
   // Tile j, held in registers, into buffer j % 3 once every thread has read
   // tile j - 3 there; then tile j + 1 from global memory into the registers.
-  RowTile<E, kWgBc, true> kt;
-  VTile<E> vt;
+  typename Src::template KTile<E> kt;
+  typename Src::template VTiles<E> vt;
   auto store_tile = [&](int j) {
     const int b = j % kWgBuffers, c = j * kWgBc;
     if (j >= kWgBuffers) mbar_wait(&sm.empty[b], (j / kWgBuffers - 1) & 1);
@@ -223,13 +381,13 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
     fence_proxy_async();
     mbar_arrive(&sm.full[b]);
     if (c + kWgBc < kv_end) {
-      kt.load(k_head, lay.k.sr, c + kWgBc, min(kWgBc, S - c - kWgBc), tid);
-      vt.load(v_head, lay.v.sr, c + kWgBc, min(kWgBc, S - c - kWgBc), tid);
+      kt.load(rows.k, c + kWgBc, min(kWgBc, S - c - kWgBc), tid);
+      vt.load(rows.v, c + kWgBc, min(kWgBc, S - c - kWgBc), tid);
     }
   };
   if (tiles > 0) {
-    kt.load(k_head, lay.k.sr, 0, min(kWgBc, S), tid);
-    vt.load(v_head, lay.v.sr, 0, min(kWgBc, S), tid);
+    kt.load(rows.k, 0, min(kWgBc, S), tid);
+    vt.load(rows.v, 0, min(kWgBc, S), tid);
     store_tile(0);
   }
 
@@ -240,13 +398,12 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
   // tensor rate): rows ra, ra + 8, columns 8 kk + t, + 4, split once.
   uint32_t qh[E / 8][4], ql[E / 8][4];
   {
-    const float* q_rows = q + lay.q.at(blk.b, blk.h, 0);
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = ra + (i & 1) * 8, e = kk * 8 + t + (i >> 1) * 4;
-        split_tf32_query(r < L ? q_rows[int64_t(r) * lay.q.sr + e] : 0.0f, qh[kk][i], ql[kk][i]);
+        split_tf32_query(r < L ? to_f(rows.q[int64_t(r) * rows.q_sr + e]) : 0.0f, qh[kk][i], ql[kk][i]);
       }
     }
   }
@@ -353,10 +510,25 @@ __device__ __forceinline__ void prefill_tf32_wg(const float* __restrict__ q, con
 }  // namespace fa
 
 // fa_prefill_wg_float32_<E>: outputs the attention output and each row's log-sum-exp
-// (written where mask_kind has kLse: mask_bits.h).
+// (written where mask_kind has kLse: mask_bits.h). -DFA_QUANT=1:
+// fa_prefill_wgq_<dtype>_<E>, queries of the unit's dtype and keys and
+// values in MLX's affine format read in place, with prefill_tf32.cu's
+// fa_prefill_tf32q_ arguments.
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
+#if defined(FA_QUANT) && FA_QUANT
+extern "C" __global__ void __launch_bounds__(fa::kWgThreads, 1) FA_CAT5(fa_prefill_wgq_, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const uint32_t* k, const uint32_t* v, const FA_T* k_scales, const FA_T* k_biases,
+    const FA_T* v_scales, const FA_T* v_biases, const void* mask, const int64_t* mask_base, float* out, float* lse,
+    int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, int bits,
+    int group_shift, FA_LAYOUT_PARAMS, int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr) {
+  const fa::WgQuantRows<FA_T> src{q, k, v, k_scales, k_biases, v_scales, v_biases, FA_LAYOUT,
+                                  {ks_sb, ks_sh, ks_sr}, {vs_sb, vs_sh, vs_sr}, bits, group_shift};
+  fa::prefill_tf32_wg<FA_E>(src, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+                            scale_log2);
+}
+#else
 #if FA_DTYPE != 0
 #error "prefill_tf32_wg.cu takes float32"
 #endif
@@ -364,6 +536,7 @@ extern "C" __global__ void __launch_bounds__(fa::kWgThreads, 1) FA_CAT3(fa_prefi
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
     float* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32_wg<FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                            scale_log2, FA_LAYOUT);
+  fa::prefill_tf32_wg<FA_E>(fa::Wg32Rows{q, k, v, FA_LAYOUT}, mask, mask_base, out, lse, H_q, H_kv, L, S,
+                            mask_kind, mask_rs, mask_cs, scale_log2);
 }
+#endif
