@@ -97,21 +97,29 @@ int forced_splits() {
 }
 
 // Quantized keys and values (alike, 4 or 8 bits) under float32 attention
-// (widened, or float32 inputs): prefill_tf32.cu's fa_prefill_tf32q_, which
-// expands each tile into shared memory as it reads it; on Hopper at E = 64
-// prefill_tf32_wg.cu's fa_prefill_wgq_. Attention in 16 bits: none (the
-// caller dequantizes).
+// (widened, or float32 inputs): the float32 kernels' quantized variants,
+// which expand each tile as they read it (kernels/kv_rows.cuh), chosen as
+// the plain ones are: on Hopper at E = 64 prefill_tf32_wg.cu's
+// fa_prefill_wgq_, at E = 96 and 128 where the block fits
+// prefill_tf32_pairs.cu's fa_prefill_pairsq_, else prefill_tf32.cu's
+// fa_prefill_tf32q_. Attention in 16 bits: none (the caller dequantizes).
 std::optional<Launches> quantized_prefill_launches(const Dims& d, int device_index) {
   namespace ts = fa::tf32_shapes;
+  namespace tp = fa::tf32_shapes::pairs;
   namespace ws = fa::wg_shapes;
   if (!(d.widen || d.dt == "float32") || (d.quant_bits != 4 && d.quant_bits != 8)) return std::nullopt;
-  std::string kernel = "fa_prefill_wgq_" + d.dt + "_" + std::to_string(d.E);
-  int rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
-  if (d.E != ws::kTf32E || !find_image(kernel, device_index)) {
-    kernel = "fa_prefill_tf32q_" + d.dt + "_" + std::to_string(d.E);
-    rows = ts::rows(d.E), threads = ts::threads(d.E), smem = ts::smem_bytes(d.E);
+  const std::string suffix = d.dt + "_" + std::to_string(d.E);
+  const int limit = shared_memory_limit(device_index);
+  std::string kernel;
+  int rows = 0, threads = 0, smem = 0;
+  if (d.E == ws::kTf32E && find_image("fa_prefill_wgq_" + suffix, device_index)) {
+    kernel = "fa_prefill_wgq_" + suffix, rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
+  } else if (tp::has(d.E) && tp::smem_bytes(d.E) <= limit && find_image("fa_prefill_pairsq_" + suffix, device_index)) {
+    kernel = "fa_prefill_pairsq_" + suffix, rows = tp::kRows, threads = tp::kThreads, smem = tp::smem_bytes(d.E);
+  } else {
+    kernel = "fa_prefill_tf32q_" + suffix, rows = ts::rows(d.E), threads = ts::threads(d.E), smem = ts::smem_bytes(d.E);
   }
-  if (smem > shared_memory_limit(device_index) || !find_image(kernel, device_index)) return std::nullopt;
+  if (smem > limit || !find_image(kernel, device_index)) return std::nullopt;
   const int tiles = (d.L + rows - 1) / rows;
   const std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, d.kind_arg | (d.lse ? fa::kLse : 0), d.mask_rs,
                                        d.mask_cs, d.scale_log2, d.quant_bits, d.quant_group_shift()};

@@ -7,7 +7,7 @@
 //    fa_decode_mmaq_ (decode_rows.cuh expands each fragment in registers);
 //  - a prefill (L > 8) with float32 attention (dtype=float32 over 16-bit
 //    queries, the patch's default, or float32 inputs): fa_prefill_tf32q_
-//    (quant_tiles.cuh expands each key and value tile into shared memory).
+//    (kv_rows.cuh expands each key and value tile into shared memory).
 // Every other call is dequantized (mx.dequantize, into the queries' dtype
 // or float32) and handed to the ordinary kernels: a transient
 // full-precision copy of the keys and values a layer reads, O(S), never an

@@ -10,9 +10,9 @@
 // V by 8) so the scalar fragment loads below hit 32 different banks. P moves
 // from the accumulator layout to the A-operand layout by quad shuffles.
 
+#include "kv_rows.cuh"
 #include "mma.cuh"
 #include "pv_fma.cuh"
-#include "quant_tiles.cuh"
 #include "tf32_shapes.h"
 #include "unit.cuh"
 
@@ -31,85 +31,6 @@ struct Tf32Smem {
 static_assert(sizeof(Tf32Smem<128>) == tf32_shapes::smem_bytes(128) &&
                   sizeof(Tf32Smem<256>) == tf32_shapes::smem_bytes(256),
               "the planner's shared memory");
-
-// ROWS rows of E floats (row stride LDT) from src's rows first.., zeros past count.
-template <int E, int LDT, int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile32(float* dst, const float* src, int64_t stride, int first, int count,
-                                            int tid) {
-  constexpr int CHUNKS = E / 4;
-  for (int idx = tid; idx < ROWS * CHUNKS; idx += THREADS) {
-    const int r = idx / CHUNKS, c4 = idx % CHUNKS;
-    const bool valid = r < count;
-    cp_async16(dst + r * LDT + c4 * 4, valid ? src + (first + r) * stride + c4 * 4 : src, valid);
-  }
-}
-
-// Where prefill_tf32 reads one block's rows from (head(blk): Q's query head,
-// K's and V's KV head), each tile as ROWS x E floats of row stride LDT:
-// float32 rows, copied by cp.async (Tf32Rows), or 16-bit or float32 queries
-// and MLX's affine-quantized keys and values (Tf32QuantRows: quant_tiles.cuh),
-// read by plain loads. Either way the kernel waits for a tile (cp.async's
-// wait and a barrier) before reading it.
-struct Tf32Rows {
-  const float *q, *k, *v;
-  Layout lay;
-  struct Head {
-    const float *q, *k, *v;
-    int64_t q_sr, k_sr, v_sr;
-    template <int E, int LDT, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_q(float* dst, int first, int count, int tid) const {
-      load_tile32<E, LDT, ROWS, THREADS>(dst, q, q_sr, first, count, tid);
-    }
-    template <int E, int LDT, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_k(float* dst, int first, int count, int tid) const {
-      load_tile32<E, LDT, ROWS, THREADS>(dst, k, k_sr, first, count, tid);
-    }
-    template <int E, int LDT, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_v(float* dst, int first, int count, int tid) const {
-      load_tile32<E, LDT, ROWS, THREADS>(dst, v, v_sr, first, count, tid);
-    }
-  };
-  __device__ __forceinline__ Head head(const PrefillBlock& blk) const {
-    return {q + lay.q.at(blk.b, blk.h, 0), k + lay.k.at(blk.b, blk.g, 0), v + lay.v.at(blk.b, blk.g, 0),
-            lay.q.sr, lay.k.sr, lay.v.sr};
-  }
-};
-
-// T: the queries' dtype, which the scales and biases share. lay.k / lay.v:
-// the packed codes' rows (in words); ks / vs: the scales' rows (in groups;
-// the biases lie alike).
-template <typename T>
-struct Tf32QuantRows {
-  const T* q;
-  const uint32_t *k, *v;
-  const T *k_scales, *k_biases, *v_scales, *v_biases;
-  Layout lay;
-  Rows ks, vs;
-  int bits, group_shift;
-  struct Head {
-    const T* q;
-    int64_t q_sr;
-    QuantHead<T> k, v;
-    template <int E, int LDT, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_q(float* dst, int first, int count, int tid) const {
-      load_rows_f32<T, E, LDT, ROWS, THREADS>(dst, q, q_sr, first, count, tid);
-    }
-    template <int E, int LDT, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_k(float* dst, int first, int count, int tid) const {
-      k.template load_f32<E, LDT, ROWS, THREADS>(dst, first, count, tid);
-    }
-    template <int E, int LDT, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_v(float* dst, int first, int count, int tid) const {
-      v.template load_f32<E, LDT, ROWS, THREADS>(dst, first, count, tid);
-    }
-  };
-  __device__ __forceinline__ Head head(const PrefillBlock& blk) const {
-    const int64_t k_at = ks.at(blk.b, blk.g, 0), v_at = vs.at(blk.b, blk.g, 0);
-    return {q + lay.q.at(blk.b, blk.h, 0), lay.q.sr,
-            {k + lay.k.at(blk.b, blk.g, 0), k_scales + k_at, k_biases + k_at, lay.k.sr, ks.sr, bits, group_shift},
-            {v + lay.v.at(blk.b, blk.g, 0), v_scales + v_at, v_biases + v_at, lay.v.sr, vs.sr, bits, group_shift}};
-  }
-};
 
 template <int E, class Src>
 __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_data,

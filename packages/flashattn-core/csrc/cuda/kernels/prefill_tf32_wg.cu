@@ -31,7 +31,7 @@
 #include "unit.cuh"
 #include "wg_shapes.h"
 #include "pingpong.cuh"
-#include "quant_tiles.cuh"
+#include "kv_rows.cuh"
 #include "wgmma.cuh"
 
 namespace fa {
@@ -78,12 +78,6 @@ __device__ __forceinline__ void split4(const float4& x, float4& hi, float4& lo) 
   hi = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
   lo = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
 }
-
-// Float32 rows of one head from a row on (the plain tiles' source).
-struct F32Rows {
-  const float* p;
-  int64_t sr;
-};
 
 // One thread's part of a ROWS x E tile of Q or K, held in registers between
 // its load from global memory and its split into shared memory. Thread
@@ -176,33 +170,10 @@ struct VTile {
   }
 };
 
-// The same tiles from MLX's affine-quantized rows (quant_tiles.cuh's
+// The same tiles from MLX's affine-quantized rows (kv_rows.cuh's
 // QuantHead: T the scales' dtype). A thread holds its part's codes, scales
 // and biases as loaded, and expands them only when it stores the tile (a
 // tile later), so the loads stay in flight meanwhile, as the plain tiles'.
-template <typename T>
-struct QuantRaw {
-  uint32_t w;  // the word that holds the 4 codes (4 bits: in its low or high half)
-  T s, b;
-};
-template <typename T>
-__device__ __forceinline__ QuantRaw<T> load_quant4(const QuantHead<T>& h, int64_t row, int col) {
-  const int64_t gi = row * h.ssr + (col >> h.group_shift);
-  return {__ldg(h.packed + row * h.psr + ((col * h.bits) >> 5)), h.scales[gi], h.biases[gi]};
-}
-// Elements col .. col + 3 (col a multiple of 4) from their raw.
-template <typename T>
-__device__ __forceinline__ float4 expand_quant4(const QuantRaw<T>& r, int col, int bits) {
-  const float s = to_f(r.s), b = to_f(r.b);
-  float x[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t code = bits == 4 ? (r.w >> ((col & 4) * 4 + 4 * j)) & 0xFu : (r.w >> (8 * j)) & 0xFFu;
-    x[j] = fmaf(s, float(code), b);
-  }
-  return make_float4(x[0], x[1], x[2], x[3]);
-}
-
 // RowTile's layout (4 columns of one row a thread element).
 template <int E, int ROWS, bool PAIRED, typename T>
 struct QuantRowTile {
@@ -276,51 +247,18 @@ struct QuantVTile {
   }
 };
 
-// Where prefill_tf32_wg reads one block's rows from (head(blk, first):
-// Q's query head, K's and V's KV head from key `first` on): float32 rows
-// (Wg32Rows), or queries of T and MLX's affine-quantized keys and values
-// (WgQuantRows, T the scales' dtype too; lay.k / lay.v the codes' rows in
-// words, ks / vs the scales' rows, the biases' alike).
-struct Wg32Rows {
-  const float *q, *k, *v;
-  Layout lay;
-  template <int E>
-  using KTile = RowTile<E, kWgBc, true>;
-  template <int E>
-  using VTiles = VTile<E>;
-  struct Head {
-    const float* q;
-    int64_t q_sr;
-    F32Rows k, v;
-  };
-  __device__ __forceinline__ Head head(const PrefillBlock& blk, int first) const {
-    return {q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, {k + lay.k.at(blk.b, blk.g, first), lay.k.sr},
-            {v + lay.v.at(blk.b, blk.g, first), lay.v.sr}};
-  }
+// The tiles for a head's rows (kv_rows.cuh): float32 or quantized.
+template <int E, class Rows>
+struct WgTiles;
+template <int E>
+struct WgTiles<E, F32Rows> {
+  using K = RowTile<E, kWgBc, true>;
+  using V = VTile<E>;
 };
-template <typename T>
-struct WgQuantRows {
-  const T* q;
-  const uint32_t *k, *v;
-  const T *k_scales, *k_biases, *v_scales, *v_biases;
-  Layout lay;
-  Rows ks, vs;
-  int bits, group_shift;
-  template <int E>
-  using KTile = QuantRowTile<E, kWgBc, true, T>;
-  template <int E>
-  using VTiles = QuantVTile<E, T>;
-  struct Head {
-    const T* q;
-    int64_t q_sr;
-    QuantHead<T> k, v;
-  };
-  __device__ __forceinline__ Head head(const PrefillBlock& blk, int first) const {
-    const int64_t k_at = ks.at(blk.b, blk.g, first), v_at = vs.at(blk.b, blk.g, first);
-    return {q + lay.q.at(blk.b, blk.h, 0), lay.q.sr,
-            {k + lay.k.at(blk.b, blk.g, first), k_scales + k_at, k_biases + k_at, lay.k.sr, ks.sr, bits, group_shift},
-            {v + lay.v.at(blk.b, blk.g, first), v_scales + v_at, v_biases + v_at, lay.v.sr, vs.sr, bits, group_shift}};
-  }
+template <int E, typename T>
+struct WgTiles<E, QuantHead<T>> {
+  using K = QuantRowTile<E, kWgBc, true, T>;
+  using V = QuantVTile<E, T>;
 };
 
 template <int E, class Src>
@@ -368,8 +306,9 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
 
   // Tile j, held in registers, into buffer j % 3 once every thread has read
   // tile j - 3 there; then tile j + 1 from global memory into the registers.
-  typename Src::template KTile<E> kt;
-  typename Src::template VTiles<E> vt;
+  using Tiles = WgTiles<E, decltype(rows.k)>;
+  typename Tiles::K kt;
+  typename Tiles::V vt;
   auto store_tile = [&](int j) {
     const int b = j % kWgBuffers, c = j * kWgBc;
     if (j >= kWgBuffers) mbar_wait(&sm.empty[b], (j / kWgBuffers - 1) & 1);
@@ -523,8 +462,8 @@ extern "C" __global__ void __launch_bounds__(fa::kWgThreads, 1) FA_CAT5(fa_prefi
     const FA_T* v_scales, const FA_T* v_biases, const void* mask, const int64_t* mask_base, float* out, float* lse,
     int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, int bits,
     int group_shift, FA_LAYOUT_PARAMS, int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr) {
-  const fa::WgQuantRows<FA_T> src{q, k, v, k_scales, k_biases, v_scales, v_biases, FA_LAYOUT,
-                                  {ks_sb, ks_sh, ks_sr}, {vs_sb, vs_sh, vs_sr}, bits, group_shift};
+  const fa::Tf32QuantRows<FA_T> src{q, k, v, k_scales, k_biases, v_scales, v_biases, FA_LAYOUT,
+                                    {ks_sb, ks_sh, ks_sr}, {vs_sb, vs_sh, vs_sr}, bits, group_shift};
   fa::prefill_tf32_wg<FA_E>(src, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
                             scale_log2);
 }
@@ -536,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(fa::kWgThreads, 1) FA_CAT3(fa_prefi
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base,
     float* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32_wg<FA_E>(fa::Wg32Rows{q, k, v, FA_LAYOUT}, mask, mask_base, out, lse, H_q, H_kv, L, S,
+  fa::prefill_tf32_wg<FA_E>(fa::Tf32Rows{q, k, v, FA_LAYOUT}, mask, mask_base, out, lse, H_q, H_kv, L, S,
                             mask_kind, mask_rs, mask_cs, scale_log2);
 }
 #endif
