@@ -98,14 +98,14 @@ int forced_splits() {
 
 // Quantized keys and values (alike, 4 or 8 bits) under float32 attention
 // (widened, or float32 inputs): the float32 kernels' quantized variants,
-// which expand each tile as they read it (kernels/kv_rows.cuh), chosen as
-// the plain ones are: on Hopper at E = 64 prefill_tf32_wg.cu's
-// fa_prefill_wgq_, at E = 96 and 128 where the block fits
-// prefill_tf32_pairs.cu's fa_prefill_pairsq_, else prefill_tf32.cu's
-// fa_prefill_tf32q_. Attention in 16 bits: none (the caller dequantizes).
+// which expand each tile as they read it (kernels/kv_rows.cuh): on Hopper
+// at E = 64 prefill_tf32_wg.cu's fa_prefill_wgq_, else prefill_tf32.cu's
+// fa_prefill_tf32q_. (prefill_tf32_pairs.cu's loads wait for their tile:
+// over quantized rows it took 18.6 ms for an hd128 8K prefill on an H100,
+// fa_prefill_tf32q_ 12.9, the plain pairs kernel 9.3.) Attention in 16
+// bits: none (the caller dequantizes).
 std::optional<Launches> quantized_prefill_launches(const Dims& d, int device_index) {
   namespace ts = fa::tf32_shapes;
-  namespace tp = fa::tf32_shapes::pairs;
   namespace ws = fa::wg_shapes;
   if (!(d.widen || d.dt == "float32") || (d.quant_bits != 4 && d.quant_bits != 8)) return std::nullopt;
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
@@ -114,8 +114,6 @@ std::optional<Launches> quantized_prefill_launches(const Dims& d, int device_ind
   int rows = 0, threads = 0, smem = 0;
   if (d.E == ws::kTf32E && find_image("fa_prefill_wgq_" + suffix, device_index)) {
     kernel = "fa_prefill_wgq_" + suffix, rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
-  } else if (tp::has(d.E) && tp::smem_bytes(d.E) <= limit && find_image("fa_prefill_pairsq_" + suffix, device_index)) {
-    kernel = "fa_prefill_pairsq_" + suffix, rows = tp::kRows, threads = tp::kThreads, smem = tp::smem_bytes(d.E);
   } else {
     kernel = "fa_prefill_tf32q_" + suffix, rows = ts::rows(d.E), threads = ts::threads(d.E), smem = ts::smem_bytes(d.E);
   }

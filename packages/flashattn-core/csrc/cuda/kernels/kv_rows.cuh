@@ -14,16 +14,10 @@
 
 namespace fa {
 
-// One head's float32 rows: elements col .. col + 3 of a row (col a multiple
-// of 4, the row 16-byte aligned), and element col; through the read-only
-// path (the kernels never write them).
+// One head's float32 rows.
 struct F32Rows {
   const float* p;
   int64_t sr;
-  __device__ __forceinline__ float4 row4(int64_t row, int col) const {
-    return __ldg(reinterpret_cast<const float4*>(p + row * sr + col));
-  }
-  __device__ __forceinline__ float at(int64_t row, int col) const { return __ldg(p + row * sr + col); }
 };
 
 // One KV head's quantized rows; S: the scales' and biases' dtype.
@@ -34,15 +28,6 @@ struct QuantHead {
   const S* biases;
   int psr, ssr;  // row strides: words, groups
   int bits, group_shift;
-
-  // Elements col .. col + 3 of a row (col a multiple of 4), and element col.
-  __device__ __forceinline__ float4 row4(int64_t row, int col) const;
-  __device__ __forceinline__ float at(int64_t row, int col) const {
-    const uint32_t w = __ldg(packed + row * psr + ((col * bits) >> 5));
-    const int64_t gi = row * ssr + (col >> group_shift);
-    const uint32_t code = (w >> ((col * bits) & 31)) & ((1u << bits) - 1u);
-    return fmaf(to_f(scales[gi]), float(code), to_f(biases[gi]));
-  }
 
   // Rows first.. of the head as ROWS x E floats at dst (row stride LDT, in
   // floats, a multiple of 4), rows past count zeros. THREADS threads call
@@ -130,11 +115,6 @@ __device__ __forceinline__ void load_rows_f32(float* dst, const T* src, int64_t 
     const int r = idx / E, e = idx % E;
     dst[r * LDT + e] = r < count ? to_f(src[(first + r) * stride + e]) : 0.0f;
   }
-}
-
-template <typename S>
-__device__ __forceinline__ float4 QuantHead<S>::row4(int64_t row, int col) const {
-  return expand_quant4(load_quant4(*this, row, col), col, bits);
 }
 
 // ROWS rows of E floats (row stride LDT) from src's rows first.., zeros past count.

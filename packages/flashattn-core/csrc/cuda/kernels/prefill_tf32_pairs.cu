@@ -24,7 +24,6 @@
 // against 8.97 ms at hd128 causal 8K on an H100, prefill-pairs-probe.cu, and
 // cost 64 registers and a spill.)
 
-#include "kv_rows.cuh"
 #include "mma.cuh"
 #include "pv_fma.cuh"
 #include "tf32_shapes.h"
@@ -98,13 +97,13 @@ struct KPairs {
   __device__ __forceinline__ static int col(int i, int w, int lane) {
     return (int(unit(i, w, lane) % kUnitsARow) * 4 + (lane & 3)) * 4;
   }
-  // Keys first.. of the head's rows (kv_rows.cuh), zeros from count on.
-  template <class Rows>
-  __device__ __forceinline__ void load(const Rows& src, int first, int count, int w, int lane) {
+  // Keys first.. of src (row stride `stride`), zeros from count on.
+  __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int w, int lane) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int r = row(i, w, lane);
-      const float4 v = r < count ? src.row4(first + r, col(i, w, lane)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 v = r < count ? *reinterpret_cast<const float4*>(src + (first + r) * stride + col(i, w, lane))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
     }
   }
@@ -134,14 +133,13 @@ struct VPairs {
   __device__ __forceinline__ static int quad(int i, int w, int lane) {
     return int(unsigned(i * 8 + w) / (E / 8)) * 4 + ((lane >> 1) & 3);
   }
-  template <class Rows>
-  __device__ __forceinline__ void load(const Rows& src, int first, int count, int w, int lane) {
+  __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int w, int lane) {
     const bool full = count >= tp::kKeys;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int e = col(i, w, lane), c = quad(i, w, lane) * 4;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) x[i][j] = full || c + j < count ? src.at(first + c + j, e) : 0.0f;
+      for (int j = 0; j < 4; ++j) x[i][j] = full || c + j < count ? src[(first + c + j) * stride + e] : 0.0f;
     }
   }
   // bad: set when a value is +-inf, or not finite in a tile with hidden
@@ -162,11 +160,13 @@ struct VPairs {
   }
 };
 
-template <int E, class Src>
-__device__ __forceinline__ void prefill_tf32_pairs(const Src& src, const void* mask_data,
+template <int E>
+__device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, const float* __restrict__ k,
+                                                   const float* __restrict__ v, const void* mask_data,
                                                    const int64_t* __restrict__ mask_base, float* __restrict__ out,
                                                    float* __restrict__ lse, int H_q, int H_kv, int L, int S,
-                                                   int mask_kind, int mask_rs, int mask_cs, float scale_log2) {
+                                                   int mask_kind, int mask_rs, int mask_cs, float scale_log2,
+                                                   Layout lay) {
   constexpr int BR = tp::kRows, BC = tp::kKeys, NB = BC / 8, NO = E / 8;
   using Smem = PairsSmem<E>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -175,11 +175,20 @@ __device__ __forceinline__ void prefill_tf32_pairs(const Src& src, const void* m
   const PrefillBlock blk(BR, H_q, H_kv, L, S, mask_kind, mask_cs);
   const int64_t n = blk.n;
   const int l0 = blk.l0;
-  const typename Src::Head rows = src.head(blk);
+  const float* k_head = k + lay.k.at(blk.b, blk.g, 0);
+  const float* v_head = v + lay.v.at(blk.b, blk.g, 0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
 
-  rows.template load_q<E, Smem::LDQ, BR, tp::kThreads>(sm.q, l0, min(BR, L - l0), tid);
-  cp_async_commit();
+  {
+    const float* q_rows = q + lay.q.at(blk.b, blk.h, 0);
+    const int count = min(BR, L - l0);
+    for (int idx = tid; idx < BR * E / 4; idx += tp::kThreads) {
+      const int r = idx / (E / 4), c4 = idx % (E / 4);
+      const bool valid = r < count;
+      cp_async16(sm.q + r * Smem::LDQ + c4 * 4, valid ? q_rows + int64_t(l0 + r) * lay.q.sr + c4 * 4 : q_rows, valid);
+    }
+    cp_async_commit();
+  }
 
   const int c_begin = blk.kv_begin / BC * BC;
   const int tiles = c_begin < blk.kv_end ? (blk.kv_end - c_begin + BC - 1) / BC : 0;
@@ -187,8 +196,8 @@ __device__ __forceinline__ void prefill_tf32_pairs(const Src& src, const void* m
   VPairs<E> vt;
   auto load = [&](int c0) {
     const int count = min(BC, S - c0);
-    kt.load(rows.k, c0, count, w, lane);
-    vt.load(rows.v, c0, count, w, lane);
+    kt.load(k_head, lay.k.sr, c0, count, w, lane);
+    vt.load(v_head, lay.v.sr, c0, count, w, lane);
   };
   auto store = [&](int c0) {
     bool bad = false;
@@ -266,34 +275,15 @@ __device__ __forceinline__ void prefill_tf32_pairs(const Src& src, const void* m
 }  // namespace fa
 
 // fa_prefill_pairs_float32_<E>: outputs the attention output and each row's
-// log-sum-exp (written where mask_kind has kLse: mask_bits.h). -DFA_QUANT=1:
-// fa_prefill_pairsq_<dtype>_<E>, queries of the unit's dtype and keys and
-// values in MLX's affine format read in place, with prefill_tf32.cu's
-// fa_prefill_tf32q_ arguments.
-#if !(FA_E == 80 || FA_E == 96 || FA_E == 128)
-#error "prefill_tf32_pairs.cu takes E = 80, 96 or 128"
-#endif
-#if defined(FA_QUANT) && FA_QUANT
-extern "C" __global__ void __launch_bounds__(fa::tf32_shapes::pairs::kThreads, 1) FA_CAT5(fa_prefill_pairsq_, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const uint32_t* k, const uint32_t* v, const FA_T* k_scales, const FA_T* k_biases,
-    const FA_T* v_scales, const FA_T* v_biases, const void* mask, const int64_t* mask_base, float* out, float* lse,
-    int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, int bits,
-    int group_shift, FA_LAYOUT_PARAMS, int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr) {
-  const fa::Tf32QuantRows<FA_T> src{q, k, v, k_scales, k_biases, v_scales, v_biases, FA_LAYOUT,
-                                    {ks_sb, ks_sh, ks_sr}, {vs_sb, vs_sh, vs_sr}, bits, group_shift};
-  fa::prefill_tf32_pairs<FA_E>(src, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                               scale_log2);
-}
-#else
-#if FA_DTYPE != 0
-#error "prefill_tf32_pairs.cu takes float32"
+// log-sum-exp (written where mask_kind has kLse: mask_bits.h).
+#if FA_DTYPE != 0 || !(FA_E == 80 || FA_E == 96 || FA_E == 128)
+#error "prefill_tf32_pairs.cu takes float32 at E = 80, 96 or 128"
 #endif
 extern "C" __global__ void __launch_bounds__(fa::tf32_shapes::pairs::kThreads, 1)
     FA_CAT3(fa_prefill_pairs_float32_, FA_E, )(const float* q, const float* k, const float* v, const void* mask,
                                                const int64_t* mask_base, float* out, float* lse, int H_q, int H_kv,
                                                int L, int S, int mask_kind, int mask_rs, int mask_cs,
                                                float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32_pairs<FA_E>(fa::Tf32Rows{q, k, v, FA_LAYOUT}, mask, mask_base, out, lse, H_q, H_kv, L, S,
-                               mask_kind, mask_rs, mask_cs, scale_log2);
+  fa::prefill_tf32_pairs<FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
+                               scale_log2, FA_LAYOUT);
 }
-#endif
