@@ -3,9 +3,10 @@ mlx-lm's QuantizedKVCache holds them) read in place by the 16-bit
 tensor-core decode, against float64 attention on their float64
 dequantization, over a covering matrix of head layouts, query rows, cache
 lengths (one block, key splits merged in the launch), head dims, bits, group
-sizes, dtypes, masks, batch and memory layouts; the calls it does not take
-(float32 attention, more rows than a block holds) still exact; no
-full-precision copy of the cache."""
+sizes, dtypes, masks, batch and memory layouts; float32 attention over it
+(the patch's default) read in place by the float32 tensor-core decode, over
+the same matrix; the calls neither takes (more rows than a block holds)
+still exact; no full-precision copy of the cache."""
 
 import math
 
@@ -124,9 +125,64 @@ def test_reads_the_cache_in_place():
     assert extra < 2**20, f"{extra / 2**20:.1f} MiB beyond the inputs"
 
 
-@pytest.mark.parametrize("L, heads, dtype", [(1, (14, 2), "float32"), (3, (16, 1), "bfloat16")])
+FLOAT32_MATRIX = [
+    row
+    for row in pairwise(
+        {
+            # a block's 8 rows: (14, 2) 7, (32, 8) 4, (8, 1) 8 at L = 1, (4, 4) 2 at L = 2
+            "heads": [(14, 2), (32, 8), (8, 1), (4, 4)],
+            "S": [1, 31, 100, 1024, 1025, 5000, 32768],
+            "E": [64, 128],
+            "bits": [4, 8],
+            "group_size": [32, 64, 128],
+            "dtype": ["bfloat16", "float16", "float32"],
+            "mask": ["none", "causal"],
+            "batch": [(), (1,), (3,)],
+            "layout": ["contiguous", "kv_cache", "odd_queries"],
+        },
+        accept=lambda r: math.prod(r["batch"]) * r["heads"][1] * r["S"] * r["E"] <= 20_000_000,
+        candidates=300,
+    )
+]
+for r in FLOAT32_MATRIX:
+    r["L"] = 2 if r["heads"] == (4, 4) else 1
+    r["group_size"] = max(g for g in (32, 64, 128) if g <= r["group_size"] and r["E"] % g == 0)
+
+
+@pytest.mark.parametrize("r", FLOAT32_MATRIX, ids=map(row_id, FLOAT32_MATRIX))
+def test_float32_attention_matches_float64(r):
+    # dtype=float32 (the patch's default) over a quantized cache: the float32
+    # tensor-core decode reads it in place, its float32 output within float32's
+    # tolerance of float64 on the dequantized cache.
+    q, kq, vq = quantized_decode_case(r["batch"], r["heads"], r["L"], r["S"], r["E"], r["bits"], r["group_size"],
+                                      r["dtype"], r["layout"])
+    mask = "causal" if r["mask"] == "causal" and r["L"] == 1 else None
+    out = flash_attention(q, kq, vq, mask=mask, dtype=mx.float32, stream=mx.gpu)
+    assert out.shape == q.shape and out.dtype == mx.float32
+    ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]))
+    assert relative_error(out, ref) <= TOLERANCE["float32"]
+
+
+def test_float32_attention_reads_the_cache_in_place():
+    # A float32 copy of K and V at S = 32768 (2 KV heads, E = 64) is 32 MiB.
+    q, kq, vq = quantized_decode_case((1,), (14, 2), 1, 32768, 64, 4, 64, "bfloat16", "kv_cache", seed=7)
+    mx.eval(q, kq, vq)
+    out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu)
+    mx.eval(out)
+    del out
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu)
+    mx.eval(out)
+    extra = mx.get_peak_memory() - before
+    assert extra < 2**20, f"{extra / 2**20:.1f} MiB beyond the inputs"
+
+
+@pytest.mark.parametrize("L, heads, dtype", [(2, (16, 1), "float32"), (3, (16, 1), "bfloat16")])
 def test_calls_the_kernel_does_not_take_stay_exact(L, heads, dtype):
-    # float32 attention and 48 rows a KV head: dequantized for the ordinary kernels.
+    # 32 rows a KV head with float32 attention, 48 in bfloat16: more than a
+    # block holds, dequantized for the ordinary kernels.
     q, kq, vq = quantized_decode_case((1,), heads, L, 4000, 64, 4, 64, "bfloat16", "kv_cache", seed=6)
     wide = dtype == "float32"
     out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32 if wide else None, stream=mx.gpu)

@@ -29,10 +29,11 @@
 //       inputs
 //   quantized keys and values (MLX's affine format, 4 or 8 bits, K and V
 //       alike, scales and biases in the queries' dtype): read in place by
-//       the 16-bit tensor-core decode's fa_decode_mmaq_ where it takes the
-//       call (no sinks, attention in the queries' dtype), and with float32
-//       attention for L > 8 by the 3xTF32 prefill's fa_prefill_tf32q_;
-//       otherwise nothing here (quantized.cpp dequantizes)
+//       the tensor-core decodes where they take the call (no sinks):
+//       attention in the queries' 16-bit dtype fa_decode_mmaq_, float32
+//       attention fa_decode_tf32q_; and with float32 attention for L > 8 by
+//       the 3xTF32 prefills' quantized variants; otherwise nothing here
+//       (quantized.cpp dequantizes)
 //
 // Each family plans its own launches (plan_decode.cpp, plan_prefill.cpp,
 // plan_generic.cpp); here the call takes the first that accepts it, with

@@ -80,12 +80,14 @@ std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
       (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1 && (d.window() == 0 || d.window() >= d.S));
   if (!hides_none || (d.E != 64 && d.E != 128)) return "";
-  // Quantized rows read in place: the 16-bit kernel's fa_decode_mmaq_
-  // (attention in the queries' 16-bit dtype, no sinks).
+  // Quantized rows read in place (no sinks): the 16-bit kernel's
+  // fa_decode_mmaq_ for attention in the queries' 16-bit dtype, the float32
+  // one's fa_decode_tf32q_ for float32 attention (widened, or float32
+  // inputs).
   if (d.quantized()) {
-    const bool takes = d.dt != "float32" && !d.widen && !d.sinks() && rows_per_group <= kMmaDecodeRows &&
-        (d.quant_bits == 4 || d.quant_bits == 8);
-    return takes ? "fa_decode_mmaq_" : "";
+    if (d.sinks() || (d.quant_bits != 4 && d.quant_bits != 8)) return "";
+    if (d.dt == "float32" || d.widen) return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32q_" : "";
+    return rows_per_group <= kMmaDecodeRows ? "fa_decode_mmaq_" : "";
   }
   const std::string sinks = d.sinks() ? "sinks_" : "";
   if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" + sinks : "";
@@ -116,7 +118,7 @@ std::optional<Launches> decode_launches(const Dims& d, int& splits) {
     return std::nullopt;
   }
   const int64_t groups = d.batch * d.H_kv;
-  const bool tf32 = mma && d.dt == "float32";
+  const bool tf32 = tensor_core.rfind("fa_decode_tf32", 0) == 0;
   const SplitRule rule = tf32 ? kTf32Splits : mma ? mma_splits(d.E) : kScalarSplits;
   const bool fused = d.S > rule.one_split_max_keys;
   splits = static_cast<int>(std::clamp<int64_t>((rule.target_blocks + groups - 1) / groups, 1,

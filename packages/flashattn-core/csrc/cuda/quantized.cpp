@@ -1,13 +1,15 @@
-// Quantized keys and values on MLX's CUDA backend. Two kernels read the
+// Quantized keys and values on MLX's CUDA backend. These kernels read the
 // packed rows in place (K and V quantized alike with 4 or 8 bits, scales
 // and biases in the queries' dtype):
-//  - a decode that the 16-bit tensor-core decode takes (no mask or causal
-//    with one query position, E = 64 or 128, at most 16 query rows a KV
-//    head, attention in the queries' 16-bit dtype, no sinks):
-//    fa_decode_mmaq_ (decode_rows.cuh expands each fragment in registers);
+//  - a decode that a tensor-core decode takes (no mask or causal with one
+//    query position, E = 64 or 128, no sinks): attention in the queries'
+//    16-bit dtype, at most 16 query rows a KV head, fa_decode_mmaq_
+//    (decode_rows.cuh expands each fragment in registers); float32
+//    attention, at most 8, fa_decode_tf32q_ (decode_tf32.cu, likewise);
 //  - a prefill (L > 8) with float32 attention (dtype=float32 over 16-bit
-//    queries, the patch's default, or float32 inputs): fa_prefill_tf32q_
-//    (kv_rows.cuh expands each key and value tile into shared memory).
+//    queries, the patch's default, or float32 inputs): fa_prefill_wgq_ on
+//    Hopper at E = 64, else fa_prefill_tf32q_ (kv_rows.cuh expands each key
+//    and value tile as it is stored to shared memory).
 // Every other call is dequantized (mx.dequantize, into the queries' dtype
 // or float32) and handed to the ordinary kernels: a transient
 // full-precision copy of the keys and values a layer reads, O(S), never an

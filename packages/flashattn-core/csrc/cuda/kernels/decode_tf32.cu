@@ -36,9 +36,12 @@
 // zeros and are masked (P = 0 multiplies only zeros). The warps' (m, l, o)
 // are combined through shared memory (decode_combine.cuh).
 
+#include <type_traits>
+
 #include "decode_combine.cuh"
 #include "decode_shapes.h"
 #include "decode_walk.cuh"
+#include "kv_rows.cuh"
 #include "mma.cuh"
 #include "unit.cuh"
 
@@ -63,6 +66,38 @@ struct Tf32DecodeColumn {
 __device__ __forceinline__ float4 load4(const float* p, bool valid) {
   return valid ? *reinterpret_cast<const float4*>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
+
+// Where the decode reads a KV head's rows from, 4 elements (col a multiple
+// of 4) at a time: float32 rows, or MLX's affine-quantized rows
+// (kv_rows.cuh), whose raw words, scales and biases a warp holds from a
+// pass's loads until it expands each where it is used. No L2 prefetch of
+// quantized rows ahead (ChunkWalk asks for rows of floats).
+struct F32DecodeRows {
+  using Raw = float4;
+  static constexpr bool kPrefetch = true;
+  const float* head;
+  int64_t sr;
+  __device__ __forceinline__ Raw load(int key, int col, bool valid) const { return load4(head + key * sr + col, valid); }
+  __device__ __forceinline__ float4 expand(const Raw& r, int) const { return r; }
+};
+__device__ __forceinline__ const float* prefetch_head(const F32DecodeRows& r) { return r.head; }
+__device__ __forceinline__ int64_t prefetch_stride(const F32DecodeRows& r) { return r.sr; }
+template <typename T>
+struct QuantDecodeRows;
+template <typename T>
+__device__ __forceinline__ const float* prefetch_head(const QuantDecodeRows<T>&) { return nullptr; }
+template <typename T>
+__device__ __forceinline__ int64_t prefetch_stride(const QuantDecodeRows<T>&) { return 0; }
+template <typename T>
+struct QuantDecodeRows {
+  using Raw = QuantRaw<T>;
+  static constexpr bool kPrefetch = false;
+  QuantHead<T> h;
+  __device__ __forceinline__ Raw load(int key, int col, bool valid) const {
+    return valid ? load_quant4(h, key, col) : Raw{0u, T(0.0f), T(0.0f)};
+  }
+  __device__ __forceinline__ float4 expand(const Raw& r, int col) const { return expand_quant4(r, col, h.bits); }
+};
 
 __device__ __forceinline__ float lane_of(const float4& x, int i) {
   return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
@@ -141,15 +176,17 @@ __device__ __forceinline__ void softmax_row(float (&s)[NT][2], float (&o)[NO][2]
 }
 
 // W warps; each warp loads U chunks at once (a pass), then computes them.
-template <int E, int W = decode_shapes::tf32_warps(E), int U = decode_shapes::tf32_chunks_in_flight(E),
-          int kMergeBatch = decode_shapes::tf32_merge_batch(E)>
-__device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const float* __restrict__ k,
-                                            const float* __restrict__ v, float* __restrict__ out,
+// Tq: the queries' dtype (float32, or a quantized cache's 16-bit one).
+template <int E, typename Tq, class KV, int W = decode_shapes::tf32_warps(E),
+          int U = decode_shapes::tf32_chunks_in_flight(E), int kMergeBatch = decode_shapes::tf32_merge_batch(E)>
+__device__ __forceinline__ void decode_tf32(const Tq* __restrict__ q, const KV& k_rows, const KV& v_rows,
+                                            float* __restrict__ out,
                                             float* __restrict__ o_part, float* __restrict__ ml_part, bool fused,
                                             unsigned long long tag, int H_q, int H_kv, int L, int S,
                                             int keys_per_split, float scale_log2, Layout lay,
                                             const float* __restrict__ sinks = nullptr) {
   static_assert(E == 64 || E == 128, "the float32 tensor-core decode takes E = 64 or 128");
+  constexpr bool kPrefetch = KV::kPrefetch;
   constexpr int KC = 1024 / E;  // keys per chunk: what the registers hold
   constexpr int NT = KC / 8, QB = E / 16, VB = E / 32, NO = 4 * VB;
   __shared__ Tf32DecodeSmem<E, W> sm;
@@ -157,24 +194,29 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
   const int ratio = H_q / H_kv, R = ratio * L;  // R <= 8 (the dispatch's condition)
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const float* k_head = k + lay.k.at(b, kvh, 0);
-  const float* v_head = v + lay.v.at(b, kvh, 0);
-  const int64_t ks = lay.k.sr, vs = lay.v.sr;
   const int c_begin = split * keys_per_split;
   const int c_end = min(S, c_begin + keys_per_split);
   const int key_g = (g >> 1) + 4 * (g & 1);  // the key of column g of an 8-key tile
 
-  const ChunkWalk<float, E, W, U, KC, kTf32Ahead> walk{k_head, v_head, ks, vs, c_begin, c_end, w, lane};
-  walk.prefetch_start();
+  const ChunkWalk<float, E, W, U, KC, kTf32Ahead> walk{
+      prefetch_head(k_rows), prefetch_head(v_rows), prefetch_stride(k_rows), prefetch_stride(v_rows), c_begin, c_end,
+      w, lane};
+  if constexpr (kPrefetch) walk.prefetch_start();
 
   // Row g's query fragments, split once: slot t of k-step (qb, j) is
   // element 2j of the float4 at dim 16 qb + 4t, slot t + 4 element 2j + 1.
   SplitPair qf[QB][2];
   {
-    const float* q_row = q + lay.q.at(b, kvh * ratio + g / L, g % L);
+    const Tq* q_row = q + lay.q.at(b, kvh * ratio + g / L, g % L);
 #pragma unroll
     for (int qb = 0; qb < QB; ++qb) {
-      const float4 x = load4(q_row + 16 * qb + 4 * t, g < R);
+      float4 x;
+      if constexpr (std::is_same<Tq, float>::value) {
+        x = load4(q_row + 16 * qb + 4 * t, g < R);
+      } else {  // read once a block: element by element, so no alignment is asked
+        const Tq* p = q_row + 16 * qb + 4 * t;
+        x = g < R ? make_float4(to_f(p[0]), to_f(p[1]), to_f(p[2]), to_f(p[3])) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         split_tf32_query(lane_of(x, 2 * j), qf[qb][j].hi0, qf[qb][j].lo0);
@@ -186,8 +228,8 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
   float o[NO][2] = {};  // tile 4 vb + i: dims 32 vb + 4 n + i (n: the fragment's column)
   float m_i = FA_NEG_INF, l_i = 0.0f;
   for (int base = c_begin; base < c_end; base += walk.PASS) {
-    walk.prefetch_ahead(base);
-    float4 kf[U][NT][QB], vf[U][NT][2][VB];
+    if constexpr (kPrefetch) walk.prefetch_ahead(base);
+    typename KV::Raw kf[U][NT][QB], vf[U][NT][2][VB];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c0 = walk.chunk_at(base, u);
@@ -195,13 +237,13 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
       for (int nt = 0; nt < NT; ++nt) {
         const int key = c0 + 8 * nt + key_g;
 #pragma unroll
-        for (int qb = 0; qb < QB; ++qb) kf[u][nt][qb] = load4(k_head + key * ks + 16 * qb + 4 * t, key < c_end);
+        for (int qb = 0; qb < QB; ++qb) kf[u][nt][qb] = k_rows.load(key, 16 * qb + 4 * t, key < c_end);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int vkey = c0 + 8 * nt + t + 4 * h;
 #pragma unroll
           for (int vb = 0; vb < VB; ++vb)
-            vf[u][nt][h][vb] = load4(v_head + vkey * vs + 32 * vb + 4 * g, vkey < c_end);
+            vf[u][nt][h][vb] = v_rows.load(vkey, 32 * vb + 4 * g, vkey < c_end);
         }
       }
     }
@@ -217,10 +259,11 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int qb = 0; qb < QB; ++qb)
+        for (int qb = 0; qb < QB; ++qb) {
+          const float4 kx = k_rows.expand(kf[u][nt][qb], 16 * qb + 4 * t);
 #pragma unroll
-          for (int j = 0; j < 2; ++j)
-            mma_3xtf32(sc[nt], qf[qb][j], lane_of(kf[u][nt][qb], 2 * j), lane_of(kf[u][nt][qb], 2 * j + 1));
+          for (int j = 0; j < 2; ++j) mma_3xtf32(sc[nt], qf[qb][j], lane_of(kx, 2 * j), lane_of(kx, 2 * j + 1));
+        }
       // Rows at or past R have zero queries and are never stored.
       softmax_row(sc, o, m_i, l_i, c0, c_end, scale_log2, t);
 
@@ -231,10 +274,12 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
         split_tf32_query(sc[nt][0], p.hi0, p.lo0);  // P[g][key t]
         split_tf32_query(sc[nt][1], p.hi1, p.lo1);  // P[g][key t + 4]
 #pragma unroll
-        for (int vb = 0; vb < VB; ++vb)
+        for (int vb = 0; vb < VB; ++vb) {
+          const float4 v0 = v_rows.expand(vf[u][nt][0][vb], 32 * vb + 4 * g);
+          const float4 v1 = v_rows.expand(vf[u][nt][1][vb], 32 * vb + 4 * g);
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            mma_3xtf32(o[4 * vb + i], p, lane_of(vf[u][nt][0][vb], i), lane_of(vf[u][nt][1][vb], i));
+          for (int i = 0; i < 4; ++i) mma_3xtf32(o[4 * vb + i], p, lane_of(v0, i), lane_of(v1, i));
+        }
       }
     }
   }
@@ -268,14 +313,45 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 // reaches here), then the output (the fused kernel's scratch past it:
 // fused_scratch in decode_combine.cuh), then scalars. -DFA_SINKS=1:
 // fa_decode_tf32_sinks_*, which take the sinks (one a query head) as a
-// fourth input.
+// fourth input. -DFA_QUANT=1: fa_decode_tf32q_<dtype>_<E> (and _fused_),
+// queries of the unit's dtype and keys and values in MLX's affine format
+// read in place, with decode_mma.cu's fa_decode_mmaq_ arguments; a float32
+// output.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
+#define FA_DECODE_TF32_THREADS (32 * fa::decode_shapes::tf32_warps(FA_E))
+#if defined(FA_QUANT) && FA_QUANT
+#if defined(FA_SINKS) && FA_SINKS
+#error "the quantized decode takes no sinks"
+#endif
+#define FA_TF32_Q FA_T
+#define FA_TF32_FAMILY FA_CAT3(fa_decode_tf32q_, , )
+#define FA_TF32_NAME FA_TNAME
+#define FA_SINKS_PARAM
+#define FA_SINKS_ARG nullptr
+#define FA_KV_PARAMS                                                                                        \
+  const uint32_t *k, const uint32_t *v, const FA_T *k_scales, const FA_T *k_biases, const FA_T *v_scales, \
+      const FA_T *v_biases
+#define FA_QUANT_SCALARS int bits, int group_shift,
+#define FA_QUANT_LAYOUT , int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr
+// This block's KV head's rows (the biases lie as the scales).
+#define FA_KV_ROWS                                                                                           \
+  using Rows = fa::QuantDecodeRows<FA_T>;                                                                    \
+  const int64_t b = blockIdx.z;                                                                              \
+  const int kvh = blockIdx.y;                                                                                \
+  const int64_t ks_at = fa::Rows{ks_sb, ks_sh, ks_sr}.at(b, kvh, 0);                                         \
+  const int64_t vs_at = fa::Rows{vs_sb, vs_sh, vs_sr}.at(b, kvh, 0);                                         \
+  const Rows k_rows{{k + fa::Rows{k_sb, k_sh, k_sr}.at(b, kvh, 0), k_scales + ks_at, k_biases + ks_at, k_sr,  \
+                     ks_sr, bits, group_shift}};                                                             \
+  const Rows v_rows{{v + fa::Rows{v_sb, v_sh, v_sr}.at(b, kvh, 0), v_scales + vs_at, v_biases + vs_at, v_sr,  \
+                     vs_sr, bits, group_shift}};
+#else
 #if FA_DTYPE != 0
 #error "decode_tf32.cu takes float32"
 #endif
-#define FA_DECODE_TF32_THREADS (32 * fa::decode_shapes::tf32_warps(FA_E))
+#define FA_TF32_Q float
+#define FA_TF32_NAME float32
 #if defined(FA_SINKS) && FA_SINKS
 #define FA_SINKS_PARAM const float* sinks,
 #define FA_SINKS_ARG sinks
@@ -285,20 +361,32 @@ __device__ __forceinline__ void decode_tf32(const float* __restrict__ q, const f
 #define FA_SINKS_ARG nullptr
 #define FA_TF32_FAMILY fa_decode_tf32_
 #endif
+#define FA_KV_PARAMS const float *k, const float *v
+#define FA_QUANT_SCALARS
+#define FA_QUANT_LAYOUT
+#define FA_KV_ROWS                                                 \
+  using Rows = fa::F32DecodeRows;                                  \
+  const int64_t b = blockIdx.z;                                    \
+  const int kvh = blockIdx.y;                                      \
+  const Rows k_rows{k + fa::Rows{k_sb, k_sh, k_sr}.at(b, kvh, 0), k_sr}; \
+  const Rows v_rows{v + fa::Rows{v_sb, v_sh, v_sr}.at(b, kvh, 0), v_sr};
+#endif
 #if FA_PARTIAL == 0
-extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT5(FA_TF32_FAMILY, float32_, FA_E, , )(
-    const float* q, const float* k, const float* v, FA_SINKS_PARAM float* out, int H_q, int H_kv, int L, int S,
-    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::decode_tf32<FA_E>(q, k, v, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split, scale_log2,
-                        FA_LAYOUT, FA_SINKS_ARG);
+extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT5(FA_TF32_FAMILY, FA_TF32_NAME, _, FA_E, )(
+    const FA_TF32_Q* q, FA_KV_PARAMS, FA_SINKS_PARAM float* out, int H_q, int H_kv, int L, int S,
+    int keys_per_split, float scale_log2, FA_QUANT_SCALARS FA_LAYOUT_PARAMS FA_QUANT_LAYOUT) {
+  FA_KV_ROWS
+  fa::decode_tf32<FA_E>(q, k_rows, v_rows, out, nullptr, nullptr, false, 0, H_q, H_kv, L, S, keys_per_split,
+                        scale_log2, FA_LAYOUT, FA_SINKS_ARG);
 }
 #else
 // tag_lo, tag_hi: the call's tag, 24 bits each (decode_combine.cuh).
-extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT5(FA_TF32_FAMILY, fused_float32_, FA_E, , )(
-    const float* q, const float* k, const float* v, FA_SINKS_PARAM float* out, int H_q, int H_kv, int L, int S,
-    int keys_per_split, float scale_log2, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi) {
+extern "C" __global__ void __launch_bounds__(FA_DECODE_TF32_THREADS) FA_CAT5(FA_TF32_FAMILY, fused_, FA_TF32_NAME, _, FA_E)(
+    const FA_TF32_Q* q, FA_KV_PARAMS, FA_SINKS_PARAM float* out, int H_q, int H_kv, int L, int S,
+    int keys_per_split, float scale_log2, FA_QUANT_SCALARS FA_LAYOUT_PARAMS FA_QUANT_LAYOUT, int tag_lo, int tag_hi) {
+  FA_KV_ROWS
   const fa::FusedScratch part = fa::fused_scratch<FA_E>(out, (int64_t)gridDim.z * H_q * L);
-  fa::decode_tf32<FA_E>(q, k, v, out, part.o_part, part.ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q, H_kv, L, S,
-                        keys_per_split, scale_log2, FA_LAYOUT, FA_SINKS_ARG);
+  fa::decode_tf32<FA_E>(q, k_rows, v_rows, out, part.o_part, part.ml_part, true, fa::call_tag(tag_lo, tag_hi), H_q,
+                        H_kv, L, S, keys_per_split, scale_log2, FA_LAYOUT, FA_SINKS_ARG);
 }
 #endif
