@@ -36,8 +36,6 @@
 // zeros and are masked (P = 0 multiplies only zeros). The warps' (m, l, o)
 // are combined through shared memory (decode_combine.cuh).
 
-#include <type_traits>
-
 #include "decode_combine.cuh"
 #include "decode_shapes.h"
 #include "decode_walk.cuh"
@@ -72,9 +70,12 @@ __device__ __forceinline__ float4 load4(const float* p, bool valid) {
 // (kv_rows.cuh), whose raw words, scales and biases a warp holds from a
 // pass's loads until it expands each where it is used. No L2 prefetch of
 // quantized rows ahead (ChunkWalk asks for rows of floats).
+// kAlignedQueries: whether the queries' rows are 16-byte aligned (the
+// planner checks it for the plain kernel; the quantized one reads them
+// element by element, from anywhere).
 struct F32DecodeRows {
   using Raw = float4;
-  static constexpr bool kPrefetch = true;
+  static constexpr bool kPrefetch = true, kAlignedQueries = true;
   const float* head;
   int64_t sr;
   __device__ __forceinline__ Raw load(int key, int col, bool valid) const { return load4(head + key * sr + col, valid); }
@@ -91,7 +92,7 @@ __device__ __forceinline__ int64_t prefetch_stride(const QuantDecodeRows<T>&) { 
 template <typename T>
 struct QuantDecodeRows {
   using Raw = QuantRaw<T>;
-  static constexpr bool kPrefetch = false;
+  static constexpr bool kPrefetch = false, kAlignedQueries = false;
   QuantHead<T> h;
   __device__ __forceinline__ Raw load(int key, int col, bool valid) const {
     return valid ? load_quant4(h, key, col) : Raw{0u, T(0.0f), T(0.0f)};
@@ -211,7 +212,7 @@ __device__ __forceinline__ void decode_tf32(const Tq* __restrict__ q, const KV& 
 #pragma unroll
     for (int qb = 0; qb < QB; ++qb) {
       float4 x;
-      if constexpr (std::is_same<Tq, float>::value) {
+      if constexpr (KV::kAlignedQueries) {
         x = load4(q_row + 16 * qb + 4 * t, g < R);
       } else {  // read once a block: element by element, so no alignment is asked
         const Tq* p = q_row + 16 * qb + 4 * t;
