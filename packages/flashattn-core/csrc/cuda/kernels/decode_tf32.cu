@@ -78,7 +78,11 @@ struct F32DecodeRows {
   static constexpr bool kPrefetch = true, kAlignedQueries = true;
   const float* head;
   int64_t sr;
-  __device__ __forceinline__ Raw load(int key, int col, bool valid) const { return load4(head + key * sr + col, valid); }
+  // Dims [d0 + d1, +4) of row `key` (d0 a constant of the unrolled loops:
+  // added to the pointer apart, it folds into the load's offset).
+  __device__ __forceinline__ Raw load(int key, int d0, int d1, bool valid) const {
+    return load4(head + key * sr + d0 + d1, valid);
+  }
   __device__ __forceinline__ float4 expand(const Raw& r, int) const { return r; }
 };
 __device__ __forceinline__ const float* prefetch_head(const F32DecodeRows& r) { return r.head; }
@@ -94,8 +98,8 @@ struct QuantDecodeRows {
   using Raw = QuantRaw<T>;
   static constexpr bool kPrefetch = false, kAlignedQueries = false;
   QuantHead<T> h;
-  __device__ __forceinline__ Raw load(int key, int col, bool valid) const {
-    return valid ? load_quant4(h, key, col) : Raw{0u, T(0.0f), T(0.0f)};
+  __device__ __forceinline__ Raw load(int key, int d0, int d1, bool valid) const {
+    return valid ? load_quant4(h, key, d0 + d1) : Raw{0u, T(0.0f), T(0.0f)};
   }
   __device__ __forceinline__ float4 expand(const Raw& r, int col) const { return expand_quant4(r, col, h.bits); }
 };
@@ -238,13 +242,13 @@ __device__ __forceinline__ void decode_tf32(const Tq* __restrict__ q, const KV& 
       for (int nt = 0; nt < NT; ++nt) {
         const int key = c0 + 8 * nt + key_g;
 #pragma unroll
-        for (int qb = 0; qb < QB; ++qb) kf[u][nt][qb] = k_rows.load(key, 16 * qb + 4 * t, key < c_end);
+        for (int qb = 0; qb < QB; ++qb) kf[u][nt][qb] = k_rows.load(key, 16 * qb, 4 * t, key < c_end);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int vkey = c0 + 8 * nt + t + 4 * h;
 #pragma unroll
           for (int vb = 0; vb < VB; ++vb)
-            vf[u][nt][h][vb] = v_rows.load(vkey, 32 * vb + 4 * g, vkey < c_end);
+            vf[u][nt][h][vb] = v_rows.load(vkey, 32 * vb, 4 * g, vkey < c_end);
         }
       }
     }
