@@ -1,5 +1,6 @@
-// Where the float32 prefills read key and value rows from: float32 rows
-// (F32Rows), or MLX's affine-quantized rows (QuantHead: as mlx-lm's
+// Where the float32 kernels (the prefills, and decode_tf32.cu's quantized
+// variant) read key and value rows from: float32 rows (F32Rows), or MLX's
+// affine-quantized rows (QuantHead: as mlx-lm's
 // QuantizedKVCache holds them, packed uint32 codes, a scale and a bias per
 // group of elements), expanded as they are read, so a quantized cache is
 // read in place: no full-precision copy of it, only the tile. Element e of
