@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from attention_cases import TOLERANCE
 from pairwise import pairwise
+from quantized_cases import dividing_group_size, quantized_case
 
 from flashattn_core import flash_attention
 from flashattn_core.reference import attention_reference, causal_mask, dequantize, relative_error
@@ -23,27 +24,6 @@ pytestmark = pytest.mark.skipif(
     not (mx.is_available(mx.gpu) and mx.cuda.is_available()),
     reason="needs MLX's CUDA backend and an NVIDIA GPU",
 )
-
-
-def quantized_decode_case(batch, heads, L, S, E, bits, group_size, dtype, layout, seed=0):
-    """Queries, and keys and values as (packed, scales, biases). layout:
-    "contiguous"; "kv_cache" (sliced from a longer buffer, as mlx-lm's
-    cache is); "odd_queries" (the queries' rows start 2 bytes past a
-    16-byte boundary)."""
-    rng = np.random.default_rng(seed)
-    H_q, H_kv = heads
-    t = getattr(mx, dtype)
-    if layout == "odd_queries":
-        q = mx.array(rng.standard_normal((*batch, H_q, L, E + 1))).astype(t)[..., 1:]
-    else:
-        q = mx.array(rng.standard_normal((*batch, H_q, L, E))).astype(t)
-    capacity = 256 * (S // 256 + 1) if layout == "kv_cache" else S
-
-    def quantized():
-        x = mx.array(rng.standard_normal((*batch, H_kv, capacity, E))).astype(t)
-        return tuple(p[..., :S, :] for p in mx.quantize(x, group_size=group_size, bits=bits))
-
-    return q, quantized(), quantized()
 
 
 MATRIX = [
@@ -67,8 +47,8 @@ MATRIX = [
         candidates=300,
     )
 ]
-for r in MATRIX:  # the largest group size up to the one drawn that divides E (MLX's format asks it)
-    r["group_size"] = max(g for g in (32, 64, 128) if g <= r["group_size"] and r["E"] % g == 0)
+for r in MATRIX:
+    r["group_size"] = dividing_group_size(r["E"], r["group_size"])
 
 
 def row_id(r):
@@ -79,8 +59,8 @@ def row_id(r):
 
 @pytest.mark.parametrize("r", MATRIX, ids=map(row_id, MATRIX))
 def test_matches_float64_on_the_dequantized_cache(r):
-    q, kq, vq = quantized_decode_case(r["batch"], r["heads"], r["L"], r["S"], r["E"], r["bits"], r["group_size"],
-                                      r["dtype"], r["layout"])
+    q, kq, vq = quantized_case(r["batch"], r["heads"], r["L"], r["S"], r["E"], r["bits"], r["group_size"],
+                               r["dtype"], r["layout"])
     mask = "causal" if r["mask"] == "causal" else None
     out = flash_attention(q, kq, vq, mask=mask, stream=mx.gpu)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -111,7 +91,7 @@ def test_values_at_the_codes_extremes(dtype, E):
 def test_reads_the_cache_in_place():
     # A dequantized copy of K and V at S = 32768 (2 KV heads, E = 64,
     # bfloat16) is 16 MiB; the fused decode's partials are well under 1 MiB.
-    q, kq, vq = quantized_decode_case((1,), (14, 2), 1, 32768, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
+    q, kq, vq = quantized_case((1,), (14, 2), 1, 32768, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
     mx.eval(q, kq, vq)
     out = flash_attention(q, kq, vq, stream=mx.gpu)  # the kernel's module loaded
     mx.eval(out)
@@ -146,7 +126,7 @@ FLOAT32_MATRIX = [
 ]
 for r in FLOAT32_MATRIX:
     r["L"] = 2 if r["heads"] == (4, 4) else 1
-    r["group_size"] = max(g for g in (32, 64, 128) if g <= r["group_size"] and r["E"] % g == 0)
+    r["group_size"] = dividing_group_size(r["E"], r["group_size"])
 
 
 @pytest.mark.parametrize("r", FLOAT32_MATRIX, ids=map(row_id, FLOAT32_MATRIX))
@@ -154,8 +134,8 @@ def test_float32_attention_matches_float64(r):
     # dtype=float32 (the patch's default) over a quantized cache: the float32
     # tensor-core decode reads it in place, its float32 output within float32's
     # tolerance of float64 on the dequantized cache.
-    q, kq, vq = quantized_decode_case(r["batch"], r["heads"], r["L"], r["S"], r["E"], r["bits"], r["group_size"],
-                                      r["dtype"], r["layout"])
+    q, kq, vq = quantized_case(r["batch"], r["heads"], r["L"], r["S"], r["E"], r["bits"], r["group_size"],
+                               r["dtype"], r["layout"])
     mask = "causal" if r["mask"] == "causal" and r["L"] == 1 else None
     out = flash_attention(q, kq, vq, mask=mask, dtype=mx.float32, stream=mx.gpu)
     assert out.shape == q.shape and out.dtype == mx.float32
@@ -165,7 +145,7 @@ def test_float32_attention_matches_float64(r):
 
 def test_float32_attention_reads_the_cache_in_place():
     # A float32 copy of K and V at S = 32768 (2 KV heads, E = 64) is 32 MiB.
-    q, kq, vq = quantized_decode_case((1,), (14, 2), 1, 32768, 64, 4, 64, "bfloat16", "kv_cache", seed=7)
+    q, kq, vq = quantized_case((1,), (14, 2), 1, 32768, 64, 4, 64, "bfloat16", "kv_cache", seed=7)
     mx.eval(q, kq, vq)
     out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu)
     mx.eval(out)
@@ -183,7 +163,7 @@ def test_float32_attention_reads_the_cache_in_place():
 def test_calls_the_kernel_does_not_take_stay_exact(L, heads, dtype):
     # 32 rows a KV head with float32 attention, 48 in bfloat16: more than a
     # block holds, dequantized for the ordinary kernels.
-    q, kq, vq = quantized_decode_case((1,), heads, L, 4000, 64, 4, 64, "bfloat16", "kv_cache", seed=6)
+    q, kq, vq = quantized_case((1,), heads, L, 4000, 64, 4, 64, "bfloat16", "kv_cache", seed=6)
     wide = dtype == "float32"
     out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32 if wide else None, stream=mx.gpu)
     ref = attention_reference(q, dequantize(kq, 64), dequantize(vq, 64), mask=causal_mask(L, 4000))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from attention_cases import TOLERANCE
 from pairwise import pairwise
+from quantized_cases import dividing_group_size, quantized_case
 
 from flashattn_core import flash_attention
 from flashattn_core.reference import attention_reference, causal_mask, dequantize, relative_error
@@ -22,27 +23,6 @@ pytestmark = pytest.mark.skipif(
     not (mx.is_available(mx.gpu) and mx.cuda.is_available()),
     reason="needs MLX's CUDA backend and an NVIDIA GPU",
 )
-
-
-def quantized_prefill_case(batch, heads, L, S, E, bits, group_size, dtype, layout, seed=0):
-    """Queries, and keys and values as (packed, scales, biases). layout:
-    "contiguous"; "kv_cache" (sliced from a longer buffer, as mlx-lm's
-    cache is); "transposed" (queries a transposed view of (batch, L, H, E),
-    as mlx-lm's attention passes them)."""
-    rng = np.random.default_rng(seed)
-    H_q, H_kv = heads
-    t = getattr(mx, dtype)
-    if layout == "transposed":
-        q = mx.swapaxes(mx.array(rng.standard_normal((*batch, L, H_q, E))).astype(t), -2, -3)
-    else:
-        q = mx.array(rng.standard_normal((*batch, H_q, L, E))).astype(t)
-    capacity = 256 * (S // 256 + 1) if layout == "kv_cache" else S
-
-    def quantized():
-        x = mx.array(rng.standard_normal((*batch, H_kv, capacity, E))).astype(t)
-        return tuple(p[..., :S, :] for p in mx.quantize(x, group_size=group_size, bits=bits))
-
-    return q, quantized(), quantized()
 
 
 def keys_for(L, span):
@@ -69,8 +49,8 @@ MATRIX = [
         candidates=300,
     )
 ]
-for r in MATRIX:  # the largest group size up to the one drawn that divides E (MLX's format asks it)
-    r["group_size"] = max(g for g in (32, 64, 128) if g <= r["group_size"] and r["E"] % g == 0)
+for r in MATRIX:
+    r["group_size"] = dividing_group_size(r["E"], r["group_size"])
 
 
 def row_id(r):
@@ -98,8 +78,8 @@ def mask_and_sinks(kind, H_q, L, S, seed=3):
 @pytest.mark.parametrize("r", MATRIX, ids=map(row_id, MATRIX))
 def test_matches_float64_on_the_dequantized_cache(r):
     S = keys_for(r["L"], r["span"])
-    q, kq, vq = quantized_prefill_case(r["batch"], r["heads"], r["L"], S, r["E"], r["bits"], r["group_size"],
-                                       r["dtype"], r["layout"])
+    q, kq, vq = quantized_case(r["batch"], r["heads"], r["L"], S, r["E"], r["bits"], r["group_size"],
+                               r["dtype"], r["layout"])
     kwargs, ref_mask, ref_sinks = mask_and_sinks(r["mask"], r["heads"][0], r["L"], S)
     out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
     assert out.shape == q.shape and out.dtype == mx.float32
@@ -131,7 +111,7 @@ def test_reads_the_cache_in_place():
     # A 2,048-row chunk over 16,384 keys (Qwen2-0.5B's heads): a float32
     # copy of K and V would be 16 MiB and of the queries 7 MiB; the call
     # adds its float32 output (7 MiB) alone.
-    q, kq, vq = quantized_prefill_case((1,), (14, 2), 2048, 16384, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
+    q, kq, vq = quantized_case((1,), (14, 2), 2048, 16384, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
     mx.eval(q, kq, vq)
     out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)  # the module loaded
     mx.eval(out)

@@ -283,11 +283,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
 #define FA_DECODE_MMA_THREADS (32 * fa::decode_shapes::mma_warps(FA_E))
 constexpr bool kFetch256 = fa::decode_shapes::mma_fetch_256(FA_E);  // the K / V loads' L2 hint
 #if defined(FA_QUANT) && FA_QUANT
-#define FA_KV_PARAMS                                                                                        \
-  const uint32_t *k, const uint32_t *v, const FA_T *k_scales, const FA_T *k_biases, const FA_T *v_scales, \
-      const FA_T *v_biases
-#define FA_QUANT_SCALARS int bits, int group_shift,
-#define FA_QUANT_LAYOUT , int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr
+#include "quant_args.h"
+#define FA_KV_PARAMS FA_QUANT_KV_PARAMS
 // This block's KV head's rows (the biases lie as the scales).
 #define FA_KV_ROWS                                                                                       \
   using Rows = fa::QuantRows16<FA_T, kFetch256>;                                                         \

@@ -335,11 +335,8 @@ __device__ __forceinline__ void decode_tf32(const Tq* __restrict__ q, const KV& 
 #define FA_TF32_NAME FA_TNAME
 #define FA_SINKS_PARAM
 #define FA_SINKS_ARG nullptr
-#define FA_KV_PARAMS                                                                                        \
-  const uint32_t *k, const uint32_t *v, const FA_T *k_scales, const FA_T *k_biases, const FA_T *v_scales, \
-      const FA_T *v_biases
-#define FA_QUANT_SCALARS int bits, int group_shift,
-#define FA_QUANT_LAYOUT , int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr
+#include "quant_args.h"
+#define FA_KV_PARAMS FA_QUANT_KV_PARAMS
 // This block's KV head's rows (the biases lie as the scales).
 #define FA_KV_ROWS                                                                                           \
   using Rows = fa::QuantDecodeRows<FA_T>;                                                                    \

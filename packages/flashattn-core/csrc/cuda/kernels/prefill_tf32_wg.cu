@@ -451,21 +451,16 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
 // fa_prefill_wg_float32_<E>: outputs the attention output and each row's log-sum-exp
 // (written where mask_kind has kLse: mask_bits.h). -DFA_QUANT=1:
 // fa_prefill_wgq_<dtype>_<E>, queries of the unit's dtype and keys and
-// values in MLX's affine format read in place, with prefill_tf32.cu's
-// fa_prefill_tf32q_ arguments.
+// values in MLX's affine format read in place (quant_args.h's arguments).
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
 #if defined(FA_QUANT) && FA_QUANT
-extern "C" __global__ void __launch_bounds__(fa::kWgThreads, 1) FA_CAT5(fa_prefill_wgq_, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const uint32_t* k, const uint32_t* v, const FA_T* k_scales, const FA_T* k_biases,
-    const FA_T* v_scales, const FA_T* v_biases, const void* mask, const int64_t* mask_base, float* out, float* lse,
-    int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, int bits,
-    int group_shift, FA_LAYOUT_PARAMS, int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr) {
-  const fa::Tf32QuantRows<FA_T> src{q, k, v, k_scales, k_biases, v_scales, v_biases, FA_LAYOUT,
-                                    {ks_sb, ks_sh, ks_sr}, {vs_sb, vs_sh, vs_sr}, bits, group_shift};
-  fa::prefill_tf32_wg<FA_E>(src, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                            scale_log2);
+#include "quant_args.h"
+extern "C" __global__ void __launch_bounds__(fa::kWgThreads, 1)
+    FA_CAT5(fa_prefill_wgq_, FA_TNAME, _, FA_E, )(FA_QUANT_PREFILL_PARAMS) {
+  fa::prefill_tf32_wg<FA_E>(FA_QUANT_PREFILL_ROWS, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
+                            mask_cs, scale_log2);
 }
 #else
 #if FA_DTYPE != 0
