@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/call_plan.h"
 #include "cuda/mask_args.h"
 #include "cuda/planner.h"
 #include "cuda/primitive.h"
@@ -29,7 +30,7 @@ namespace {
 // queries' shape (the output's), the dtype and the device.
 struct PlanKey {
   mx::Shape q_shape;
-  int H_kv, S, dtype, kind, mask_rs, mask_cs;
+  int H_kv, S, dtype, kind, mask_rs, mask_cs, quant_bits, quant_group;
   float scale_log2;
   bool widen, lse;
   int device;
@@ -37,6 +38,27 @@ struct PlanKey {
 };
 
 }  // namespace
+
+Dims call_dims(const AttentionCall& call, const MaskArgs& m, bool widen) {
+  const mx::array &q = call.q, &k = call.k;
+  const int nd = static_cast<int>(q.ndim());
+  int64_t batch = 1;
+  for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
+  return Dims{batch, q.shape(-3), k.shape(-3), q.shape(-2), k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
+              static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen, m.kind};
+}
+
+std::shared_ptr<const std::optional<Planned>> recent_plan(const Dims& d, mx::Dtype dtype, const mx::Shape& q_shape,
+                                                          int device_index) {
+  // A model repeats its calls (recent.h): each thread keeps its last few
+  // plans, and that a call has none.
+  const PlanKey key{q_shape, d.H_kv, d.S, static_cast<int>(dtype.val()), d.kind_arg, d.mask_rs, d.mask_cs,
+                    d.quant_bits, d.quant_group, d.scale_log2, d.widen, d.lse, device_index};
+  thread_local Recent<PlanKey, std::optional<Planned>, 8> recent;
+  std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
+  if (!planned) planned = recent.put(key, plan_call(d, dtype, q_shape, device_index));
+  return planned;
+}
 
 std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
@@ -50,12 +72,8 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
          call.sinks},
         false, lse);
   };
-  const int nd = q.ndim();
-  int64_t batch = 1;
-  for (int d = 0; d < nd - 3; ++d) batch *= q.shape(d);
-  MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
-  Dims d{batch, q.shape(-3), k.shape(-3), q.shape(-2), k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
-         static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen, m.kind};
+  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
+  Dims d = call_dims(call, m, widen);
   d.lse = lse;
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
@@ -66,13 +84,8 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
         ", " + std::to_string(d.L) + ", " + std::to_string(d.S) + ", " + std::to_string(d.E) + ")");
   }
 
-  // A model repeats its calls (recent.h): each thread keeps its last few plans,
-  // and that a widened call is cast (nullopt: no plan).
-  const PlanKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), d.kind_arg, d.mask_rs, d.mask_cs,
-                    d.scale_log2, widen, lse, s.device.index};
-  thread_local Recent<PlanKey, std::optional<Planned>, 8> recent;
-  std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
-  if (!planned) planned = recent.put(key, plan_call(d, q.dtype(), q.shape(), s.device.index));
+  // No plan: a widened call that is cast.
+  const std::shared_ptr<const std::optional<Planned>> planned = recent_plan(d, q.dtype(), q.shape(), s.device.index);
   if (!planned->has_value()) return cast();
   const Planned& plan = **planned;
   std::vector<mx::array> inputs = {q, k, v};

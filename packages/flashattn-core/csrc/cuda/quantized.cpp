@@ -26,25 +26,14 @@
 #include <optional>
 #include <vector>
 
+#include "cuda/call_plan.h"
 #include "cuda/mask_args.h"
 #include "cuda/planner.h"
 #include "cuda/primitive.h"
-#include "cuda/recent.h"
 
 namespace flashattn::cuda {
 
 namespace {
-
-// What the quantized kernels' plan depends on (the queries' shape holds B,
-// H_q, L and E).
-struct QuantKey {
-  mx::Shape q_shape;
-  int H_kv, S, dtype, kind, mask_rs, mask_cs, bits, group;
-  float scale_log2;
-  bool widen;
-  int device;
-  bool operator==(const QuantKey&) const = default;
-};
 
 // The quantized kernels' node, when one takes the call.
 std::optional<mx::array> quantized_in_place(const AttentionCall& call, bool widen) {
@@ -62,17 +51,11 @@ std::optional<mx::array> quantized_in_place(const AttentionCall& call, bool wide
   if (head_elements * std::max(q.shape(-3), call.k.shape(-3)) > std::numeric_limits<int>::max()) {
     return std::nullopt;
   }
-  int64_t batch = 1;
-  for (int d = 0; d < q.ndim() - 3; ++d) batch *= q.shape(d);
   const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, call.stream);
-  Dims d{batch, q.shape(-3), call.k.shape(-3), q.shape(-2), call.k.shape(-2), q.shape(-1), dtype_name(q.dtype()),
-         static_cast<int>(call.mask_kind), m.row_stride, m.col_stride, call.scale * kLog2e, widen, m.kind,
-         qz.k_bits, qz.k_group_size};
-  const QuantKey key{q.shape(), d.H_kv, d.S, static_cast<int>(q.dtype().val()), d.kind_arg, d.mask_rs, d.mask_cs,
-                     d.quant_bits, d.quant_group, d.scale_log2, widen, call.stream.device.index};
-  thread_local Recent<QuantKey, std::optional<Planned>, 8> recent;
-  std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
-  if (!planned) planned = recent.put(key, plan_call(d, q.dtype(), q.shape(), call.stream.device.index));
+  Dims d = call_dims(call, m, widen);
+  d.quant_bits = qz.k_bits, d.quant_group = qz.k_group_size;
+  const std::shared_ptr<const std::optional<Planned>> planned =
+      recent_plan(d, q.dtype(), q.shape(), call.stream.device.index);
   if (!planned->has_value()) return std::nullopt;
   const Planned& plan = **planned;
   std::vector<mx::array> inputs = {q, kq->packed, vq->packed, kq->scales, kq->biases, vq->scales, vq->biases};
