@@ -150,3 +150,14 @@ MATRIX = [
         accept=lambda row: Case(**row).work <= 30_000_000,
     )
 ]
+
+
+def sinks_for(H_q, seed=7):
+    """Attention sinks for H_q query heads, around the scores' own size so
+    that each takes a real share of its rows; head 0 without one (-inf),
+    head 1 one that takes nearly all (with more than two heads)."""
+    s = np.random.default_rng(seed).normal(0.5, 1.5, H_q).astype(np.float32)
+    s[0] = -np.inf
+    if H_q > 2:
+        s[1] = 12.0
+    return mx.array(s)

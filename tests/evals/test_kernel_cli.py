@@ -107,6 +107,7 @@ def test_slow_reference_is_skipped_and_said_so():
         (["--kv-bits", "4", "--kv-group-size", "128"], "128 does not divide head dim(s) [64]"),
         (["--window", "-1"], "--window"),
         (["--sinks", "--kv-bits", "4"], "takes no sinks"),
+        (["--sinks", "--kv-bits", "4", "--impl", "flash,mlx"], "drop mlx from --impl"),
         (["--sinks", "--pass", "both"], "forward only"),
     ],
 )

@@ -3,7 +3,8 @@ mlx-lm's QuantizedKVCache holds them) read in place by the 16-bit
 tensor-core decode, against float64 attention on their float64
 dequantization, over a covering matrix of head layouts, query rows, cache
 lengths (one block, key splits merged in the launch), head dims, bits, group
-sizes, dtypes, masks, batch and memory layouts; float32 attention over it
+sizes, dtypes, masks, attention sinks, batch and memory layouts; float32
+attention over it
 (the patch's default) read in place by the float32 tensor-core decode, over
 the same matrix; the calls neither takes (more rows than a block holds)
 still exact; no full-precision copy of the cache."""
@@ -13,7 +14,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from attention_cases import TOLERANCE
+from attention_cases import TOLERANCE, sinks_for
 from pairwise import pairwise
 from quantized_cases import dividing_group_size, quantized_case
 
@@ -40,6 +41,7 @@ MATRIX = [
             "group_size": [32, 64, 128],
             "dtype": ["bfloat16", "float16"],
             "mask": ["none", "causal"],
+            "sinks": [False, True],
             "batch": [(), (1,), (3,)],
             "layout": ["contiguous", "kv_cache", "odd_queries"],
         },
@@ -54,7 +56,7 @@ for r in MATRIX:
 def row_id(r):
     b = "x".join(map(str, r["batch"])) or "-"
     return (f"b{b}_h{r['heads'][0]}-{r['heads'][1]}_L{r['L']}_S{r['S']}_E{r['E']}_{r['bits']}bit_g{r['group_size']}"
-            f"_{r['mask']}_{r['dtype']}_{r['layout']}")
+            f"_{r['mask']}{'_sinks' if r['sinks'] else ''}_{r['dtype']}_{r['layout']}")
 
 
 @pytest.mark.parametrize("r", MATRIX, ids=map(row_id, MATRIX))
@@ -62,10 +64,11 @@ def test_matches_float64_on_the_dequantized_cache(r):
     q, kq, vq = quantized_case(r["batch"], r["heads"], r["L"], r["S"], r["E"], r["bits"], r["group_size"],
                                r["dtype"], r["layout"])
     mask = "causal" if r["mask"] == "causal" else None
-    out = flash_attention(q, kq, vq, mask=mask, stream=mx.gpu)
+    sinks = sinks_for(r["heads"][0]) if r["sinks"] else None
+    out = flash_attention(q, kq, vq, mask=mask, sinks=sinks, stream=mx.gpu)
     assert out.shape == q.shape and out.dtype == q.dtype
     ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]),
-                              mask=causal_mask(r["L"], r["S"]) if mask else None)
+                              mask=causal_mask(r["L"], r["S"]) if mask else None, sinks=sinks)
     assert relative_error(out, ref) <= TOLERANCE[r["dtype"]]
 
 
@@ -88,18 +91,20 @@ def test_values_at_the_codes_extremes(dtype, E):
         assert relative_error(out, ref) <= TOLERANCE[dtype]
 
 
-def test_reads_the_cache_in_place():
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_reads_the_cache_in_place(with_sinks):
     # A dequantized copy of K and V at S = 32768 (2 KV heads, E = 64,
     # bfloat16) is 16 MiB; the fused decode's partials are well under 1 MiB.
     q, kq, vq = quantized_case((1,), (14, 2), 1, 32768, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
+    sinks = sinks_for(14) if with_sinks else None
     mx.eval(q, kq, vq)
-    out = flash_attention(q, kq, vq, stream=mx.gpu)  # the kernel's module loaded
+    out = flash_attention(q, kq, vq, sinks=sinks, stream=mx.gpu)  # the kernel's module loaded
     mx.eval(out)
     del out
     mx.synchronize()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
-    out = flash_attention(q, kq, vq, stream=mx.gpu)
+    out = flash_attention(q, kq, vq, sinks=sinks, stream=mx.gpu)
     mx.eval(out)
     extra = mx.get_peak_memory() - before
     assert extra < 2**20, f"{extra / 2**20:.1f} MiB beyond the inputs"
@@ -117,6 +122,7 @@ FLOAT32_MATRIX = [
             "group_size": [32, 64, 128],
             "dtype": ["bfloat16", "float16", "float32"],
             "mask": ["none", "causal"],
+            "sinks": [False, True],
             "batch": [(), (1,), (3,)],
             "layout": ["contiguous", "kv_cache", "odd_queries"],
         },
@@ -137,23 +143,26 @@ def test_float32_attention_matches_float64(r):
     q, kq, vq = quantized_case(r["batch"], r["heads"], r["L"], r["S"], r["E"], r["bits"], r["group_size"],
                                r["dtype"], r["layout"])
     mask = "causal" if r["mask"] == "causal" and r["L"] == 1 else None
-    out = flash_attention(q, kq, vq, mask=mask, dtype=mx.float32, stream=mx.gpu)
+    sinks = sinks_for(r["heads"][0]) if r["sinks"] else None
+    out = flash_attention(q, kq, vq, mask=mask, sinks=sinks, dtype=mx.float32, stream=mx.gpu)
     assert out.shape == q.shape and out.dtype == mx.float32
-    ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]))
+    ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]), sinks=sinks)
     assert relative_error(out, ref) <= TOLERANCE["float32"]
 
 
-def test_float32_attention_reads_the_cache_in_place():
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_float32_attention_reads_the_cache_in_place(with_sinks):
     # A float32 copy of K and V at S = 32768 (2 KV heads, E = 64) is 32 MiB.
     q, kq, vq = quantized_case((1,), (14, 2), 1, 32768, 64, 4, 64, "bfloat16", "kv_cache", seed=7)
+    sinks = sinks_for(14) if with_sinks else None
     mx.eval(q, kq, vq)
-    out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu)
+    out = flash_attention(q, kq, vq, dtype=mx.float32, sinks=sinks, stream=mx.gpu)
     mx.eval(out)
     del out
     mx.synchronize()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
-    out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu)
+    out = flash_attention(q, kq, vq, dtype=mx.float32, sinks=sinks, stream=mx.gpu)
     mx.eval(out)
     extra = mx.get_peak_memory() - before
     assert extra < 2**20, f"{extra / 2**20:.1f} MiB beyond the inputs"

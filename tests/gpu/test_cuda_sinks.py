@@ -8,7 +8,7 @@ fused backwards."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from attention_cases import TOLERANCE, Case, make_inputs
+from attention_cases import TOLERANCE, Case, make_inputs, sinks_for
 
 from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
 from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask, relative_error
@@ -17,16 +17,6 @@ pytestmark = pytest.mark.skipif(
     not (mx.is_available(mx.gpu) and mx.cuda.is_available()),
     reason="needs MLX's CUDA backend and an NVIDIA GPU",
 )
-
-
-def sinks_for(H_q, seed=7):
-    # Around the scores' own size, so that each sink takes a real share of
-    # its rows; head 0 without one (-inf), head 1 one that takes nearly all.
-    s = np.random.default_rng(seed).normal(0.5, 1.5, H_q).astype(np.float32)
-    s[0] = -np.inf
-    if H_q > 2:
-        s[1] = 12.0
-    return mx.array(s)
 
 
 def sampled_error(q, k, v, out, mask, sinks, rows=24):

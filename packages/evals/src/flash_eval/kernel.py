@@ -155,9 +155,9 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, 
     if kv_bits and pass_ != "forward":
         raise click.BadParameter("quantized keys and values take no gradient: use --pass forward",
                                  param_hint="--kv-bits")
-    if sinks and kv_bits:
-        raise click.BadParameter("mlx-lm's quantized attention takes no sinks: drop --kv-bits or --sinks",
-                                 param_hint="--sinks")
+    if sinks and kv_bits and "mlx" in impls:
+        raise click.BadParameter("mlx-lm's quantized attention takes no sinks: drop mlx from --impl, or --kv-bits "
+                                 "or --sinks", param_hint="--sinks")
     if sinks and pass_ != "forward":
         raise click.BadParameter("--sinks times the forward only: use --pass forward", param_hint="--sinks")
     odd = sorted({SHAPES[s].E for s in shapes if SHAPES[s].E % kv_group_size}) if kv_bits else []

@@ -80,16 +80,15 @@ std::string tensor_core_decode(const Dims& d, int rows_per_group) {
   const bool hides_none = d.kind == static_cast<int>(MaskKind::none) ||
       (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1 && (d.window() == 0 || d.window() >= d.S));
   if (!hides_none || (d.E != 64 && d.E != 128)) return "";
-  // Quantized rows read in place (no sinks): the 16-bit kernel's
-  // fa_decode_mmaq_ for attention in the queries' 16-bit dtype, the float32
-  // one's fa_decode_tf32q_ for float32 attention (widened, or float32
-  // inputs).
-  if (d.quantized()) {
-    if (d.sinks() || (d.quant_bits != 4 && d.quant_bits != 8)) return "";
-    if (d.dt == "float32" || d.widen) return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32q_" : "";
-    return rows_per_group <= kMmaDecodeRows ? "fa_decode_mmaq_" : "";
-  }
   const std::string sinks = d.sinks() ? "sinks_" : "";
+  // Quantized rows read in place: the 16-bit kernel's fa_decode_mmaq_ for
+  // attention in the queries' 16-bit dtype, the float32 one's
+  // fa_decode_tf32q_ for float32 attention (widened, or float32 inputs).
+  if (d.quantized()) {
+    if (d.quant_bits != 4 && d.quant_bits != 8) return "";
+    if (d.dt == "float32" || d.widen) return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32q_" + sinks : "";
+    return rows_per_group <= kMmaDecodeRows ? "fa_decode_mmaq_" + sinks : "";
+  }
   if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" + sinks : "";
   if (rows_per_group > kMmaDecodeRows) return "";
   return (d.widen ? "fa_decode_mma32_" : "fa_decode_mma_") + sinks;

@@ -156,7 +156,7 @@ namespace {
 
 // The quantized kernels' launch: their inputs (q, K's codes, V's, K's
 // scales, biases, V's scales, biases; the prefill's also the mask's data
-// and base offsets, or q standing in) and the scalars' strides: q's, the
+// and base offsets, or q standing in; a decode with sinks the sinks) and the scalars' strides: q's, the
 // codes', then the scales' rows (a bias lies as its scale: where they do
 // not, MLX copies them all row-contiguous, as where the kernel cannot read
 // an input in place, or a mask's data is not row-contiguous).
@@ -183,6 +183,8 @@ void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs,
   in.assign(inputs.begin(), inputs.begin() + 7);
   if (run.attend.mask_inputs) {
     in.insert(in.end(), {mask_inputs ? inputs[7] : inputs[0], mask_inputs ? inputs[8] : inputs[0]});
+  } else if (run.attend.sinks_input) {
+    in.push_back(inputs[8]);  // the base-offset array: the sinks alone (no mask reaches a decode)
   }
 }
 

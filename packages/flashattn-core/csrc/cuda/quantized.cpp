@@ -2,10 +2,11 @@
 // packed rows in place (K and V quantized alike with 4 or 8 bits, scales
 // and biases in the queries' dtype):
 //  - a decode that a tensor-core decode takes (no mask or causal with one
-//    query position, E = 64 or 128, no sinks): attention in the queries'
-//    16-bit dtype, at most 16 query rows a KV head, fa_decode_mmaq_
-//    (decode_rows.cuh expands each fragment in registers); float32
-//    attention, at most 8, fa_decode_tf32q_ (decode_tf32.cu, likewise);
+//    query position, E = 64 or 128, with or without sinks): attention in
+//    the queries' 16-bit dtype, at most 16 query rows a KV head,
+//    fa_decode_mmaq_ (decode_rows.cuh expands each fragment in registers);
+//    float32 attention, at most 8, fa_decode_tf32q_ (decode_tf32.cu,
+//    likewise);
 //  - a prefill (L > 8) with float32 attention (dtype=float32 over 16-bit
 //    queries, the patch's default, or float32 inputs): fa_prefill_wgq_ on
 //    Hopper at E = 64, else fa_prefill_tf32q_ (kv_rows.cuh expands each key
@@ -59,7 +60,8 @@ std::optional<mx::array> quantized_in_place(const AttentionCall& call, bool wide
   if (!planned->has_value()) return std::nullopt;
   const Planned& plan = **planned;
   std::vector<mx::array> inputs = {q, kq->packed, vq->packed, kq->scales, kq->biases, vq->scales, vq->biases};
-  if (m.inputs && plan.plan.aligned.attend.mask_inputs) inputs.insert(inputs.end(), {m.data, m.base});
+  const Step& attend = plan.plan.aligned.attend;
+  if (m.inputs && (attend.mask_inputs || attend.sinks_input)) inputs.insert(inputs.end(), {m.data, m.base});
   auto node = std::make_shared<Attention>(call.stream, std::shared_ptr<const Plan>(planned, &plan.plan));
   return mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs)[0];
 }

@@ -248,7 +248,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
 // K's and V's packed codes, K's scales and biases, V's, then the output,
 // the scalars with bits and log2(group size) after the scale, the layout
 // (K's and V's rows: the packed codes', in words) and the scales' rows
-// (the biases lie alike); neither sinks nor float32 attention.
+// (the biases lie alike); not float32 attention. -DFA_QUANT=1 -DFA_SINKS=1:
+// fa_decode_mmaq_sinks_*, the sinks after V's biases.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -269,11 +270,8 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
 #define FA_MMA_FAMILY FA_CAT3(fa_decode_mma32_, FA_SINKS_NAME, )
 #define FA_MMA_OUT float
 #elif defined(FA_QUANT) && FA_QUANT
-#if defined(FA_SINKS) && FA_SINKS
-#error "the quantized decode takes no sinks"
-#endif
 #define FA_MMA_F32 false
-#define FA_MMA_FAMILY fa_decode_mmaq_
+#define FA_MMA_FAMILY FA_CAT3(fa_decode_mmaq_, FA_SINKS_NAME, )
 #define FA_MMA_OUT FA_T
 #else
 #define FA_MMA_F32 false

@@ -321,20 +321,24 @@ __device__ __forceinline__ void decode_tf32(const Tq* __restrict__ q, const KV& 
 // fourth input. -DFA_QUANT=1: fa_decode_tf32q_<dtype>_<E> (and _fused_),
 // queries of the unit's dtype and keys and values in MLX's affine format
 // read in place, with decode_mma.cu's fa_decode_mmaq_ arguments; a float32
-// output.
+// output; with -DFA_SINKS=1 too, fa_decode_tf32q_sinks_*, the sinks after
+// V's biases.
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
 #define FA_DECODE_TF32_THREADS (32 * fa::decode_shapes::tf32_warps(FA_E))
 #if defined(FA_QUANT) && FA_QUANT
-#if defined(FA_SINKS) && FA_SINKS
-#error "the quantized decode takes no sinks"
-#endif
 #define FA_TF32_Q FA_T
-#define FA_TF32_FAMILY FA_CAT3(fa_decode_tf32q_, , )
 #define FA_TF32_NAME FA_TNAME
+#if defined(FA_SINKS) && FA_SINKS
+#define FA_SINKS_PARAM const float* sinks,
+#define FA_SINKS_ARG sinks
+#define FA_TF32_FAMILY fa_decode_tf32q_sinks_
+#else
 #define FA_SINKS_PARAM
 #define FA_SINKS_ARG nullptr
+#define FA_TF32_FAMILY fa_decode_tf32q_
+#endif
 #include "quant_args.h"
 #define FA_KV_PARAMS FA_QUANT_KV_PARAMS
 // This block's KV head's rows (the biases lie as the scales).
