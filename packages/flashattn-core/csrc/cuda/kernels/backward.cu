@@ -86,6 +86,60 @@ __device__ __forceinline__ bool load_rows(float* dst, const T* src, int count, i
   return bad;
 }
 
+// The same for float32 rows of exactly EB elements at a 16-byte boundary
+// (every float32 call at E = 64, 128 or 256): the tiles' 16-byte chunks
+// copied by cp.async, all in flight at once, where load_rows's element loads
+// went a few at a time. RowCopy::issue starts a tile's copies; after
+// cp_async_wait_all, RowCopy::bad says whether the chunks this thread copied
+// hold a value that is not finite (its own copies are visible to it without
+// a barrier).
+template <int EB, int ROWS>
+struct RowCopy {
+  static constexpr int CH = EB / 4, PER = ROWS * CH / bs::kThreads;
+  static_assert(ROWS * CH % bs::kThreads == 0, "whole chunks a thread");
+  template <typename T>
+  static __device__ __forceinline__ bool takes(const T* src, int E) {
+    return std::is_same<T, float>::value && E == EB && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  }
+  static __device__ __forceinline__ void issue(float* dst, const float* src, int count) {
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int idx = threadIdx.x + i * bs::kThreads, r = idx / CH, c = idx % CH * 4;
+      const bool valid = r < count;
+      cp_async16(dst + r * bs::ld(EB) + c, valid ? src + (int64_t)r * EB + c : src, valid);
+    }
+  }
+  static __device__ __forceinline__ bool bad(const float* dst) {
+    bool b = false;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int idx = threadIdx.x + i * bs::kThreads, r = idx / CH, c = idx % CH * 4;
+      const float4 x = *reinterpret_cast<const float4*>(dst + r * bs::ld(EB) + c);
+      b |= !(isfinite(x.x) && isfinite(x.y) && isfinite(x.z) && isfinite(x.w));
+    }
+    return b;
+  }
+};
+
+// Two tiles of ROWS rows from a and b (rows first.., count of them) into
+// da and db as load_rows does; the flags of each.
+template <typename T, int EB, int ROWS>
+__device__ __forceinline__ void load_two(float* da, const T* a, float* db, const T* b, int count, int E, bool& bad_a,
+                                         bool& bad_b) {
+  using Copy = RowCopy<EB, ROWS>;
+  if (Copy::takes(a, E) && Copy::takes(b, E)) {
+    Copy::issue(da, reinterpret_cast<const float*>(a), count);
+    Copy::issue(db, reinterpret_cast<const float*>(b), count);
+    cp_async_commit();
+    cp_async_wait_all();
+    bad_a = Copy::bad(da);
+    bad_b = Copy::bad(db);
+  } else {
+    bad_a = load_rows<T, EB, ROWS>(da, a, count, E);
+    bad_b = load_rows<T, EB, ROWS>(db, b, count, E);
+  }
+}
+
 // s = A B^T for the warp's 16 rows of A (a_rows) against NB x 8 rows of B
 // (b_rows), both in shared memory, inner dim EB.
 template <bool kSplit, int NB, int EB>
@@ -187,8 +241,10 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int kv_begin = mask.kv_begin(l0, L, S) / BC * BC, kv_end = mask.kv_end(l0, BR, L, S);
 
-  load_rows<T, EB, BR>(q_s, q + first * E, count, E);
-  load_rows<T, EB, BR>(do_s, d_out + first * E, count, E);
+  {
+    bool bad_q, bad_do;  // (the products below guard K's values only)
+    load_two<T, EB, BR>(q_s, q + first * E, do_s, d_out + first * E, count, E, bad_q, bad_do);
+  }
   __syncthreads();
   for (int r = w; r < BR; r += bs::kWarps) {
     float d = 0.0f;
@@ -237,8 +293,8 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   zero(acc);
   for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
     const int kc = min(BC, S - c0);
-    const bool bad = load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, kc, E);
-    load_rows<T, EB, BC>(v_s, v_head + (int64_t)c0 * E, kc, E);
+    bool bad, bad_v;  // (V's values reach dP, whose non-finite terms need no guard)
+    load_two<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, v_s, v_head + (int64_t)c0 * E, kc, E, bad, bad_v);
     const bool guard = __syncthreads_or(bad);
     float s[NB][4], dp[NB][4];
     masked_scores(s, c0);
@@ -295,8 +351,11 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
 
-  load_rows<T, EB, BK>(k_s, k + (kv_slice * S + c0) * E, min(BK, S - c0), E);
-  load_rows<T, EB, BK>(v_s, v + (kv_slice * S + c0) * E, min(BK, S - c0), E);
+  {
+    bool bad_k, bad_v;  // (the keys' values meet no guard: as load_rows's flags, unread)
+    load_two<T, EB, BK>(k_s, k + (kv_slice * S + c0) * E, v_s, v + (kv_slice * S + c0) * E, min(BK, S - c0), E,
+                        bad_k, bad_v);
+  }
   const int ka = c0 + w * 16 + g;  // this thread's keys: ka, ka + 8
   const float* k_w = k_s + w * 16 * LD;
   const float* v_w = v_s + w * 16 * LD;
@@ -309,8 +368,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   for (int r0 = row_begin; r0 < row_end; r0 += BR) {
     const int count = min(BR, L - r0);
     __syncthreads();  // the last tile's readers are done
-    const bool bad_q = load_rows<T, EB, BR>(q_s, q + (n * L + r0) * E, count, E);
-    const bool bad_do = load_rows<T, EB, BR>(do_s, d_out + (n * L + r0) * E, count, E);
+    bool bad_q, bad_do;
+    load_two<T, EB, BR>(q_s, q + (n * L + r0) * E, do_s, d_out + (n * L + r0) * E, count, E, bad_q, bad_do);
     if (threadIdx.x < BR) {
       // Rows past L: lse = +inf makes their P 0.
       const bool in = int(threadIdx.x) < count;
