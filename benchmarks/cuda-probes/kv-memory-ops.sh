@@ -5,11 +5,13 @@
 # with the patch's float32 attention, 4-bit native, bfloat16 cache off) with
 # MLX's command buffers at its default size for the GPU (100 operations on
 # Hopper; at most 10 buffers in flight) and at smaller ones
-# (MLX_MAX_OPS_PER_BUFFER). Run after a build (cuda-check none); needs .gpu2/.
+# (MLX_MAX_OPS_PER_BUFFER); WARMUP=1: the peak of a second prompt, after one
+# unmeasured (cuDNN's plans for the patch off made by then). Run after a
+# build (cuda-check none); needs .gpu2/.
 set -uo pipefail
 OUT="${OUT:-/tmp/flashattn-cuda}"
 python3 scripts/random-model.py .gpu2 /tmp/qwen2-kv --dtype bfloat16 >/dev/null
-common=(--model /tmp/qwen2-kv -p 16384 -g 0 --trials 1 --warmup 0 --prompt-repeats 1 --json)
+common=(--model /tmp/qwen2-kv -p 16384 -g 0 --trials 1 --warmup "${WARMUP:-0}" --prompt-repeats 1 --json)
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for ops in ${OPS_LIST:-default 20}; do
     limit=(); [ "$ops" != default ] && limit=("MLX_MAX_OPS_PER_BUFFER=$ops")
