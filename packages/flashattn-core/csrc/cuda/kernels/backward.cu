@@ -30,9 +30,13 @@ namespace fa {
 namespace bs = backward_shapes;
 
 // An input element as TF32 operand parts (lo = 0 without the split).
-template <bool kSplit>
+// kFinite: of a tile whose values are all finite (the block's flags say so),
+// split without split_tf32's guard for +-inf, two instructions fewer.
+template <bool kSplit, bool kFinite = false>
 __device__ __forceinline__ void input_operand(float x, uint32_t& hi, uint32_t& lo) {
-  if constexpr (kSplit) {
+  if constexpr (kSplit && kFinite) {
+    split_finite(x, hi, lo);
+  } else if constexpr (kSplit) {
     split_tf32(x, hi, lo);
   } else {
     hi = __float_as_uint(x);
@@ -141,8 +145,9 @@ __device__ __forceinline__ void load_two(float* da, const T* a, float* db, const
 }
 
 // s = A B^T for the warp's 16 rows of A (a_rows) against NB x 8 rows of B
-// (b_rows), both in shared memory, inner dim EB.
-template <bool kSplit, int NB, int EB>
+// (b_rows), both in shared memory, inner dim EB; kFiniteB: B's values all
+// finite (input_operand).
+template <bool kSplit, int NB, int EB, bool kFiniteB = false>
 __device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, const float* b_rows, int lane) {
   constexpr int LD = bs::ld(EB);
   const int g = lane >> 2, t = lane & 3;
@@ -158,8 +163,8 @@ __device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, c
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       uint32_t bh0, bl0, bh1, bl1;
-      input_operand<kSplit>(b_rows[(nb * 8 + g) * LD + kk * 8 + t], bh0, bl0);
-      input_operand<kSplit>(b_rows[(nb * 8 + g) * LD + kk * 8 + t + 4], bh1, bl1);
+      input_operand<kSplit, kFiniteB>(b_rows[(nb * 8 + g) * LD + kk * 8 + t], bh0, bl0);
+      input_operand<kSplit, kFiniteB>(b_rows[(nb * 8 + g) * LD + kk * 8 + t + 4], bh1, bl1);
       mma_terms<kSplit>(s[nb], ah, al, bh0, bh1, bl0, bl1);
     }
   }
@@ -171,7 +176,8 @@ __device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, c
 // products start from zero and join acc by a float32 add: a gradient sums
 // thousands of tiles (dK and dV every row of a GQA group), and chaining them
 // all through the tensor cores' accumulation cost float32 accuracy (dV of
-// 7 x 1000 rows: 5e-5 relative, against 2e-5 wanted).
+// 7 x 1000 rows: 5e-5 relative, against 2e-5 wanted). X's values are all
+// finite: a tile that holds another value takes accumulate_guarded.
 template <bool kSplit, int NB, int NO, int EB>
 __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)[NB][4], const float* x_rows,
                                            int col0, int lane) {
@@ -200,8 +206,8 @@ __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)
 #pragma unroll
     for (int kb = 0; kb < NB; ++kb) {
       uint32_t bh0, bl0, bh1, bl1;
-      input_operand<kSplit>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
-      input_operand<kSplit>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
+      input_operand<kSplit, true>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
+      input_operand<kSplit, true>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
       mma_terms<kSplit>(part, ah[kb], al[kb], bh0, bh1, bl0, bl1);
     }
 #pragma unroll
@@ -265,9 +271,14 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     rb[0] = ra < L ? mask.row_base(n, ra) : 0;
     rb[1] = ra + 8 < L ? mask.row_base(n, ra + 8) : 0;
   }
-  // The tile's scores in the log2 domain, -inf where hidden.
-  auto masked_scores = [&](float (&s)[NB][4], int c0) {
-    scores<kSplit, NB, EB>(s, q_w, k_s, lane);
+  // The tile's scores in the log2 domain, -inf where hidden; finite: K's
+  // values all finite.
+  auto masked_scores = [&](float (&s)[NB][4], int c0, bool finite) {
+    if (finite) {
+      scores<kSplit, NB, EB, true>(s, q_w, k_s, lane);
+    } else {
+      scores<kSplit, NB, EB>(s, q_w, k_s, lane);
+    }
     mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, BR, S), scale_log2, t, L, S);
   };
 
@@ -282,7 +293,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
       load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, min(BC, S - c0), E);
       __syncthreads();
       float s[NB][4];
-      masked_scores(s, c0);
+      masked_scores(s, c0, false);
       lse_step<NB>(s, m, l);
       __syncthreads();
     }
@@ -297,7 +308,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     load_two<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, v_s, v_head + (int64_t)c0 * E, kc, E, bad, bad_v);
     const bool guard = __syncthreads_or(bad);
     float s[NB][4], dp[NB][4];
-    masked_scores(s, c0);
+    masked_scores(s, c0, !guard);
     scores<kSplit, NB, EB>(dp, do_w, v_s, lane);
     row_ds<NB>(s, dp, lse, D);
     if (guard) {
@@ -380,8 +391,17 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     const bool guard_do = __syncthreads_or(bad_do);
 
     float p[NB][4], ds[NB][4];
-    scores<kSplit, NB, EB>(p, k_w, q_s, lane);    // S^T: keys x rows
-    scores<kSplit, NB, EB>(ds, v_w, do_s, lane);  // dP^T
+    // S^T (keys x rows) and dP^T
+    if (guard_q) {
+      scores<kSplit, NB, EB>(p, k_w, q_s, lane);
+    } else {
+      scores<kSplit, NB, EB, true>(p, k_w, q_s, lane);
+    }
+    if (guard_do) {
+      scores<kSplit, NB, EB>(ds, v_w, do_s, lane);
+    } else {
+      scores<kSplit, NB, EB, true>(ds, v_w, do_s, lane);
+    }
     key_tile_ds<NB>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, BR, S), lse_s, d_s, scale_log2, t, L, S);
     if (guard_do) {
       accumulate_guarded<float, LD, NB, NO>(dv_acc, p, do_s, blk.col0, lane);
