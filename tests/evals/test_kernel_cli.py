@@ -327,3 +327,23 @@ def test_cases_with_sinks_against_mlx_sdpa_with_sinks():
         for impl in ("flash", "mlx")}
     for r in rows:
         assert r["max_abs_error"] <= 1e-5, r
+
+
+def test_quantized_cases_with_sinks_leave_mlx_lm_out():
+    # mlx-lm's quantized attention takes no sinks: flash reads the quantized
+    # triples with the sinks, flash-plain the unquantized keys and values,
+    # both against the float64 reference with the sinks on the dequantized
+    # ones (flash-plain's error is the quantization's own).
+    result = run(["kernel", "--shape", "qwen05b", "--prefill", "64", "--decode", "300", "--kv-bits", "4",
+                  "--kv-group-size", "32", "--sinks", "--dtype", "float32", "--impl", "flash,flash-plain", "-n", "1",
+                  "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["results"]
+    assert {(r["case"], r["impl"]) for r in rows} == {
+        (f"qwen05b {kind} 4-bit KV sinks", impl)
+        for kind in ("prefill L=64", "decode S=300") for impl in ("flash", "flash-plain")}
+    for r in rows:
+        if r["impl"] == "flash":
+            assert r["max_abs_error"] <= 1e-5, r
+        else:
+            assert r["max_abs_error"] > 1e-4, r  # the 4-bit rounding, which flash-plain does not see
