@@ -3,14 +3,15 @@ and mlx-lm's QuantizedKVCache holds it) read in place by the CPU kernels:
 against a float64 reference on the dequantized keys and values (so the
 quantization's own error is not the kernel's) over a covering matrix of
 sizes, bits, group sizes, masks, dtypes and cache layouts; decode with split
-keys; no full-precision copy of the cache; bad input refused."""
+keys; with attention sinks; no full-precision copy of the cache; bad input
+refused."""
 
 import math
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from attention_cases import DTYPES, TOLERANCE
+from attention_cases import DTYPES, TOLERANCE, sinks_for
 from pairwise import pairwise
 
 from flashattn_core import UnsupportedError, flash_attention
@@ -112,6 +113,20 @@ def test_decode_and_chunks_against_long_caches(bits, L, S, window):
     out = flash_attention(q, kq, vq, mask="causal", window=window, dtype=mx.float32, group_size=64, bits=bits)
     ref = attention_reference(q, dequantize(kq, 64), dequantize(vq, 64), mask=causal_mask(L, S, window))
     assert relative_error(out, ref) <= 2e-5
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("L, S", [(1, 3000), (2, 1000), (100, 700)])
+def test_attention_sinks_over_quantized_keys_and_values(bits, L, S):
+    # gpt-oss's sinks with a quantized cache (mlx-lm's own quantized attention
+    # refuses them): decode and prefill, native and float32 attention.
+    q, kq, vq = quantized_inputs((1,), (8, 2), L, S, 64, bits, 32, "bfloat16", "bfloat16", "kv_cache", seed=5)
+    sinks = sinks_for(8)
+    ref = attention_reference(q, dequantize(kq, 64), dequantize(vq, 64), mask=causal_mask(L, S), sinks=sinks)
+    out = flash_attention(q, kq, vq, mask="causal", sinks=sinks)
+    wide = flash_attention(q, kq, vq, mask="causal", sinks=sinks, dtype=mx.float32)
+    assert relative_error(out, ref) <= TOLERANCE["bfloat16"]
+    assert relative_error(wide, ref) <= 2e-5
 
 
 DECODE_TILES = [  # every head dim and group size the format allows (the group divides E)
