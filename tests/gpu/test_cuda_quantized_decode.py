@@ -27,19 +27,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-MATRIX = [
-    row
-    for row in pairwise(
+def covering_matrix(heads, dtypes, L=None):
+    """A pairwise covering matrix of the decode's cases: these heads and
+    dtypes (and query rows L, where given) against cache lengths, head dims,
+    bits, group sizes (the largest that divides E), masks, sinks, batch and
+    layouts."""
+    rows = pairwise(
         {
-            # (14, 2) Qwen2-0.5B, (32, 8) 7B-class, (8, 1) and (16, 1) a block's 16 rows full at L = 2 / 1,
-            # (4, 4) multi-head
-            "heads": [(14, 2), (32, 8), (8, 1), (16, 1), (4, 4)],
-            "L": [1, 2, 3],
+            "heads": heads,
+            **({"L": L} if L else {}),
             "S": [1, 31, 100, 1024, 1025, 5000, 32768],
             "E": [64, 128],
             "bits": [4, 8],
             "group_size": [32, 64, 128],
-            "dtype": ["bfloat16", "float16"],
+            "dtype": dtypes,
             "mask": ["none", "causal"],
             "sinks": [False, True],
             "batch": [(), (1,), (3,)],
@@ -48,9 +49,13 @@ MATRIX = [
         accept=lambda r: math.prod(r["batch"]) * r["heads"][1] * r["S"] * r["E"] <= 20_000_000,
         candidates=300,
     )
-]
-for r in MATRIX:
-    r["group_size"] = dividing_group_size(r["E"], r["group_size"])
+    for r in rows:
+        r["group_size"] = dividing_group_size(r["E"], r["group_size"])
+    return rows
+
+
+# (14, 2) Qwen2-0.5B, (32, 8) 7B-class, (8, 1) and (16, 1) a block's 16 rows full at L = 2 / 1, (4, 4) multi-head
+MATRIX = covering_matrix([(14, 2), (32, 8), (8, 1), (16, 1), (4, 4)], ["bfloat16", "float16"], L=[1, 2, 3])
 
 
 def row_id(r):
@@ -110,29 +115,10 @@ def test_reads_the_cache_in_place(with_sinks):
     assert extra < 2**20, f"{extra / 2**20:.1f} MiB beyond the inputs"
 
 
-FLOAT32_MATRIX = [
-    row
-    for row in pairwise(
-        {
-            # a block's 8 rows: (14, 2) 7, (32, 8) 4, (8, 1) 8 at L = 1, (4, 4) 2 at L = 2
-            "heads": [(14, 2), (32, 8), (8, 1), (4, 4)],
-            "S": [1, 31, 100, 1024, 1025, 5000, 32768],
-            "E": [64, 128],
-            "bits": [4, 8],
-            "group_size": [32, 64, 128],
-            "dtype": ["bfloat16", "float16", "float32"],
-            "mask": ["none", "causal"],
-            "sinks": [False, True],
-            "batch": [(), (1,), (3,)],
-            "layout": ["contiguous", "kv_cache", "odd_queries"],
-        },
-        accept=lambda r: math.prod(r["batch"]) * r["heads"][1] * r["S"] * r["E"] <= 20_000_000,
-        candidates=300,
-    )
-]
+# a block's 8 rows: (14, 2) 7, (32, 8) 4, (8, 1) 8 at L = 1, (4, 4) 2 at L = 2
+FLOAT32_MATRIX = covering_matrix([(14, 2), (32, 8), (8, 1), (4, 4)], ["bfloat16", "float16", "float32"])
 for r in FLOAT32_MATRIX:
     r["L"] = 2 if r["heads"] == (4, 4) else 1
-    r["group_size"] = dividing_group_size(r["E"], r["group_size"])
 
 
 @pytest.mark.parametrize("r", FLOAT32_MATRIX, ids=map(row_id, FLOAT32_MATRIX))
