@@ -148,7 +148,8 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     const std::vector<mx::Dtype> grad_dtypes = {kv_dtype, kv_dtype};
     const std::optional<float> kv_init = group_sums ? std::optional<float>(0.0f) : poison_value();
     auto grads = wg ? launch(wg_kernel, {q, k, v, dO, stats[0], stats[1], m.data, m.base, dq_sums}, grad_shapes,
-                             grad_dtypes, key_blocks, key_threads, bs::keys_smem_bytes_wg(EB), kv_init)
+                             grad_dtypes, key_blocks, key_threads,
+                             fixed == "_" ? bs::keys_smem_bytes_wg(EB) : bs::keys_smem_total_wg(EB), kv_init)
                     : launch("fa_backward_keysq_" + suffix, {q, k, v, dO, stats[0], m.data, m.base, dq_sums},
                              grad_shapes, grad_dtypes, key_blocks, key_threads, bs::keys_smem(EB, bytes), kv_init);
     std::vector<mx::array> result = {dq_from_sums(dq_sums, grads[0], q, s), mx::astype(grads[0], k.dtype(), s),

@@ -64,6 +64,13 @@ FA_HOST_DEVICE constexpr int keys_smem_bytes_wg(int EB) {
   return ((2 * kKeys16 + 4 * row_tile16(EB)) * EB + kKeys16 * ld_ds16(EB)) * 2 + 6 * row_tile16(EB) * 4;
 }
 
+// Past them, dQ's share of the block in two float32 staging tiles (BR x EB
+// each, rows contiguous as in dQ's sums) for the keys passes compiled for
+// their head dim, which add a row tile's share by one bulk reduce
+// (backward_wg.cu).
+FA_HOST_DEVICE constexpr int keys_dq_stage_bytes_wg(int EB) { return 2 * row_tile16(EB) * EB * 4; }
+FA_HOST_DEVICE constexpr int keys_smem_total_wg(int EB) { return keys_smem_bytes_wg(EB) + keys_dq_stage_bytes_wg(EB); }
+
 // The statistics pass on Hopper: the same tiles, unpadded (swizzled).
 FA_HOST_DEVICE constexpr int rows_smem_bytes_wg(int EB) { return (kRows + 2 * kKeyTile16) * EB * 2; }
 

@@ -253,4 +253,20 @@ __device__ __forceinline__ void add_dq16(const float (&qa)[4][4], float* __restr
     }
 }
 
+// The same block of dQ times scale into a staging tile of BR x EB floats
+// (rows contiguous, row 16 wm + g .. of the tile) that one bulk reduce then
+// adds into dQ's sums (backward_wg.cu, E = EB).
+template <int EB>
+__device__ __forceinline__ void stage_dq16(const float (&qa)[4][4], float* stage, int wm, int wn, float scale,
+                                           int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * 16 + g + 8 * h, e = wn * 32 + nt * 8 + 2 * t;
+      *reinterpret_cast<float2*>(stage + r * EB + e) = make_float2(qa[nt][2 * h] * scale, qa[nt][2 * h + 1] * scale);
+    }
+}
+
 }  // namespace fa

@@ -16,7 +16,10 @@
 //   dV += P^T dO and dK += dS^T Q: BR / 16 wgmma each, P^T / dS^T from
 //     registers, dO / Q read MN-major from the same tiles;
 // then dQ += dS K on mma.sync from dS^T in shared memory, as
-// backward_f16.cu, added into float32 by atomics. K, V, Q and dO lie in
+// backward_f16.cu, added into float32 by atomics, or (kBulkDq: the units
+// compiled for their head dim, E = EB) staged in shared memory and added by
+// one bulk reduce a row tile, which the copy engine performs while the
+// block goes on. K, V, Q and dO lie in
 // wgmma's 128-byte swizzled layout (swizzle.cuh). Two barriers a row tile:
 // the next tile's copy starts once every warp is past the tile before. The
 // statistics pass flags the rows whose Q or dO is not finite: a tile with
@@ -28,6 +31,7 @@
 #include "backward_shapes.h"
 #include "backward_stats16.cuh"
 #include "backward_tiles16.cuh"
+#include "tma.cuh"
 #include "unit.cuh"
 #include "wgmma.cuh"
 
@@ -46,7 +50,7 @@ __device__ __forceinline__ void pack_terms(uint32_t (&a)[NB / 2][4], const float
   }
 }
 
-template <typename T, int EB>
+template <typename T, int EB, bool kBulkDq>
 __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const T* __restrict__ k,
                                                  const T* __restrict__ v, const T* __restrict__ d_out,
                                                  const float* __restrict__ stats, const int* __restrict__ flags,
@@ -66,6 +70,7 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
   float* lse_s = reinterpret_cast<float*>(ds_s + BK * LDS);  // two buffers
   float* d_s = lse_s + 2 * BR;                                // two buffers
   int* flag_s = reinterpret_cast<int*>(d_s + 2 * BR);         // two buffers
+  float* dq_stage = reinterpret_cast<float*>(smem_sw + bs::keys_smem_bytes_wg(EB));  // two tiles (kBulkDq)
   if (smem_u32(smem_sw) & 1023) __trap();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wg = w >> 2;
 
@@ -99,6 +104,13 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
         flag_s[b * BR + j] = 0;
       }
     }
+  };
+
+  // Thread 0: row tile i's staged share of dQ added into the sums.
+  auto flush_dq = [&](int i) {
+    const int r0 = row_begin + i * BR, count = min(BR, L - r0);
+    bulk_reduce_add_f32(dq + (n * L + r0) * EB, dq_stage + (i & 1) * BR * EB, uint32_t(count) * EB * 4);
+    bulk_commit();
   };
 
   const int kc = min(BK, S - c0);
@@ -149,6 +161,15 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
     for (int kk = 0; kk < EB / 16; ++kk)
       wgmma16_ss<T, BR>(ds, d_v.at(step_e(BK, kk)), d_do.at(off + step_e(BR, kk)), kk > 0);  // dP^T
     wgmma_commit();
+    if constexpr (kBulkDq) {
+      // Tile i - 1's dQ, staged and fenced before the barrier above; then the
+      // stage this tile writes (tile i - 2's) read out before the barrier
+      // that precedes those writes.
+      if (threadIdx.x == 0 && i > 0) {
+        flush_dq(i - 1);
+        bulk_wait_read<1>();
+      }
+    }
     wgmma_wait<0>();
     fence_fragments(p);
     fence_fragments(ds);
@@ -185,9 +206,10 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
     // The next tile's copies landed and made visible to wgmma before dQ's
     // atomics go out: the fence waits for every earlier memory access of
     // the thread, and the atomics' would be the slowest.
+    if constexpr (kBulkDq) stage_dq16<EB>(qa, dq_stage + b * BR * EB, wm, wn, scale, lane);
     cp_async_wait<0>();
-    fence_proxy_async();
-    add_dq16(qa, dq, n, L, E, r0, wm, wn, scale, lane);
+    fence_proxy_async();  // (the staged dQ too, read by the bulk reduce)
+    if constexpr (!kBulkDq) add_dq16(qa, dq, n, L, E, r0, wm, wn, scale, lane);
     // dV and dK's products read this tile's buffers and P^T / dS^T's
     // registers: done before the barrier that frees them.
     wgmma_wait<0>();
@@ -197,6 +219,13 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
     fence_fragments(dsa);
   }
   cp_async_wait<0>();
+  if constexpr (kBulkDq) {
+    __syncthreads();  // the last tile's dQ staged by every thread
+    if (threadIdx.x == 0) {
+      if (tiles > 0) flush_dq(tiles - 1);
+      bulk_wait<0>();
+    }
+  }
 
   store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, tiles > 0, ka, S, E, 0, scale, lane);
 }
@@ -231,10 +260,12 @@ extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_C
 #define FA_KEYS_FAMILY FA_CAT3(fa_backward_keyswg, FA_KIND_LETTER, _)
 #define FA_KEYS_E FA_E
 #define FA_KEYS_KIND FA_KIND
+#define FA_KEYS_BULK true
 #else
 #define FA_KEYS_FAMILY fa_backward_keyswg_
 #define FA_KEYS_E E
 #define FA_KEYS_KIND mask_kind
+#define FA_KEYS_BULK false
 #endif
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16, 1)
     FA_CAT5(FA_KEYS_FAMILY, FA_TNAME, _, FA_E, )(const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out,
@@ -242,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16
                                                  const int64_t* mask_base, float* dq, void* dk, void* dv, int slices,
                                                  int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
                                                  int mask_cs, float scale_log2, float scale) {
-  fa::backward_keys_wg<FA_T, FA_E>(q, k, v, d_out, stats, flags, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S,
+  fa::backward_keys_wg<FA_T, FA_E, FA_KEYS_BULK>(q, k, v, d_out, stats, flags, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S,
                                    FA_KEYS_E, FA_KEYS_KIND, mask_rs, mask_cs, scale_log2, scale);
 }
 #endif

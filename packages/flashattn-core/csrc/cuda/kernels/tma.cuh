@@ -35,6 +35,28 @@ __device__ __forceinline__ void tma_prefetch_map(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 
+// A bulk reduce-add (no tensor map): `bytes` contiguous bytes of float32 at
+// src (shared) added element by element into dst (global; both 16-byte
+// aligned, bytes a multiple of 16), each element's add atomic, as red.add
+// would be. The copy reads src after the issuing thread's bulk_commit;
+// bulk_wait_read<N> waits until at most N groups still read their sources.
+// Threads that wrote src fence it to the async proxy (fence_proxy_async)
+// before the barrier the issuing thread passes.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Tensor maps made on the device: a template from the host
 // (cuTensorMapEncodeTiled: rank 4, element type, box, swizzle), passed as 32
 // words of kernel arguments, with each tensor's address, sizes, byte strides
