@@ -36,19 +36,26 @@ namespace bs = fa::backward_shapes;
 
 namespace {
 
-// dQ in q's dtype from its float32 sums, which the keys pass wrote in place
-// (kernels/backward_dq.cu); `after`, an output of that pass, orders the
-// launch after it.
-mx::array dq_from_sums(const mx::array& sums, const mx::array& after, const mx::array& q, mx::Stream s) {
+// dQ in q's dtype from its float32 sums, which the keys pass wrote in place,
+// and under GQA dK and dV from theirs after them (kernels/backward_dq.cu:
+// one launch); `after`, an output of that pass, orders the launch after it.
+// Without GQA the last two are placeholders.
+std::vector<mx::array> grads_from_sums(const mx::array& sums, const mx::array& after, const mx::array& q,
+                                       const mx::array& k, bool group_sums, mx::Stream s) {
   const std::string kernel = std::string("fa_backward_dq_") + dtype_name(q.dtype());
   const std::string* image = find_image(kernel, s.device.index);
   if (!image) throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
   constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>((q.size() / 4 + kThreads - 1) / kThreads + 1, 4096);
-  const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(q.size() / q.shape(-1)), q.shape(-1)};
-  return mx::fast::precompiled_cuda_kernel(kernel, *image, {sums, after}, {q.shape()}, {q.dtype()}, scalars,
+  const int64_t elements = q.size() + (group_sums ? 2 * k.size() : 0);
+  const int64_t blocks = std::min<int64_t>((elements / 4 + kThreads - 1) / kThreads + 1, 4096);
+  const int E = q.shape(-1);
+  const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(q.size() / E),
+                                                     group_sums ? static_cast<int>(k.size() / E) : 0, E};
+  const mx::Shape kv_shape = group_sums ? k.shape() : mx::Shape{1};
+  return mx::fast::precompiled_cuda_kernel(kernel, *image, {sums, after}, {q.shape(), kv_shape, kv_shape},
+                                           {q.dtype(), k.dtype(), k.dtype()}, scalars,
                                            {static_cast<int>(blocks) * kThreads, 1, 1}, {kThreads, 1, 1}, 0,
-                                           std::nullopt, /* ensure_row_contiguous */ true, s)[0];
+                                           std::nullopt, /* ensure_row_contiguous */ true, s);
 }
 
 }  // namespace
@@ -70,7 +77,9 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const int bytes = static_cast<int>(q.itemsize());
   const int key_threads = bs::keys_threads(EB, bytes), block_keys = bs::keys_block(EB, bytes);
   const int64_t key_blocks = (S + block_keys - 1) / block_keys * batch * H_q;
-  if (std::max(row_blocks * bs::kThreads, key_blocks * key_threads) > std::numeric_limits<int>::max()) {
+  // (and the 16-bit passes' float32 sums' rows: GradSums)
+  if (std::max({row_blocks * bs::kThreads, key_blocks * key_threads, batch * H_q * L + 2 * batch * H_kv * S}) >
+      std::numeric_limits<int>::max()) {
     throw Unsupported(Reason::input, "flash_attention: too many query rows or keys for one CUDA backward launch");
   }
 
@@ -133,10 +142,14 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     const std::string general = "fa_backward_keyswg_" + suffix;
     const bool wg = find_image(general, s.device.index) != nullptr;
     const std::string wg_kernel = "fa_backward_keyswg" + fixed + suffix;
-    // The statistics pass also zeroes dQ's float32 sums, which the keys pass
-    // then adds into in place (an input it writes): MLX's own fill of an
-    // output would be one more launch, slower than these stores.
-    const std::vector<mx::Shape> stats_shapes = {stats_shape, {static_cast<int>(batch * H_q * L)}, q.shape()};
+    // The statistics pass also zeroes the gradients' float32 sums (dQ's, and
+    // under GQA dK's and dV's after them: GradSums, backward_tiles16.cuh),
+    // which the keys pass then adds into in place (an input it writes):
+    // MLX's own fill of an output would be one more launch, slower than these
+    // stores.
+    const mx::Shape sums_shape =
+        group_sums ? mx::Shape{static_cast<int>(batch * H_q * L + 2 * batch * H_kv * S), E} : q.shape();
+    const std::vector<mx::Shape> stats_shapes = {stats_shape, {static_cast<int>(batch * H_q * L)}, sums_shape};
     const std::vector<mx::Dtype> stats_dtypes = {mx::float32, mx::int32, mx::float32};
     auto stats = lse ? launch("fa_backward_dflags_" + suffix, {q, o, dO, *lse}, stats_shapes, stats_dtypes, row_blocks,
                               bs::kThreads, 0, poison_value())
@@ -144,16 +157,19 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
                               {q, k, o, dO, m.data, m.base}, stats_shapes, stats_dtypes, row_blocks, bs::kThreads,
                               wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes), poison_value());
     const mx::array& dq_sums = stats[2];
-    const std::vector<mx::Shape> grad_shapes = {k.shape(), v.shape()};
-    const std::vector<mx::Dtype> grad_dtypes = {kv_dtype, kv_dtype};
-    const std::optional<float> kv_init = group_sums ? std::optional<float>(0.0f) : poison_value();
+    // Under GQA the keys pass's outputs are placeholders that order the cast
+    // after it; its gradients are sums.
+    const std::vector<mx::Shape> grad_shapes =
+        group_sums ? std::vector<mx::Shape>{{1}, {1}} : std::vector<mx::Shape>{k.shape(), v.shape()};
+    const std::vector<mx::Dtype> grad_dtypes = {k.dtype(), k.dtype()};
+    const std::optional<float> kv_init = poison_value();
     auto grads = wg ? launch(wg_kernel, {q, k, v, dO, stats[0], stats[1], m.data, m.base, dq_sums}, grad_shapes,
                              grad_dtypes, key_blocks, key_threads,
                              fixed == "_" ? bs::keys_smem_bytes_wg(EB) : bs::keys_smem_total_wg(EB), kv_init)
                     : launch("fa_backward_keysq_" + suffix, {q, k, v, dO, stats[0], m.data, m.base, dq_sums},
                              grad_shapes, grad_dtypes, key_blocks, key_threads, bs::keys_smem(EB, bytes), kv_init);
-    std::vector<mx::array> result = {dq_from_sums(dq_sums, grads[0], q, s), mx::astype(grads[0], k.dtype(), s),
-                                     mx::astype(grads[1], v.dtype(), s)};
+    std::vector<mx::array> result = grads_from_sums(dq_sums, grads[0], q, k, group_sums, s);
+    if (!group_sums) result[1] = grads[0], result[2] = grads[1];
     if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
     return result;
   }

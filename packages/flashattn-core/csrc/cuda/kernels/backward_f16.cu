@@ -167,6 +167,11 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
   }
   cp_async_wait<0>();
 
+  if (ratio != 1) {  // dK's and dV's float32 sums after dQ's (GradSums)
+    const GradSums sums(slices, H_q, H_kv, L, S, E);
+    dk = dq + sums.n_q;
+    dv = dq + sums.n_q + sums.n_kv;
+  }
   store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, tiles > 0, ka, S, E, 0, scale, lane);
 }
 
@@ -196,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_C
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_dflags_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* o, const FA_T* d_out, const float* lse, float* stats, int* flags, float* dq,
     FA_BACKWARD_SCALARS) {
-  fa::backward_d_flags16<FA_T, FA_E>(q, o, d_out, lse, stats, flags, dq, slices, L, E);
+  fa::backward_d_flags16<FA_T, FA_E>(q, o, d_out, lse, stats, flags, dq, slices, H_q, H_kv, L, S, E);
 }
 #else
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16) FA_CAT5(fa_backward_keysq_, FA_TNAME, _, FA_E, )(

@@ -41,16 +41,19 @@ struct StatsRows {
 // Where the forward kept each row's log-sum-exp (fa_backward_dflags_*, no
 // shared memory: a launch of its own, as MLX sets a kernel's shared-memory
 // limit once): the statistics pass's stats with that log-sum-exp, its
-// flags, and dQ's zeroed sums.
+// flags, and the gradients' zeroed sums (GradSums).
 template <typename T, int EB>
 __device__ __forceinline__ void backward_d_flags16(const T* __restrict__ q, const T* __restrict__ o,
                                                    const T* __restrict__ d_out, const float* __restrict__ lse,
                                                    float* __restrict__ stats, int* __restrict__ flags,
-                                                   float* __restrict__ dq, int64_t slices, int L, int E) {
+                                                   float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
+                                                   int S, int E) {
   const StatsRows rows(slices, EB, L);
   const int64_t first = rows.first;
   const int count = rows.count;
   zero_rows(dq + first * E, count * E);
+  const GradSums sums(slices, H_q, H_kv, L, S, E);
+  zero_share(dq + sums.n_q, 2 * sums.n_kv);
   for (int r = threadIdx.x; r < count; r += blockDim.x) stats[(first + r) * 2] = lse[first + r];
   if (vector_copies(E, q, o, d_out, q)) {
     row_d_flags16<T, EB, bs::kRows, bs::kThreads>(q, o, d_out, stats, flags, first, count, E);
@@ -65,7 +68,8 @@ __device__ __forceinline__ void backward_d_flags16(const T* __restrict__ q, cons
 // keys pass then takes its guarded products for the row's tile, instead of
 // scanning every tile it copies). dq: the rows' float32 sums of dQ, zeroed
 // here for the keys pass's atomics (MLX's fills of the keys pass's outputs
-// took 1.6 ms of a LoRA step at 8K, H100). WG (Hopper, backward_wg.cu): Q K^T
+// took 1.6 ms of a LoRA step at 8K, H100), and under GQA dK's and dV's
+// sums after them (GradSums). WG (Hopper, backward_wg.cu): Q K^T
 // on wgmma, the tiles in its swizzled layout.
 template <typename T, int EB, bool WG = false>
 __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const T* __restrict__ k,
@@ -90,6 +94,8 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const int64_t first = rows.first;
   const int count = rows.count;
   zero_rows(dq + first * E, count * E);
+  const GradSums sums(slices, H_q, H_kv, L, S, E);
+  zero_share(dq + sums.n_q, 2 * sums.n_kv);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int j0 = mask.kv_begin(l0, L, S) / BC;  // tile i holds keys (j0 + i) BC ...
   const int tiles = (mask.kv_end(l0, BR, L, S) + BC - 1) / BC - j0;

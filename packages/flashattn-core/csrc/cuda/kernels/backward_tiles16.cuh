@@ -239,6 +239,33 @@ __device__ __forceinline__ void dq_products16(float (&qa)[4][4], const T* ds_s, 
   }
 }
 
+// The 16-bit backward's float32 sums, one buffer: dQ's (B H_q L E), then
+// under GQA dK's and dV's (B H_kv S E each), which the keys pass adds its
+// keys' shares into for the group's query heads. The statistics launch
+// zeroes the buffer, backward_dq.cu casts it to the gradients: MLX's fills
+// of dK's and dV's float32 outputs ran at a third of the memory's speed
+// (0.041 ms of forward + backward at hd128 4K, H100) and their casts took a
+// launch each.
+struct GradSums {
+  int64_t n_q, n_kv;  // dQ's elements; dK's and dV's each, 0 without GQA
+  __device__ __forceinline__ GradSums(int64_t slices, int H_q, int H_kv, int L, int S, int E)
+      : n_q(slices * L * E), n_kv(H_q == H_kv ? 0 : slices / H_q * H_kv * S * E) {}
+};
+
+// This block's share of n floats at dst zeroed (the statistics launch's
+// blocks split dK's and dV's sums evenly; grid.x counts the blocks).
+__device__ __forceinline__ void zero_share(float* dst, int64_t n) {
+  const int64_t blocks = gridDim.x, chunk = ((n + blocks - 1) / blocks + 3) / 4 * 4, begin = blockIdx.x * chunk;
+  const int64_t end = begin + chunk < n ? begin + chunk : n;
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    for (int64_t i = begin + threadIdx.x * 4; i + 3 < end; i += blockDim.x * 4)
+      *reinterpret_cast<float4*>(dst + i) = make_float4(0, 0, 0, 0);
+    for (int64_t i = begin + (end - begin) / 4 * 4 + threadIdx.x; i < end; i += blockDim.x) dst[i] = 0.0f;
+  } else {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = 0.0f;
+  }
+}
+
 // qa (dq_products16's block of rows r0 + 16 wm ..) times scale added into
 // float32 dQ (row-contiguous, E columns) by atomics.
 __device__ __forceinline__ void add_dq16(const float (&qa)[4][4], float* __restrict__ dq, int64_t n, int L, int E,
