@@ -77,9 +77,9 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const int bytes = static_cast<int>(q.itemsize());
   const int key_threads = bs::keys_threads(EB, bytes), block_keys = bs::keys_block(EB, bytes);
   const int64_t key_blocks = (S + block_keys - 1) / block_keys * batch * H_q;
-  // (and the 16-bit passes' float32 sums' rows: GradSums)
-  if (std::max({row_blocks * bs::kThreads, key_blocks * key_threads, batch * H_q * L + 2 * batch * H_kv * S}) >
-      std::numeric_limits<int>::max()) {
+  // (and the rows of the 16-bit passes' float32 sums under GQA: GradSums)
+  const int64_t sum_rows = batch * H_q * L + 2 * batch * H_kv * S;
+  if (std::max({row_blocks * bs::kThreads, key_blocks * key_threads, sum_rows}) > std::numeric_limits<int>::max()) {
     throw Unsupported(Reason::input, "flash_attention: too many query rows or keys for one CUDA backward launch");
   }
 
@@ -148,7 +148,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     // MLX's own fill of an output would be one more launch, slower than these
     // stores.
     const mx::Shape sums_shape =
-        group_sums ? mx::Shape{static_cast<int>(batch * H_q * L + 2 * batch * H_kv * S), E} : q.shape();
+        group_sums ? mx::Shape{static_cast<int>(sum_rows), E} : q.shape();
     const std::vector<mx::Shape> stats_shapes = {stats_shape, {static_cast<int>(batch * H_q * L)}, sums_shape};
     const std::vector<mx::Dtype> stats_dtypes = {mx::float32, mx::int32, mx::float32};
     auto stats = lse ? launch("fa_backward_dflags_" + suffix, {q, o, dO, *lse}, stats_shapes, stats_dtypes, row_blocks,

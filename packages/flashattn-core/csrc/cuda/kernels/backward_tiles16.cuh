@@ -250,6 +250,11 @@ struct GradSums {
   int64_t n_q, n_kv;  // dQ's elements; dK's and dV's each, 0 without GQA
   __device__ __forceinline__ GradSums(int64_t slices, int H_q, int H_kv, int L, int S, int E)
       : n_q(slices * L * E), n_kv(H_q == H_kv ? 0 : slices / H_q * H_kv * S * E) {}
+  // Under GQA, where the keys pass adds dK and dV: their sums in dq's buffer.
+  __device__ __forceinline__ void kv_sums(float* dq, void*& dk, void*& dv) const {
+    dk = dq + n_q;
+    dv = dq + n_q + n_kv;
+  }
 };
 
 // This block's share of n floats at dst zeroed (the statistics launch's

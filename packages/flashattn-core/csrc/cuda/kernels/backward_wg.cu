@@ -227,11 +227,7 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
     }
   }
 
-  if (ratio != 1) {  // dK's and dV's float32 sums after dQ's (GradSums)
-    const GradSums sums(slices, H_q, H_kv, L, S, E);
-    dk = dq + sums.n_q;
-    dv = dq + sums.n_q + sums.n_kv;
-  }
+  if (ratio != 1) GradSums(slices, H_q, H_kv, L, S, E).kv_sums(dq, dk, dv);
   store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, tiles > 0, ka, S, E, 0, scale, lane);
 }
 
