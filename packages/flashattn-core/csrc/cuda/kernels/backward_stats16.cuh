@@ -12,16 +12,6 @@
 
 namespace fa {
 
-// n floats from dst zeroed by the block, 16 bytes a store where aligned.
-__device__ __forceinline__ void zero_rows(float* dst, int n) {
-  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
-    for (int i = threadIdx.x * 4; i + 3 < n; i += blockDim.x * 4) *reinterpret_cast<float4*>(dst + i) = make_float4(0, 0, 0, 0);
-    for (int i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x) dst[i] = 0.0f;
-  } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = 0.0f;
-  }
-}
-
 // A statistics block's rows (both passes below): row tile blk.tile counted
 // from the end, so the last rows, which see the most keys under a causal
 // mask, go first; first is its first row of all (B H_q L).

@@ -257,18 +257,23 @@ struct GradSums {
   }
 };
 
+// n floats from dst zeroed by the block, 16 bytes a store where aligned.
+__device__ __forceinline__ void zero_rows(float* dst, int64_t n) {
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    for (int64_t i = threadIdx.x * 4; i + 3 < n; i += blockDim.x * 4)
+      *reinterpret_cast<float4*>(dst + i) = make_float4(0, 0, 0, 0);
+    for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x) dst[i] = 0.0f;
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = 0.0f;
+  }
+}
+
 // This block's share of n floats at dst zeroed (the statistics launch's
-// blocks split dK's and dV's sums evenly; grid.x counts the blocks).
+// blocks split dK's and dV's sums evenly, in multiples of 4 floats, so the
+// shares keep dst's alignment; grid.x counts the blocks).
 __device__ __forceinline__ void zero_share(float* dst, int64_t n) {
   const int64_t blocks = gridDim.x, chunk = ((n + blocks - 1) / blocks + 3) / 4 * 4, begin = blockIdx.x * chunk;
-  const int64_t end = begin + chunk < n ? begin + chunk : n;
-  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
-    for (int64_t i = begin + threadIdx.x * 4; i + 3 < end; i += blockDim.x * 4)
-      *reinterpret_cast<float4*>(dst + i) = make_float4(0, 0, 0, 0);
-    for (int64_t i = begin + (end - begin) / 4 * 4 + threadIdx.x; i < end; i += blockDim.x) dst[i] = 0.0f;
-  } else {
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = 0.0f;
-  }
+  if (begin < n) zero_rows(dst + begin, (begin + chunk < n ? begin + chunk : n) - begin);
 }
 
 // qa (dq_products16's block of rows r0 + 16 wm ..) times scale added into
