@@ -1,8 +1,11 @@
 """Where forward + backward's GPU time goes, kernel by kernel (PyTorch's
 profiler: CUPTI sees MLX's kernels too): flash_attention's gradient against
-MLX's VJP of its SDPA, bfloat16 causal, qwen05b and hd128 at 4K and 8K.
+MLX's VJP of its SDPA, causal, qwen05b and hd128 at 4K and 8K; bfloat16, or
+the dtype named.
 
-    python3 benchmarks/cuda-probes/backward-split-probe.py"""
+    python3 benchmarks/cuda-probes/backward-split-probe.py [float32]"""
+
+import sys
 
 import mlx.core as mx
 from gpu_probe_calls import HD128, QWEN05B
@@ -11,10 +14,11 @@ from torch.profiler import ProfilerActivity, profile
 from flashattn_core import flash_attention
 
 REPS = 20
+dtype = getattr(mx, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
 for name, (H, H_kv, E) in (("qwen05b", QWEN05B), ("hd128", HD128)):
     for L in (4096, 8192):
-        q, k, v = (mx.random.normal((1, h, L, E)).astype(mx.bfloat16) for h in (H, H_kv, H_kv))
-        d_out = mx.random.normal(q.shape).astype(mx.bfloat16)
+        q, k, v = (mx.random.normal((1, h, L, E)).astype(dtype) for h in (H, H_kv, H_kv))
+        d_out = mx.random.normal(q.shape).astype(dtype)
         mx.eval(q, k, v, d_out)
         fns = {
             "flash": lambda q, k, v: flash_attention(q, k, v, mask="causal"),

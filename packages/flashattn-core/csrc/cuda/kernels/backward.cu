@@ -44,10 +44,14 @@ __device__ __forceinline__ void input_operand(float x, uint32_t& hi, uint32_t& l
   }
 }
 // The same for the A side of a score product (split_tf32_query: an infinite
-// input meets a zero part without making NaN of x * inf).
-template <bool kSplit>
+// input meets a zero part without making NaN of x * inf). kFinite: both
+// operands' tiles hold finite values only, so split_finite does (two
+// instructions where split_tf32_query takes six).
+template <bool kSplit, bool kFinite = false>
 __device__ __forceinline__ void query_operand(float x, uint32_t& hi, uint32_t& lo) {
-  if constexpr (kSplit) {
+  if constexpr (kSplit && kFinite) {
+    split_finite(x, hi, lo);
+  } else if constexpr (kSplit) {
     split_tf32_query(x, hi, lo);
   } else {
     hi = __float_as_uint(x);
@@ -145,9 +149,9 @@ __device__ __forceinline__ void load_two(float* da, const T* a, float* db, const
 }
 
 // s = A B^T for the warp's 16 rows of A (a_rows) against NB x 8 rows of B
-// (b_rows), both in shared memory, inner dim EB; kFiniteB: B's values all
-// finite (input_operand).
-template <bool kSplit, int NB, int EB, bool kFiniteB = false>
+// (b_rows), both in shared memory, inner dim EB; kFinite: A's and B's values
+// all finite (query_operand, input_operand).
+template <bool kSplit, int NB, int EB, bool kFinite = false>
 __device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, const float* b_rows, int lane) {
   constexpr int LD = bs::ld(EB);
   const int g = lane >> 2, t = lane & 3;
@@ -159,14 +163,29 @@ __device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, c
   for (int kk = 0; kk < EB / 8; ++kk) {
     uint32_t ah[4], al[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) query_operand<kSplit>(a_rows[(g + (i & 1) * 8) * LD + kk * 8 + t + (i >> 1) * 4], ah[i], al[i]);
+    for (int i = 0; i < 4; ++i)
+      query_operand<kSplit, kFinite>(a_rows[(g + (i & 1) * 8) * LD + kk * 8 + t + (i >> 1) * 4], ah[i], al[i]);
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       uint32_t bh0, bl0, bh1, bl1;
-      input_operand<kSplit, kFiniteB>(b_rows[(nb * 8 + g) * LD + kk * 8 + t], bh0, bl0);
-      input_operand<kSplit, kFiniteB>(b_rows[(nb * 8 + g) * LD + kk * 8 + t + 4], bh1, bl1);
+      input_operand<kSplit, kFinite>(b_rows[(nb * 8 + g) * LD + kk * 8 + t], bh0, bl0);
+      input_operand<kSplit, kFinite>(b_rows[(nb * 8 + g) * LD + kk * 8 + t + 4], bh1, bl1);
       mma_terms<kSplit>(s[nb], ah, al, bh0, bh1, bl0, bl1);
     }
+  }
+}
+
+// scores for tiles whose values are all finite (`finite`: both flags said
+// so) or not: the split takes no care for infinities where none can meet.
+// (One variant for every tile that holds another value: rare, and a third
+// variant cost the keys pass registers.)
+template <bool kSplit, int NB, int EB>
+__device__ __forceinline__ void scores_of(float (&s)[NB][4], const float* a_rows, const float* b_rows, bool finite,
+                                          int lane) {
+  if (finite) {
+    scores<kSplit, NB, EB, true>(s, a_rows, b_rows, lane);
+  } else {
+    scores<kSplit, NB, EB>(s, a_rows, b_rows, lane);
   }
 }
 
@@ -247,11 +266,13 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int kv_begin = mask.kv_begin(l0, L, S) / BC * BC, kv_end = mask.kv_end(l0, BR, L, S);
 
+  bool q_finite, do_finite;  // the block's rows (scores_of)
   {
-    bool bad_q, bad_do;  // (the products below guard K's values only)
+    bool bad_q, bad_do;
     load_two<T, EB, BR>(q_s, q + first * E, do_s, d_out + first * E, count, E, bad_q, bad_do);
+    q_finite = !__syncthreads_or(bad_q);
+    do_finite = !__syncthreads_or(bad_do);
   }
-  __syncthreads();
   for (int r = w; r < BR; r += bs::kWarps) {
     float d = 0.0f;
     if (r < count) {
@@ -271,14 +292,10 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     rb[0] = ra < L ? mask.row_base(n, ra) : 0;
     rb[1] = ra + 8 < L ? mask.row_base(n, ra + 8) : 0;
   }
-  // The tile's scores in the log2 domain, -inf where hidden; finite: K's
+  // The tile's scores in the log2 domain, -inf where hidden; k_finite: K's
   // values all finite.
-  auto masked_scores = [&](float (&s)[NB][4], int c0, bool finite) {
-    if (finite) {
-      scores<kSplit, NB, EB, true>(s, q_w, k_s, lane);
-    } else {
-      scores<kSplit, NB, EB>(s, q_w, k_s, lane);
-    }
+  auto masked_scores = [&](float (&s)[NB][4], int c0, bool k_finite) {
+    scores_of<kSplit, NB, EB>(s, q_w, k_s, q_finite && k_finite, lane);
     mask_row_scores<NB>(s, mask, rb, ra, c0, mask.tile_hides(c0, BC, l0, BR, S), scale_log2, t, L, S);
   };
 
@@ -290,10 +307,9 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   } else {
     float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
     for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
-      load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, min(BC, S - c0), E);
-      __syncthreads();
+      const bool k_finite = !__syncthreads_or(load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, min(BC, S - c0), E));
       float s[NB][4];
-      masked_scores(s, c0, false);
+      masked_scores(s, c0, k_finite);
       lse_step<NB>(s, m, l);
       __syncthreads();
     }
@@ -304,12 +320,13 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   zero(acc);
   for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
     const int kc = min(BC, S - c0);
-    bool bad, bad_v;  // (V's values reach dP, whose non-finite terms need no guard)
+    bool bad, bad_v;
     load_two<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, v_s, v_head + (int64_t)c0 * E, kc, E, bad, bad_v);
     const bool guard = __syncthreads_or(bad);
+    const bool v_finite = !__syncthreads_or(bad_v);
     float s[NB][4], dp[NB][4];
     masked_scores(s, c0, !guard);
-    scores<kSplit, NB, EB>(dp, do_w, v_s, lane);
+    scores_of<kSplit, NB, EB>(dp, do_w, v_s, do_finite && v_finite, lane);
     row_ds<NB>(s, dp, lse, D);
     if (guard) {
       accumulate_guarded<float, LD, NB, NO>(acc, s, k_s, blk.col0, lane);
@@ -362,10 +379,13 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
 
+  bool k_finite, v_finite;  // the block's keys (scores_of)
   {
-    bool bad_k, bad_v;  // (the keys' values meet no guard: as load_rows's flags, unread)
+    bool bad_k, bad_v;
     load_two<T, EB, BK>(k_s, k + (kv_slice * S + c0) * E, v_s, v + (kv_slice * S + c0) * E, min(BK, S - c0), E,
                         bad_k, bad_v);
+    k_finite = !__syncthreads_or(bad_k);
+    v_finite = !__syncthreads_or(bad_v);
   }
   const int ka = c0 + w * 16 + g;  // this thread's keys: ka, ka + 8
   const float* k_w = k_s + w * 16 * LD;
@@ -392,16 +412,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 
     float p[NB][4], ds[NB][4];
     // S^T (keys x rows) and dP^T
-    if (guard_q) {
-      scores<kSplit, NB, EB>(p, k_w, q_s, lane);
-    } else {
-      scores<kSplit, NB, EB, true>(p, k_w, q_s, lane);
-    }
-    if (guard_do) {
-      scores<kSplit, NB, EB>(ds, v_w, do_s, lane);
-    } else {
-      scores<kSplit, NB, EB, true>(ds, v_w, do_s, lane);
-    }
+    scores_of<kSplit, NB, EB>(p, k_w, q_s, k_finite && !guard_q, lane);
+    scores_of<kSplit, NB, EB>(ds, v_w, do_s, v_finite && !guard_do, lane);
     key_tile_ds<NB>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, BR, S), lse_s, d_s, scale_log2, t, L, S);
     if (guard_do) {
       accumulate_guarded<float, LD, NB, NO>(dv_acc, p, do_s, blk.col0, lane);
@@ -450,7 +462,7 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 #define FA_PASS_KIND mask_kind
 #endif
 #if FA_PASS == 0
-extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(FA_ROWS_FAMILY, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads, fa::backward_shapes::min_blocks(FA_E)) FA_CAT5(FA_ROWS_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* o, const FA_T* d_out, const void* mask,
     const int64_t* mask_base, const float* lse, FA_T* dq, float* stats, FA_BACKWARD_SCALARS) {
   fa::backward_rows<FA_T, FA_E>(q, k, v, o, d_out, mask, mask_base, lse, dq, stats, slices, H_q, H_kv, L, S, FA_PASS_E,

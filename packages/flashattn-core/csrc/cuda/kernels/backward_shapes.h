@@ -29,6 +29,11 @@ constexpr int kRows = 16 * kWarps;
 FA_HOST_DEVICE constexpr int key_tile(int EB) { return EB > 64 ? 32 : 64; }
 FA_HOST_DEVICE constexpr int rows_smem_bytes(int EB) { return (2 * kRows + 2 * key_tile(EB)) * ld(EB) * 4; }
 
+// Blocks an SM that the rows pass's registers must allow: at E = 64 its
+// shared memory leaves three on Hopper, which 171 registers a thread would
+// cut to two.
+FA_HOST_DEVICE constexpr int min_blocks(int EB) { return EB == 64 ? 3 : 1; }
+
 // The keys pass (dK, dV): 64 keys a block, query rows in tiles of 32. K, V,
 // Q, dO, and the row tile's log-sum-exp and D.
 constexpr int kKeys = 16 * kWarps;
