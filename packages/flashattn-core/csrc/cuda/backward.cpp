@@ -83,7 +83,12 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     throw Unsupported(Reason::input, "flash_attention: too many query rows or keys for one CUDA backward launch");
   }
 
-  const int smem_needed = std::max(bs::rows_smem(EB, bytes) + bs::kRows * 4, bs::keys_smem(EB, bytes));  // + D's static array
+  // Where the forward kept the log-sum-exp, the other kernels' keys pass
+  // makes dQ too (fa_backward_keysq) after fa_backward_d's statistics, in
+  // place of the rows pass.
+  const bool keysq = lse && !bs::f16_kernel(EB, bytes) && EB <= 128;
+  const int smem_needed = std::max({bs::rows_smem(EB, bytes) + bs::kRows * 4,  // + D's static array
+                                    bs::keys_smem(EB, bytes), keysq ? bs::keysq_smem_bytes(EB) : 0});
   const int smem_allowed = max_shared_memory_per_block(s.device.index);
   if (smem_allowed > 0 && smem_needed > smem_allowed) {
     throw Unsupported(Reason::no_gpu_kernel,
@@ -170,6 +175,18 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
                              grad_shapes, grad_dtypes, key_blocks, key_threads, bs::keys_smem(EB, bytes), kv_init);
     std::vector<mx::array> result = grads_from_sums(dq_sums, grads[0], q, k, group_sums, s);
     if (!group_sums) result[1] = grads[0], result[2] = grads[1];
+    if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
+    return result;
+  }
+  if (keysq) {
+    auto stats = launch("fa_backward_d_" + suffix, {o, dO, *lse}, {stats_shape}, {mx::float32}, row_blocks,
+                        bs::kThreads, 0, poison_value());
+    // dK and dV stored (sums under GQA) and dQ's sums, all zeros first.
+    auto keys = launch("fa_backward_keysq" + fixed + suffix, {q, k, v, dO, stats[0], m.data, m.base},
+                       {k.shape(), v.shape(), q.shape()}, {kv_dtype, kv_dtype, mx::float32}, key_blocks, key_threads,
+                       bs::keysq_smem_bytes(EB), 0.0f);
+    std::vector<mx::array> result = {mx::astype(keys[2], q.dtype(), s), mx::astype(keys[0], k.dtype(), s),
+                                     mx::astype(keys[1], v.dtype(), s)};
     if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
     return result;
   }

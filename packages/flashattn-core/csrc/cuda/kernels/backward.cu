@@ -11,7 +11,11 @@
 //     and dV; under GQA each head of a group adds its share (float32
 //     atomics, K and V never repeated).
 // Both recompute P from the scores and the row's log-sum-exp; never an
-// L x S buffer.
+// L x S buffer. Where the forward kept the log-sum-exp and E <= 128, the
+// keys pass makes dQ too (fa_backward_keysq: FlashAttention-2's dQ += dS K
+// by float32 atomics into zeros) after fa_backward_d has written (lse, D):
+// the rows pass's second walk of S and dP, three products of seven, saved
+// for one.
 //
 // float32 inputs take the 3xTF32 split (hi*hi + hi*lo + lo*hi: float32
 // accuracy, mma.cuh); float16 and bfloat16 values are exact in TF32, so their
@@ -349,16 +353,99 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   }
 }
 
+// fa_backward_d: each row's (lse, D) where the forward kept lse, for the
+// keys pass that makes dQ (a block's 64 rows, 16 a warp, every load of a
+// warp's rows in flight before the first sum).
+template <typename T, int EB>
+__device__ __forceinline__ void backward_d(const T* __restrict__ o, const T* __restrict__ d_out,
+                                           const float* __restrict__ lse_fwd, float* __restrict__ stats,
+                                           int64_t slices, int L, int E) {
+  constexpr int RW = bs::kRows / bs::kWarps, PER = EB / 32;
+  const BackwardBlock blk(slices, bs::out_cols(EB));
+  const int64_t n = blk.slice;
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r0 = blk.tile * bs::kRows + w * RW;
+  float d[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    d[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int r = r0 + i, e = lane + 32 * j;
+      if (r < L && e < E) d[i] += to_f(d_out[(n * L + r) * E + e]) * to_f(o[(n * L + r) * E + e]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    d[i] = warp_sum(d[i]);
+    const int r = r0 + i;
+    if (lane == 0 && r < L) {
+      stats[(n * L + r) * 2] = lse_fwd[n * L + r];
+      stats[(n * L + r) * 2 + 1] = d[i];
+    }
+  }
+}
+
+// The keys pass's share of dQ for one row tile (rows r0 .. r0 + count):
+// dQ += scale dS K over the block's BK keys, dS^T staged in shared memory
+// (ds_s: a key's row tile LDS floats apart) by every warp. Each warp takes
+// 16 rows and half the columns, and adds them into dq (float32, zeros
+// before the launch) by atomics. k_finite: the block's K all finite; else
+// float32 FMA skipping zero weights (accumulate_guarded's reason).
+template <bool kSplit, int EB, int BK, int LDS>
+__device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s, const float* k_s, bool k_finite,
+                                       int r0, int count, int E, float scale, int w, int lane) {
+  constexpr int LD = bs::ld(EB), NQ = EB / 16;  // n-tiles of 8 in the warp's EB / 2 columns
+  const int g = lane >> 2, t = lane & 3;
+  const int rq = (w & 1) * 16, cq = (w >> 1) * (EB / 2);
+  float acc[NQ][4];
+  zero(acc);
+  if (k_finite) {
+#pragma unroll 2
+    for (int kk = 0; kk < BK / 8; ++kk) {
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)  // dS (rows x keys): row rq + g (+8), key kk*8 + t (+4)
+        computed_operand<kSplit>(ds_s[(kk * 8 + t + (i >> 1) * 4) * LDS + rq + g + (i & 1) * 8], ah[i], al[i]);
+#pragma unroll
+      for (int nb = 0; nb < NQ; ++nb) {
+        uint32_t bh0, bl0, bh1, bl1;
+        input_operand<kSplit, true>(k_s[(kk * 8 + t) * LD + cq + nb * 8 + g], bh0, bl0);
+        input_operand<kSplit, true>(k_s[(kk * 8 + t + 4) * LD + cq + nb * 8 + g], bh1, bl1);
+        mma_terms<kSplit>(acc[nb], ah, al, bh0, bh1, bl0, bl1);
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < BK; ++k) {
+      const float p[2] = {ds_s[k * LDS + rq + g], ds_s[k * LDS + rq + g + 8]};
+#pragma unroll
+      for (int nb = 0; nb < NQ; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (p[i >> 1] != 0.0f) acc[nb][i] = fmaf(p[i >> 1], k_s[k * LD + cq + nb * 8 + 2 * t + (i & 1)], acc[nb][i]);
+    }
+  }
+#pragma unroll
+  for (int nb = 0; nb < NQ; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = rq + g + 8 * (i >> 1), e = cq + nb * 8 + 2 * t + (i & 1);
+      if (r < count && e < E) atomicAdd(dq + (int64_t)(r0 + r) * E + e, acc[nb][i] * scale);
+    }
+}
+
 // One block: 64 keys against the rows of one query head. Without GQA it
 // writes dK and dV (T); with it, it adds them into float32 dK and dV of the
 // KV head (zeros before the launch), so that a group's heads run side by
 // side rather than one block walking them all (qwen05b: 7 heads a group).
-template <typename T, int EB>
+// kDq (fa_backward_keysq): dQ too, added into dq (add_dq).
+template <typename T, int EB, bool kDq = false>
 __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* __restrict__ k,
                                               const T* __restrict__ v, const T* __restrict__ d_out,
                                               const float* __restrict__ stats, const void* mask_data,
                                               const int64_t* __restrict__ mask_base, void* dk, void* dv,
-                                              int64_t slices, int H_q, int H_kv, int L, int S, int E,
+                                              float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L, int S, int E,
                                               int mask_kind, int mask_rs, int mask_cs, float scale_log2,
                                               float scale) {
   constexpr bool kSplit = std::is_same<T, float>::value;
@@ -370,6 +457,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   float* do_s = q_s + BR * LD;
   float* lse_s = do_s + BR * LD;
   float* d_s = lse_s + BR;
+  constexpr int LDS = bs::ld_ds(BR);
+  float* ds_s = d_s + BR;  // kDq: the tile's dS^T, a key's rows LDS apart
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
   const BackwardBlock blk(slices, bs::out_cols(EB));
@@ -415,6 +504,14 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     scores_of<kSplit, NB, EB>(p, k_w, q_s, k_finite && !guard_q, lane);
     scores_of<kSplit, NB, EB>(ds, v_w, do_s, v_finite && !guard_do, lane);
     key_tile_ds<NB>(p, ds, mask, n, ka, r0, mask.tile_hides(c0, BK, r0, BR, S), lse_s, d_s, scale_log2, t, L, S);
+    if constexpr (kDq) {
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(ds_s + (w * 16 + g + 8 * h) * LDS + nb * 8 + 2 * t) =
+              make_float2(ds[nb][2 * h], ds[nb][2 * h + 1]);
+    }
     if (guard_do) {
       accumulate_guarded<float, LD, NB, NO>(dv_acc, p, do_s, blk.col0, lane);
     } else {
@@ -425,6 +522,10 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     } else {
       accumulate<kSplit, NB, NO, EB>(dk_acc, ds, q_s, blk.col0, lane);
     }
+    if constexpr (kDq) {
+      __syncthreads();  // every warp's dS^T staged
+      add_dq<kSplit, EB, BK, LDS>(dq + n * L * E, ds_s, k_s, k_finite, r0, count, E, scale, w, lane);
+    }
   }
   store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, row_begin < row_end, ka, S, E, blk.col0,
                      scale, lane);
@@ -433,8 +534,10 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 }  // namespace fa
 
 // The extern "C" entry points of one unit (-DFA_DTYPE, -DFA_E: the head-dim
-// bucket, -DFA_PASS=0 rows | 1 keys): fa_backward_rows_<dtype>_<E>,
-// fa_backward_keys_<dtype>_<E>. Inputs, then outputs, then scalars, as MLX
+// bucket, -DFA_PASS=0 rows | 1 keys | 2 D | 3 keys with dQ):
+// fa_backward_rows_<dtype>_<E>, fa_backward_keys_<dtype>_<E>,
+// fa_backward_d_<dtype>_<E>, fa_backward_keysq_<dtype>_<E> (dq: float32
+// zeros, the stats fa_backward_d's). Inputs, then outputs, then scalars, as MLX
 // passes them. The rows pass's lse input is the forward's log-sum-exp where
 // mask_kind has kLse (mask_bits.h), else any array, never read. The keys
 // pass's dK and dV are T without GQA, float32 sums with it.
@@ -453,26 +556,40 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 #if defined(FA_KIND)
 #define FA_ROWS_FAMILY FA_CAT3(fa_backward_rows, FA_KIND_LETTER, _)
 #define FA_KEYS_FAMILY FA_CAT3(fa_backward_keys, FA_KIND_LETTER, _)
+#define FA_KEYSQ_FAMILY FA_CAT3(fa_backward_keysq, FA_KIND_LETTER, _)
 #define FA_PASS_E FA_E
 #define FA_PASS_KIND (FA_KIND | (mask_kind & ~fa::kKindBits))
 #else
 #define FA_ROWS_FAMILY fa_backward_rows_
 #define FA_KEYS_FAMILY fa_backward_keys_
+#define FA_KEYSQ_FAMILY fa_backward_keysq_
 #define FA_PASS_E E
 #define FA_PASS_KIND mask_kind
 #endif
-#if FA_PASS == 0
+#if FA_PASS == 2
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_d_, FA_TNAME, _, FA_E, )(
+    const FA_T* o, const FA_T* d_out, const float* lse, float* stats, FA_BACKWARD_SCALARS) {
+  fa::backward_d<FA_T, FA_E>(o, d_out, lse, stats, slices, L, E);
+}
+#elif FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads, fa::backward_shapes::min_blocks(FA_E)) FA_CAT5(FA_ROWS_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* o, const FA_T* d_out, const void* mask,
     const int64_t* mask_base, const float* lse, FA_T* dq, float* stats, FA_BACKWARD_SCALARS) {
   fa::backward_rows<FA_T, FA_E>(q, k, v, o, d_out, mask, mask_base, lse, dq, stats, slices, H_q, H_kv, L, S, FA_PASS_E,
                                 FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale);
 }
+#elif FA_PASS == 3
+extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(FA_KEYSQ_FAMILY, FA_TNAME, _, FA_E, )(
+    const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
+    const int64_t* mask_base, void* dk, void* dv, float* dq, FA_BACKWARD_SCALARS) {
+  fa::backward_keys<FA_T, FA_E, true>(q, k, v, d_out, stats, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S,
+                                      FA_PASS_E, FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale);
+}
 #else
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(FA_KEYS_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
     const int64_t* mask_base, void* dk, void* dv, FA_BACKWARD_SCALARS) {
-  fa::backward_keys<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, slices, H_q, H_kv, L, S, FA_PASS_E,
+  fa::backward_keys<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, nullptr, slices, H_q, H_kv, L, S, FA_PASS_E,
                                 FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale);
 }
 #endif

@@ -39,6 +39,11 @@ FA_HOST_DEVICE constexpr int min_blocks(int EB) { return EB == 64 ? 3 : 1; }
 constexpr int kKeys = 16 * kWarps;
 constexpr int kRowTile = 32;
 FA_HOST_DEVICE constexpr int keys_smem_bytes(int EB) { return ((2 * kKeys + 2 * kRowTile) * ld(EB) + 2 * kRowTile) * 4; }
+// With dQ (fa_backward_keysq, E <= 128): the row tile's dS^T after them,
+// a key's rows padded by 8 floats (its stores and dQ's reads then hit
+// distinct banks).
+FA_HOST_DEVICE constexpr int ld_ds(int rows) { return rows + 8; }
+FA_HOST_DEVICE constexpr int keysq_smem_bytes(int EB) { return keys_smem_bytes(EB) + kKeys * ld_ds(kRowTile) * 4; }
 
 // 16-bit inputs at E <= 128 (backward_f16.cu): a statistics pass (64 rows a
 // block of 4 warps, key tiles of 64) and a keys pass that makes all three
