@@ -2,8 +2,10 @@
 // custom-kernel API, ordered in MLX's graph by the statistics the second
 // reads. 16-bit inputs up to E = 128 (kernels/backward_f16.cu): a statistics
 // pass (each row's log-sum-exp, the forward's where it kept it, and D) and a keys pass for all three
-// gradients (dQ as float32 sums; on Hopper kernels/backward_wg.cu's). Others (kernels/backward.cu): the rows pass
-// (dQ and the statistics) and the keys pass (dK, dV). Under GQA dK and dV are
+// gradients (dQ as float32 sums; on Hopper kernels/backward_wg.cu's). Others (kernels/backward.cu): where the
+// forward kept the log-sum-exp and E <= 128, (lse, D) and a keys pass for all
+// three (dQ by atomics into zeros); else the rows pass (dQ and the statistics)
+// and the keys pass (dK, dV). Under GQA dK and dV are
 // float32 sums of the group's heads; sums are cast to the inputs' dtype after. Both read their inputs
 // row-contiguous (MLX copies a strided view first: O(L) memory, like the
 // gradients themselves). Float32 attention over 16-bit inputs (ops.cpp)
