@@ -89,8 +89,9 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // makes dQ too (fa_backward_keysq) after fa_backward_d's statistics, in
   // place of the rows pass.
   const bool keysq = lse && !bs::f16_kernel(EB, bytes) && EB <= 128;
-  const int smem_needed = std::max({bs::rows_smem(EB, bytes) + bs::kRows * 4,  // + D's static array
-                                    bs::keys_smem(EB, bytes), keysq ? bs::keysq_smem_bytes(EB) : 0});
+  const int smem_needed = keysq ? bs::keysq_smem_bytes(EB)
+                                : std::max(bs::rows_smem(EB, bytes) + bs::kRows * 4,  // + D's static array
+                                           bs::keys_smem(EB, bytes));
   const int smem_allowed = max_shared_memory_per_block(s.device.index);
   if (smem_allowed > 0 && smem_needed > smem_allowed) {
     throw Unsupported(Reason::no_gpu_kernel,
@@ -102,6 +103,12 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // Sinks ride in the mask's arguments, as in the forward: the statistics
   // count them in each row's log-sum-exp.
   const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
+  // (dQ, dK, dV), and the sinks' gradient from the statistics (lse, D) where
+  // the call has sinks.
+  auto gradients = [&](std::vector<mx::array> result, const mx::array& stats) {
+    if (call.sinks) result.push_back(sinks_gradient(stats, *call.sinks, q, s));
+    return result;
+  };
   // The output in the inputs' dtype, as the kernels read it (float32
   // attention over 16-bit inputs: its float32 output rounded, as dO is).
   const mx::array o = mx::astype(out, q.dtype(), s);
@@ -177,8 +184,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
                              grad_shapes, grad_dtypes, key_blocks, key_threads, bs::keys_smem(EB, bytes), kv_init);
     std::vector<mx::array> result = grads_from_sums(dq_sums, grads[0], q, k, group_sums, s);
     if (!group_sums) result[1] = grads[0], result[2] = grads[1];
-    if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
-    return result;
+    return gradients(std::move(result), stats[0]);
   }
   if (keysq) {
     auto stats = launch("fa_backward_d_" + suffix, {o, dO, *lse}, {stats_shape}, {mx::float32}, row_blocks,
@@ -187,10 +193,9 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     auto keys = launch("fa_backward_keysq" + fixed + suffix, {q, k, v, dO, stats[0], m.data, m.base},
                        {k.shape(), v.shape(), q.shape()}, {kv_dtype, kv_dtype, mx::float32}, key_blocks, key_threads,
                        bs::keysq_smem_bytes(EB), 0.0f);
-    std::vector<mx::array> result = {mx::astype(keys[2], q.dtype(), s), mx::astype(keys[0], k.dtype(), s),
-                                     mx::astype(keys[1], v.dtype(), s)};
-    if (call.sinks) result.push_back(sinks_gradient(stats[0], *call.sinks, q, s));
-    return result;
+    return gradients({mx::astype(keys[2], q.dtype(), s), mx::astype(keys[0], k.dtype(), s),
+                      mx::astype(keys[1], v.dtype(), s)},
+                     stats[0]);
   }
   // The forward's log-sum-exp, which the float32 rows pass then reads
   // (kLse; without it the output stands in, never read: row-contiguous, so
@@ -202,9 +207,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   auto keys = launch("fa_backward_keys" + f32_fixed + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
                      {kv_dtype, kv_dtype}, key_blocks, key_threads, bs::keys_smem(EB, bytes),
                      group_sums ? std::optional<float>(0.0f) : poison_value());
-  std::vector<mx::array> result = {rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)};
-  if (call.sinks) result.push_back(sinks_gradient(rows[1], *call.sinks, q, s));
-  return result;
+  return gradients({rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)}, rows[1]);
 }
 
 }  // namespace flashattn::cuda
