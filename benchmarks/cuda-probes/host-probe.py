@@ -9,10 +9,11 @@ copies of K and V taken in turn (read from memory, as each layer reads its
 own cache); for 16-bit inputs also the patch's float32 attention, by casting
 the inputs and by dtype=float32 (the 16-bit inputs read in place).
 
-    python3 benchmarks/cuda-probes/host-probe.py [prefill|dims]
+    python3 benchmarks/cuda-probes/host-probe.py [prefill|dims|short]
 
 prefill (the default): qwen05b causal 8K and hd128 causal 4K, bfloat16;
-dims: hd80 2K and hd96 2K / 8K, bfloat16."""
+dims: hd80 2K and hd96 2K / 8K, bfloat16; short: qwen05b and hd128 causal
+2K, bfloat16 (calls whose host work outlasts their kernel)."""
 
 import sys
 
@@ -80,7 +81,10 @@ PREFILL = [("qwen05b", QWEN05B, 8192, 8192, mx.bfloat16), ("hd128", HD128, 4096,
 PREFILL_DIMS = [("hd80", (32, 32, 80), 2048, 2048, mx.bfloat16), ("hd96", (32, 32, 96), 2048, 2048, mx.bfloat16),
                 ("hd96", (32, 32, 96), 8192, 8192, mx.bfloat16)]
 
+PREFILL_SHORT = [("qwen05b", QWEN05B, 2048, 2048, mx.bfloat16), ("hd128", HD128, 2048, 2048, mx.bfloat16)]
+
+modes = {"prefill": PREFILL, "dims": PREFILL_DIMS, "short": PREFILL_SHORT}
 mode = sys.argv[1] if len(sys.argv) > 1 else "prefill"
-if mode not in ("prefill", "dims"):
-    sys.exit(f"unknown mode {mode!r}: prefill or dims")
-attention(PREFILL if mode == "prefill" else PREFILL_DIMS)
+if mode not in modes:
+    sys.exit(f"unknown mode {mode!r}: {', '.join(modes)}")
+attention(modes[mode])

@@ -7,14 +7,27 @@
 // durations per key/value tile. For work outside the tile loop (prologue,
 // epilogue, scheduling) that kernel-level timings cannot separate.
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/tl benchmarks/cuda-probes/prefill-timeline.cu && /tmp/tl
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/tl benchmarks/cuda-probes/prefill-timeline.cu && /tmp/tl [short]
 
 #define FA_DTYPE 2
 #define FA_E 128
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <map>
 
+// Marks inside a block (prefill_f16_wg.cu's FA_TIMELINE_MARK), clock64 of
+// the first consumer thread (the producer's copying thread for mark 6):
+// 1 item 0's Q and first tile copied, 3 the last Q K^T
+// and softmax done, 4 the last P V done, 5 the rows stored, 6 the producer
+// has its tensor maps.
+constexpr int kMarks = 8;
+__device__ long long* g_marks;
+#define FA_TIMELINE_MARK(k)                                                                       \
+  do {                                                                                            \
+    if (threadIdx.x == 0 || ((k) == 6 && threadIdx.x % 128 == 0))                                 \
+      g_marks[(blockIdx.x + gridDim.x * blockIdx.y) * kMarks + (k)] = clock64();                  \
+  } while (0)
 #include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
 #include "harness.cuh"
 
@@ -43,7 +56,7 @@ __device__ __forceinline__ int sm_id() {
 // F32: the float32 attention over 16-bit inputs (fa_prefill_wg32_*: no
 // overlap, a float32 output).
 template <int E, int G, int ITEMS, bool F32 = false>
-using Shape = fa::WhShape<G, 128, !F32, ITEMS>;
+using Shape = fa::WhShape<G, 128, fa::wg_shapes::f16_overlap(E, F32), ITEMS>;
 
 template <int E, int G, int ITEMS, bool F32 = false>
 __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k, const T* v, const void* mask,
@@ -94,6 +107,10 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   const int blocks = grid.x * grid.y;
   CHECK(cudaMalloc(&drec, blocks * sizeof(Record)));
   CHECK(cudaMemcpyToSymbol(g_records, &drec, sizeof(drec)));
+  long long* dmarks;
+  CHECK(cudaMalloc(&dmarks, blocks * kMarks * sizeof(long long)));
+  CHECK(cudaMemset(dmarks, 0, blocks * kMarks * sizeof(long long)));
+  CHECK(cudaMemcpyToSymbol(g_marks, &dmarks, sizeof(dmarks)));
   // The TMA copies' map template, then scratch: the maps' slots, the pieces' tickets and states.
   unsigned char* templ = nullptr;
   {
@@ -169,7 +186,32 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   }
   std::vector<float> per_tile;
   for (int i = 0; i < blocks; ++i) per_tile.push_back(float(rec[i].c1 - rec[i].c0) / tiles[i]);
+  // cycles = fixed + per_tile x tiles, least squares over the blocks: a
+  // block's part outside its tile loop, which short sequences pay most.
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, longest = 0;
+  for (int i = 0; i < blocks; ++i) {
+    const double x = double(tiles[i]), y = double(rec[i].c1 - rec[i].c0);
+    sx += x, sy += y, sxx += x * x, sxy += x * y;
+    longest = std::max(longest, double(rec[i].g1 - rec[i].g0));
+  }
+  const double slope = (blocks * sxy - sx * sy) / (blocks * sxx - sx * sx), fixed = (sy - slope * sx) / blocks;
+  std::printf("  fit: %.0f cycles a block + %.0f a key/value tile; longest block %.2f us\n", fixed, slope,
+              longest / 1e3);
   std::sort(per_tile.begin(), per_tile.end());
+  if (ITEMS == 1) {  // the marks' mean cycles from the block's start (blocks of >= 2 tiles)
+    std::vector<long long> marks(size_t(blocks) * kMarks);
+    CHECK(cudaMemcpy(marks.data(), dmarks, marks.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+    double sum[kMarks] = {}, end = 0, tiles_sum = 0;
+    int n = 0;
+    for (int i = 0; i < blocks; ++i) {
+      if (tiles[i] < 2) continue;
+      ++n, tiles_sum += tiles[i], end += rec[i].c1 - rec[i].c0;
+      for (int k = 1; k < 7; ++k) sum[k] += marks[size_t(i) * kMarks + k] - rec[i].c0;
+    }
+    std::printf("  marks (mean cycles from the start, %d blocks of %.1f tiles): copied %.0f, last "
+                "softmax %.0f, last PV %.0f, stored %.0f, end %.0f; producer's maps %.0f\n",
+                n, tiles_sum / n, sum[1] / n, sum[3] / n, sum[4] / n, sum[5] / n, end / n, sum[6] / n);
+  }
   std::printf("  cycles per key/value tile of a block: min %.0f, median %.0f, max %.0f\n", per_tile.front(),
               per_tile[per_tile.size() / 2], per_tile.back());
   CHECK(cudaFree(dq));
@@ -177,12 +219,28 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaFree(dv));
   CHECK(cudaFree(dout));
   CHECK(cudaFree(drec));
+  CHECK(cudaFree(dmarks));
   CHECK(cudaFree(scratch));
   CHECK(cudaFree(templ));
 }
 
-int main() {
+// short: causal prompts of 2K-4K tokens (and 8K to compare), where the
+// blocks' part outside their tile loop weighs most; otherwise the launch
+// shapes of long prompts, mlx-lm's chunks and key splits.
+int main(int argc, char** argv) {
   probe::print_gpu();
+  if (argc > 1 && std::strcmp(argv[1], "short") == 0) {
+    timeline<64, 3, 1>("qwen05b causal 2K, three consumers", 14, 2, 2048, 2048, 1, 50);
+    timeline<64, 2, 1>("qwen05b causal 2K, two consumers", 14, 2, 2048, 2048, 1, 50);
+    timeline<64, 2, 2>("qwen05b causal 2K, two consumers, one block per SM", 14, 2, 2048, 2048, 1, 50);
+    timeline<64, 3, 1>("qwen05b causal 4K, three consumers", 14, 2, 4096, 4096, 1, 50);
+    timeline<64, 2, 1>("qwen05b causal 4K, two consumers", 14, 2, 4096, 4096, 1, 50);
+    timeline<64, 3, 1>("qwen05b causal 8K, three consumers", 14, 2, 8192, 8192, 1, 20);
+    timeline<128, 2, 2>("hd128 causal 2K, one block per SM", 32, 8, 2048, 2048, 1, 50);
+    timeline<128, 2, 1>("hd128 causal 2K, a row tile a block", 32, 8, 2048, 2048, 1, 50);
+    timeline<128, 2, 2>("hd128 causal 4K, one block per SM", 32, 8, 4096, 4096, 1, 20);
+    return 0;
+  }
   timeline<128, 2, 2>("hd128 causal 4K, one block per SM", 32, 8, 4096, 4096, 1, 20);
   timeline<128, 2, 1>("hd128 causal 4K, a row tile a block", 32, 8, 4096, 4096, 1, 20);
   timeline<128, 2, 2>("hd128 full 4K, one block per SM", 32, 8, 4096, 4096, 0, 20);

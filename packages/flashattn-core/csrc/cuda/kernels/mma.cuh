@@ -141,20 +141,22 @@ __device__ __forceinline__ float unpack_half<__half>(uint32_t w, int half) {
 
 // P (in [0, 1]) as kTerms 16-bit terms for the P V product, each the
 // rounding of what the terms before it left: bfloat16 keeps 8 significant
-// bits a term, so 3 terms hold float32's 24. float16 keeps 11 but is
+// bits a term, so 3 terms hold float32's 24 and 2 terms 16 (each P within
+// 2^-17 of its value, relative; BF16_TERMS). float16 keeps 11 but is
 // subnormal below 2^-14, so P is scaled by 2^15 first (at most 32768: no
 // overflow) and 2 terms hold 22 bits (relative error ~2^-23); o takes the
 // scale back before it leaves the warp (the float32 attention over 16-bit
 // inputs of decode_mma.cu and prefill_f16_wg.cu).
-template <typename T>
+template <typename T, int BF16_TERMS = 3>
 struct PSplit;
-template <>
-struct PSplit<__nv_bfloat16> {
-  static constexpr int kTerms = 3;
+template <int BF16_TERMS>
+struct PSplit<__nv_bfloat16, BF16_TERMS> {
+  static_assert(BF16_TERMS == 2 || BF16_TERMS == 3, "16 or 24 bits");
+  static constexpr int kTerms = BF16_TERMS;
   static constexpr float kScale = 1.0f;
 };
-template <>
-struct PSplit<__half> {
+template <int BF16_TERMS>
+struct PSplit<__half, BF16_TERMS> {
   static constexpr int kTerms = 2;
   static constexpr float kScale = 32768.0f;
 };

@@ -38,6 +38,12 @@
 #include "wg_shapes.h"
 #include "wgmma.cuh"
 
+// Points of a block's timeline that benchmarks/cuda-probes/prefill-timeline.cu
+// records (it defines the macro); nothing in the shipped kernels.
+#ifndef FA_TIMELINE_MARK
+#define FA_TIMELINE_MARK(k) ((void)0)
+#endif
+
 namespace fa {
 
 constexpr int kWhRows = wg_shapes::kRowsPerGroup;
@@ -118,8 +124,10 @@ struct TileCopy {
 // kF32: float32 attention over the 16-bit inputs (fa_prefill_wg32_*), the
 // output float32: the scores are float32-exact already (16-bit products are
 // exact in float32 and accumulate in float32), and P goes into P V as
-// PSplit's terms (mma.cuh), whose sum is P to float32 accuracy: kTerms P V
-// products a tile instead of one.
+// PSplit's terms (mma.cuh): two, P to 16 bits (bfloat16) or 22 (float16), so
+// two P V products a tile instead of one. A third bfloat16 term (24 bits)
+// took the output from ~2e-6 to ~5e-7 off float64, at 1.2-1.3x the time,
+// and left no registers for the overlap at E = 64 (docs/cuda.md).
 template <typename T, int E, typename Shape, bool kF32 = false, typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, const void* mask_data,
@@ -263,6 +271,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
                                                                          units > 0);
     const void *map_q = maps, *map_k = maps + 128, *map_v = maps + 256;
     if (tid % 128 != 0) return;
+    FA_TIMELINE_MARK(6);
     tma_prefetch_map(map_q);
     tma_prefetch_map(map_k);
     tma_prefetch_map(map_v);
@@ -305,6 +314,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   cp_async_wait<0>();
   fence_proxy_async();
   named_sync(2 + G, kConsumers);
+  FA_TIMELINE_MARK(1);
 
   const WgDesc d_q(wgmma_desc_sw128(sm.q + wg * kWhRows * 64, 16, 1024));
   const WgDesc d_k(wgmma_desc_sw128(sm.k[0], 16, 1024));
@@ -329,8 +339,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   float m_i[2], l_i[2];
 
   constexpr int NK = kWhBc / 16;  // P V's K steps
-  constexpr int kTerms = kF32 ? PSplit<T>::kTerms : 1;
-  constexpr float kPScale = kF32 ? PSplit<T>::kScale : 1.0f;
+  using Split = PSplit<T, wg_shapes::f32_bf16_terms(E)>;
+  constexpr int kTerms = kF32 ? Split::kTerms : 1;
+  constexpr float kPScale = kF32 ? Split::kScale : 1.0f;
   float s[NB][4];                   // scores, then P (float)
   uint32_t p[kTerms][NK][4];        // P as P V's A operand (kF32: its terms)
   auto wait_tile = [&](int j) {
@@ -521,11 +532,13 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           step(j, std::integral_constant<int, 1>());
         }
       }
+      FA_TIMELINE_MARK(3);
       mbar_arrive(&sm.q_empty);  // every Q K^T of the item is done
       if (n_tiles > 0) {  // the last tile's P V
         pv_now(n_tiles - 1);
         mbar_arrive(&sm.empty[buf(n_tiles - 1)]);
       }
+      FA_TIMELINE_MARK(4);
     } else {
       for (int j = 0; j < n_tiles; ++j) {
         wait_tile(j);
@@ -560,6 +573,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       store_rows<TO, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
                          lse_of(mask_kind, lse));
     }
+    FA_TIMELINE_MARK(5);
     it0 += n_tiles;
     done += n_tiles;
   }

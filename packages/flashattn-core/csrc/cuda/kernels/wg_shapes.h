@@ -27,8 +27,10 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // f32: the float32 attention over 16-bit inputs (fa_prefill_wg32_*), whose P
 // is 2 or 3 A operands (mma.cuh's PSplit) instead of one and whose every
 // tile's P V goes into a fresh accumulator (prefill_f16_wg.cu: accuracy):
-// two consumers and no overlap, where ptxas spills least (three consumers
-// or the overlap spilled hundreds of bytes to kilobytes).
+// two consumers, where ptxas spills least (three spilled hundreds of bytes
+// to kilobytes). bfloat16's P takes two terms (16 bits; f32_bf16_terms),
+// which at E = 64 leaves the overlap room, as float16's two did: at E = 128
+// the overlap spilled ~14 KB either way.
 // narrow: two consumers at E = 64 as well (fa_prefill_wg2_*, row tiles of
 // 128), which the planner takes where three leave SMs idle (plan_prefill.cpp,
 // wg_launch.cpp's launch model).
@@ -47,7 +49,12 @@ constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // con
 }
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
-constexpr bool f16_overlap(int, bool f32 = false) { return !f32; }
+constexpr bool f16_overlap(int E, bool f32 = false) { return !f32 || E <= 64; }
+// f32 over bfloat16: P's terms (mma.cuh's PSplit).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr int f32_bf16_terms(int) { return 2; }
 // Whether the softmax of tile j really runs while P_{j-1} V_{j-1} is in
 // flight. The source asks for it with OVERLAP, but ptxas put the wait for that
 // P V at the top of the softmax's basic block (the SASS: wait, then the 64
