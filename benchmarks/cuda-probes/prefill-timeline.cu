@@ -7,7 +7,7 @@
 // durations per key/value tile. For work outside the tile loop (prologue,
 // epilogue, scheduling) that kernel-level timings cannot separate.
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/tl benchmarks/cuda-probes/prefill-timeline.cu && /tmp/tl [short]
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DFA_NO_MARKS] -o /tmp/tl benchmarks/cuda-probes/prefill-timeline.cu && /tmp/tl [short|f32]
 
 #define FA_DTYPE 2
 #define FA_E 128
@@ -23,11 +23,13 @@
 // has its tensor maps.
 constexpr int kMarks = 8;
 __device__ long long* g_marks;
+#ifndef FA_NO_MARKS  // -DFA_NO_MARKS: none (their registers made the float32 overlap spill)
 #define FA_TIMELINE_MARK(k)                                                                       \
   do {                                                                                            \
     if (threadIdx.x == 0 || ((k) == 6 && threadIdx.x % 128 == 0))                                 \
       g_marks[(blockIdx.x + gridDim.x * blockIdx.y) * kMarks + (k)] = clock64();                  \
   } while (0)
+#endif
 #include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
 #include "harness.cuh"
 
@@ -55,10 +57,11 @@ __device__ __forceinline__ int sm_id() {
 // `slices` > 0).
 // F32: the float32 attention over 16-bit inputs (fa_prefill_wg32_*: no
 // overlap, a float32 output).
-template <int E, int G, int ITEMS, bool F32 = false>
-using Shape = fa::WhShape<G, 128, fa::wg_shapes::f16_overlap(E, F32), ITEMS>;
+// OV: the overlap as the kernels take it (-1), or forced off (0) / on (1).
+template <int E, int G, int ITEMS, bool F32 = false, int OV = -1>
+using Shape = fa::WhShape<G, 128, OV < 0 ? fa::wg_shapes::f16_overlap(E, F32, true) : OV == 1, ITEMS>;
 
-template <int E, int G, int ITEMS, bool F32 = false>
+template <int E, int G, int ITEMS, bool F32 = false, int OV = -1>
 __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k, const T* v, const void* mask,
                                                 const int64_t* mask_base, void* out, int H_q, int H_kv, int L, int S,
                                                 int mask_kind, int mask_rs, int mask_cs, float scale_log2,
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k
   const int b = blockIdx.x + gridDim.x * blockIdx.y;
   if (threadIdx.x == 0) g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
   using TO = std::conditional_t<F32, float, T>;
-  fa::prefill_wg<T, E, Shape<E, G, ITEMS, F32>, F32>(q, k, v, mask, mask_base, static_cast<TO*>(out), nullptr, H_q, H_kv, L,
+  fa::prefill_wg<T, E, Shape<E, G, ITEMS, F32, OV>, F32>(q, k, v, mask, mask_base, static_cast<TO*>(out), nullptr, H_q, H_kv, L,
                                                      S, mask_kind, mask_rs, mask_cs, scale_log2, slices, split_from,
                                                      splits, FA_LAYOUT, static_cast<const fa::MapTemplate*>(map_template),
                                                      scratch, tag);
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k
 // L query rows against S keys (causal: the rows are the last L of S).
 // splits > 1 (ITEMS = 1): row tiles past the first split_from in that many
 // key pieces, a block each (key_split.cuh).
-template <int E, int G, int ITEMS, bool F32 = false>
+template <int E, int G, int ITEMS, bool F32 = false, int OV = -1>
 void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int reps, int split_from = 0,
               int splits = 0) {
   constexpr int Br = 64 * G, Bc = 128, threads = 128 * (G + 1);
@@ -125,12 +128,12 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaMalloc(&scratch, scratch_bytes));
   CHECK(cudaMemset(scratch, 0, scratch_bytes));
   unsigned long long tag = 1;  // a new one each launch: the tickets stay in scratch
-  const int smem = sizeof(fa::WhSmem<T, E, Shape<E, G, ITEMS, F32>>);
-  CHECK(cudaFuncSetAttribute(timed<E, G, ITEMS, F32>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int smem = sizeof(fa::WhSmem<T, E, Shape<E, G, ITEMS, F32, OV>>);
+  CHECK(cudaFuncSetAttribute(timed<E, G, ITEMS, F32, OV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const float scale_log2 = 1.4426950408889634f / std::sqrt(float(E));
   const float med = probe::median_ms(
       [&] {
-        timed<E, G, ITEMS, F32><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0,
+        timed<E, G, ITEMS, F32, OV><<<grid, threads, smem>>>(dq, dk, dv, dq, nullptr, dout, H_q, H_kv, L, S, causal, 0,
                                                     causal ? fa::kNoWindow : 0, scale_log2,
                                                     ITEMS == 2 || split ? H_q : 0, split_from, splits,
                                                     H_q * L * E, L * E, E, H_kv * S * E, S * E, E, H_kv * S * E,
@@ -198,7 +201,11 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   std::printf("  fit: %.0f cycles a block + %.0f a key/value tile; longest block %.2f us\n", fixed, slope,
               longest / 1e3);
   std::sort(per_tile.begin(), per_tile.end());
+#ifdef FA_NO_MARKS
+  if (false) {
+#else
   if (ITEMS == 1) {  // the marks' mean cycles from the block's start (blocks of >= 2 tiles)
+#endif
     std::vector<long long> marks(size_t(blocks) * kMarks);
     CHECK(cudaMemcpy(marks.data(), dmarks, marks.size() * sizeof(long long), cudaMemcpyDeviceToHost));
     double sum[kMarks] = {}, end = 0, tiles_sum = 0;
@@ -229,6 +236,15 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
 // shapes of long prompts, mlx-lm's chunks and key splits.
 int main(int argc, char** argv) {
   probe::print_gpu();
+  if (argc > 1 && std::strcmp(argv[1], "f32") == 0) {  // float32 over bfloat16 at E = 64: the overlap off / on
+    for (int rep = 0; rep < 2; ++rep) {
+      timeline<64, 2, 1, true, 0>("qwen05b chunk L=2048 S=8192, f32 over bf16, no overlap", 14, 2, 2048, 8192, 1, 30);
+      timeline<64, 2, 1, true, 1>("qwen05b chunk L=2048 S=8192, f32 over bf16, overlap", 14, 2, 2048, 8192, 1, 30);
+      timeline<64, 2, 1, true, 0>("qwen05b causal 8K, f32 over bf16, no overlap", 14, 2, 8192, 8192, 1, 20);
+      timeline<64, 2, 1, true, 1>("qwen05b causal 8K, f32 over bf16, overlap", 14, 2, 8192, 8192, 1, 20);
+    }
+    return 0;
+  }
   if (argc > 1 && std::strcmp(argv[1], "short") == 0) {
     timeline<64, 3, 1>("qwen05b causal 2K, three consumers", 14, 2, 2048, 2048, 1, 50);
     timeline<64, 2, 1>("qwen05b causal 2K, two consumers", 14, 2, 2048, 2048, 1, 50);

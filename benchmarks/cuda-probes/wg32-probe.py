@@ -1,12 +1,14 @@
 """The patch's default on a 16-bit model, flash_attention(..., dtype=float32)
-over bfloat16 inputs (fa_prefill_wg32_* on Hopper): us a call (20 chained
-calls an evaluation on K/V copies, median of 15) beside the native bfloat16
-call and MLX's SDPA, and the output's error against float64 on sampled rows
-(relative, Frobenius). Run it on two builds to compare them (PYTHONPATH).
+over bfloat16 (or float16) inputs (fa_prefill_wg32_* on Hopper): us a call
+(20 chained calls an evaluation on K/V copies, median of 15) beside the
+native 16-bit call and MLX's SDPA, and the output's error against float64 on
+sampled rows (relative, Frobenius). Run it on two builds to compare them
+(PYTHONPATH).
 
-    python3 benchmarks/cuda-probes/wg32-probe.py"""
+    python3 benchmarks/cuda-probes/wg32-probe.py [float16]"""
 
 import statistics
+import sys
 
 import mlx.core as mx
 import numpy as np
@@ -15,6 +17,7 @@ from gpu_probe_calls import HD128, QWEN05B, phases
 from flashattn_core import flash_attention
 
 ROWS = 96  # sampled query rows a case for the error
+DTYPE = getattr(mx, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
 
 
 def sampled_error(q, k, v, out, L, S, seed=0):
@@ -37,21 +40,21 @@ def sampled_error(q, k, v, out, L, S, seed=0):
 CASES = [("qwen05b", QWEN05B, 2048, 2048), ("qwen05b", QWEN05B, 8192, 8192), ("qwen05b", QWEN05B, 2048, 8192),
          ("qwen05b", QWEN05B, 2048, 16384), ("hd128", HD128, 2048, 2048), ("hd128", HD128, 4096, 4096),
          ("hd128", HD128, 2048, 8192)]
-print(f"{'case':28s} {'f32 us':>8s} {'bf16 us':>8s} {'MLX us':>8s} {'f32/MLX':>8s} {'error':>9s}")
+print(f"{str(DTYPE).rsplit('.', 1)[-1]:9s} {'case':18s} {'f32 us':>8s} {'16-bit':>8s} {'MLX us':>8s} {'f32/MLX':>8s} {'error':>9s}")
 for name, (H, H_kv, E), L, S in CASES:
-    q = mx.random.normal((1, H, L, E)).astype(mx.bfloat16)
-    kv = [(mx.random.normal((1, H_kv, S, E)).astype(mx.bfloat16), mx.random.normal((1, H_kv, S, E)).astype(mx.bfloat16))
+    q = mx.random.normal((1, H, L, E)).astype(DTYPE)
+    kv = [(mx.random.normal((1, H_kv, S, E)).astype(DTYPE), mx.random.normal((1, H_kv, S, E)).astype(DTYPE))
           for _ in range(8)]
     mx.eval(q, kv)
     fns = {
         "f32": lambda i, p: flash_attention(q if p is None else p, *kv[i % 8], mask="causal",
-                                            dtype=mx.float32).astype(mx.bfloat16),
-        "bf16": lambda i, p: flash_attention(q if p is None else p, *kv[i % 8], mask="causal"),
+                                            dtype=mx.float32).astype(DTYPE),
+        "native": lambda i, p: flash_attention(q if p is None else p, *kv[i % 8], mask="causal"),
         "mlx": lambda i, p: mx.fast.scaled_dot_product_attention(q if p is None else p, *kv[i % 8], scale=E**-0.5,
                                                                  mask="causal"),
     }
     t = {impl: phases(fn, stat=statistics.median, reps=15)[3] for impl, fn in fns.items()}
     out = flash_attention(q, *kv[0], mask="causal", dtype=mx.float32)
     err = sampled_error(q, *kv[0], out, L, S)
-    print(f"{name} L={L} S={S}".ljust(28) + f" {t['f32']:8.1f} {t['bf16']:8.1f} {t['mlx']:8.1f} "
+    print(f"{name} L={L} S={S}".ljust(28) + f" {t['f32']:8.1f} {t['native']:8.1f} {t['mlx']:8.1f} "
           f"{t['mlx'] / t['f32']:7.2f}x {err:9.2e}")

@@ -623,7 +623,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #define FA_WG_FAMILY fa_prefill_wg_
 #endif
 using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E),
-                                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32), fa::wg_shapes::f16_items(FA_E)>;
+                                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32, FA_DTYPE == 2),
+                                fa::wg_shapes::f16_items(FA_E)>;
 static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E), WhUnitShape>) ==
                   fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW),
               "the planner's shared memory");

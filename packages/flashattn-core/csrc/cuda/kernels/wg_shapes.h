@@ -29,8 +29,10 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // tile's P V goes into a fresh accumulator (prefill_f16_wg.cu: accuracy):
 // two consumers, where ptxas spills least (three spilled hundreds of bytes
 // to kilobytes). bfloat16's P takes two terms (16 bits; f32_bf16_terms),
-// which at E = 64 leaves the overlap room, as float16's two did: at E = 128
-// the overlap spilled ~14 KB either way.
+// which at E = 64 leaves the overlap room: 1.5-2.5% less time (H100,
+// prefill-timeline.cu f32). float16's two terms left it room too, but there
+// the overlap took 1.08-1.10x the time (wg32-probe.py float16), so float16
+// keeps the early wait; at E = 128 the overlap spilled ~14 KB either way.
 // narrow: two consumers at E = 64 as well (fa_prefill_wg2_*, row tiles of
 // 128), which the planner takes where three leave SMs idle (plan_prefill.cpp,
 // wg_launch.cpp's launch model).
@@ -49,7 +51,7 @@ constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // con
 }
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
-constexpr bool f16_overlap(int E, bool f32 = false) { return !f32 || E <= 64; }
+constexpr bool f16_overlap(int E, bool f32 = false, bool bf16 = false) { return !f32 || (bf16 && E <= 64); }
 // f32 over bfloat16: P's terms (mma.cuh's PSplit).
 #if defined(__CUDACC__)
 __host__ __device__
