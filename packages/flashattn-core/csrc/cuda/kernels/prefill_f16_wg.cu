@@ -339,7 +339,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   float m_i[2], l_i[2];
 
   constexpr int NK = kWhBc / 16;  // P V's K steps
-  using Split = PSplit<T, wg_shapes::f32_bf16_terms(E)>;
+  using Split = PSplit<T, wg_shapes::kF32Bf16Terms>;
   constexpr int kTerms = kF32 ? Split::kTerms : 1;
   constexpr float kPScale = kF32 ? Split::kScale : 1.0f;
   float s[NB][4];                   // scores, then P (float)

@@ -28,7 +28,7 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // is 2 or 3 A operands (mma.cuh's PSplit) instead of one and whose every
 // tile's P V goes into a fresh accumulator (prefill_f16_wg.cu: accuracy):
 // two consumers, where ptxas spills least (three spilled hundreds of bytes
-// to kilobytes). bfloat16's P takes two terms (16 bits; f32_bf16_terms),
+// to kilobytes). bfloat16's P takes two terms (16 bits; kF32Bf16Terms),
 // which at E = 64 leaves the overlap room: 1.5-2.5% less time (H100,
 // prefill-timeline.cu f32). float16's two terms left it room too, but there
 // the overlap took 1.08-1.10x the time (wg32-probe.py float16), so float16
@@ -53,10 +53,7 @@ constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // con
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
 constexpr bool f16_overlap(int E, bool f32 = false, bool bf16 = false) { return !f32 || (bf16 && E <= 64); }
 // f32 over bfloat16: P's terms (mma.cuh's PSplit).
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-constexpr int f32_bf16_terms(int) { return 2; }
+constexpr int kF32Bf16Terms = 2;
 // Whether the softmax of tile j really runs while P_{j-1} V_{j-1} is in
 // flight. The source asks for it with OVERLAP, but ptxas put the wait for that
 // P V at the top of the softmax's basic block (the SASS: wait, then the 64
