@@ -9,8 +9,9 @@
 //    likewise);
 //  - a prefill (L > 8) with float32 attention (dtype=float32 over 16-bit
 //    queries, the patch's default, or float32 inputs): fa_prefill_wgq_ on
-//    Hopper at E = 64, else fa_prefill_tf32q_ (kv_rows.cuh expands each key
-//    and value tile as it is stored to shared memory).
+//    Hopper at E = 64, else fa_prefill_tf32q_; in the queries' 16-bit
+//    dtype, E = 64, 96, 128 or 256: fa_prefill_q_ (kv_rows.cuh expands each
+//    key and value tile as it is stored to shared memory).
 // Every other call is dequantized (mx.dequantize, into the queries' dtype
 // or float32) and handed to the ordinary kernels: a transient
 // full-precision copy of the keys and values a layer reads, O(S), never an
