@@ -20,7 +20,6 @@ EXPECTED = (
     | {f"fa_prefill_float32_{e}" for e in (64, 80, 96, 128, 256)}
     | {f"fa_prefill_pairs_float32_{e}" for e in (80, 96, 128)}
     | {f"fa_prefill_tf32q_{d}_{e}" for d in DTYPES for e in (64, 96, 128, 256)}
-    | {f"fa_prefill_q_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 96, 128, 256)}
     | {f"fa_decode_mmaq{s}_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 128) for s in ("", "_fused")}
     | {f"fa_decode_tf32q{s}_{d}_{e}" for d in DTYPES for e in (64, 128) for s in ("", "_fused")}
     # the tensor-core decodes with attention sinks

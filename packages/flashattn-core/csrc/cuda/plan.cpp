@@ -31,9 +31,9 @@
 //       alike, scales and biases in the queries' dtype): read in place by
 //       the tensor-core decodes where they take the call (sinks too):
 //       attention in the queries' 16-bit dtype fa_decode_mmaq_, float32
-//       attention fa_decode_tf32q_; for L > 8 by the mma.sync 16-bit
-//       prefill's and the 3xTF32 prefills' quantized variants; otherwise
-//       nothing here (quantized.cpp dequantizes)
+//       attention fa_decode_tf32q_; and with float32 attention for L > 8 by
+//       the 3xTF32 prefills' quantized variants; otherwise nothing here
+//       (quantized.cpp dequantizes)
 //
 // Each family plans its own launches (plan_decode.cpp, plan_prefill.cpp,
 // plan_generic.cpp); here the call takes the first that accepts it, with

@@ -2,8 +2,7 @@
 // (prefill_f16_wg.cu, prefill_tf32_wg.cu; the 16-bit one shaped by the
 // launch model, wg_launch.h), elsewhere the mma.sync ones (prefill_f16.cu,
 // prefill_tf32.cu), each where its block fits the GPU's shared memory;
-// quantized keys and values: the mma.sync and float32 ones' quantized
-// variants.
+// quantized keys and values: the float32 ones' quantized variants.
 
 #include <algorithm>
 #include <cstdint>
@@ -97,28 +96,23 @@ int forced_splits() {
   return value;
 }
 
-// Quantized keys and values (alike, 4 or 8 bits), read by kernels that
-// expand each tile as they read it (kernels/kv_rows.cuh). Under float32
-// attention (widened, or float32 inputs) the float32 kernels': on Hopper
+// Quantized keys and values (alike, 4 or 8 bits) under float32 attention
+// (widened, or float32 inputs): the float32 kernels' quantized variants,
+// which expand each tile as they read it (kernels/kv_rows.cuh): on Hopper
 // at E = 64 prefill_tf32_wg.cu's fa_prefill_wgq_, else prefill_tf32.cu's
 // fa_prefill_tf32q_. (prefill_tf32_pairs.cu's loads wait for their tile:
 // over quantized rows it took 18.6 ms for an hd128 8K prefill on an H100,
 // fa_prefill_tf32q_ 12.9, the plain pairs kernel 9.3.) Attention in 16
-// bits: prefill_f16.cu's fa_prefill_q_, on every GPU (the Hopper 16-bit
-// prefill copies its tiles by TMA, which cannot expand codes).
+// bits: none (the caller dequantizes).
 std::optional<Launches> quantized_prefill_launches(const Dims& d, int device_index) {
   namespace ts = fa::tf32_shapes;
   namespace ws = fa::wg_shapes;
-  namespace fs = fa::f16_shapes;
-  if (d.quant_bits != 4 && d.quant_bits != 8) return std::nullopt;
+  if (!(d.widen || d.dt == "float32") || (d.quant_bits != 4 && d.quant_bits != 8)) return std::nullopt;
   const std::string suffix = d.dt + "_" + std::to_string(d.E);
   const int limit = shared_memory_limit(device_index);
   std::string kernel;
   int rows = 0, threads = 0, smem = 0;
-  if (!d.widen && d.dt != "float32") {
-    kernel = "fa_prefill_q_" + suffix, rows = fs::rows(d.E), threads = fs::threads(d.E);
-    smem = fs::smem_bytes(d.E) + fs::quant_raw_bytes(d.E);
-  } else if (d.E == ws::kTf32E && find_image("fa_prefill_wgq_" + suffix, device_index)) {
+  if (d.E == ws::kTf32E && find_image("fa_prefill_wgq_" + suffix, device_index)) {
     kernel = "fa_prefill_wgq_" + suffix, rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
   } else {
     kernel = "fa_prefill_tf32q_" + suffix, rows = ts::rows(d.E), threads = ts::threads(d.E), smem = ts::smem_bytes(d.E);

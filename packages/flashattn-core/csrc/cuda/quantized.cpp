@@ -9,16 +9,17 @@
 //    likewise);
 //  - a prefill (L > 8) with float32 attention (dtype=float32 over 16-bit
 //    queries, the patch's default, or float32 inputs): fa_prefill_wgq_ on
-//    Hopper at E = 64, else fa_prefill_tf32q_; in the queries' 16-bit
-//    dtype, E = 64, 96, 128 or 256: fa_prefill_q_ (kv_rows.cuh expands each
-//    key and value tile as it is stored to shared memory).
+//    Hopper at E = 64, else fa_prefill_tf32q_ (kv_rows.cuh expands each key
+//    and value tile as it is stored to shared memory).
 // Every other call is dequantized (mx.dequantize, into the queries' dtype
 // or float32) and handed to the ordinary kernels: a transient
 // full-precision copy of the keys and values a layer reads, O(S), never an
 // L x S matrix. (A kernel that dequantized each element as it read it, one
 // warp a query row, took 0.69 ms for a 4-bit qwen05b decode over 32K keys
 // and 2.1 s for an hd128 8K prefill on an H100, where the tensor-core
-// kernels on the unquantized cache take 0.037 ms and 1.0 ms.)
+// kernels on the unquantized cache take 0.037 ms and 1.0 ms. The mma.sync
+// 16-bit prefill reading the codes in place took 1.3-4.3x the copy's time:
+// docs/cuda.md, quantized caches.)
 
 #include "cuda/dispatch.h"
 

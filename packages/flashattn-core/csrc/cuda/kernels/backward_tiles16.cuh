@@ -16,6 +16,10 @@ namespace fa {
 
 namespace bs = backward_shapes;
 
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t bits16(T x) {
   return *reinterpret_cast<const unsigned short*>(&x);

@@ -19,9 +19,5 @@ constexpr int kBc = 64;                     // keys a tile
 constexpr int ld(int E) { return E + 8; }  // elements a padded row
 // Q, then two buffers of K and V, 2 bytes an element.
 constexpr int smem_bytes(int E) { return (rows(E) + 4 * kBc) * ld(E) * 2; }
-// The quantized variant's raw area past them: a K and a V tile's codes,
-// 32 bytes for each 32 elements of a row (8-bit codes; kv_rows.cuh's
-// QuantTiles).
-constexpr int quant_raw_bytes(int E) { return 2 * kBc * E; }
 
 }  // namespace fa::f16_shapes

@@ -1,6 +1,5 @@
 // Where the float32 kernels (the prefills, and decode_tf32.cu's quantized
-// variant) and the 16-bit mma.sync prefill's quantized variant
-// (prefill_f16.cu) read key and value rows from: float32 rows (F32Rows), or MLX's
+// variant) read key and value rows from: float32 rows (F32Rows), or MLX's
 // affine-quantized rows (QuantHead: as mlx-lm's
 // QuantizedKVCache holds them, packed uint32 codes, a scale and a bias per
 // group of elements), expanded as they are read, so a quantized cache is
@@ -81,72 +80,6 @@ struct QuantHead {
   }
 };
 
-// A key tile and a value tile of ROWS quantized rows for the 16-bit mma.sync
-// prefill (prefill_f16.cu), a tile ahead: issue() copies the codes raw into
-// shared memory by cp.async and keeps the scales and biases in registers,
-// so they are in flight while the current tile's products run; expand()
-// then writes both tiles as T. A thread takes segments of 32 elements of a
-// row (within one group: groups are 32, 64 or 128), 16 bytes of codes at 4
-// bits, 32 at 8, each in its own 32-byte slot of the raw area.
-template <typename T, int E, int ROWS, int THREADS>
-struct QuantTiles {
-  static constexpr int SEGS = E / 32, TILE_SEGS = ROWS * SEGS, PER = (2 * TILE_SEGS + THREADS - 1) / THREADS;
-  static constexpr int kRawBytes = 2 * TILE_SEGS * 32;
-  static_assert(E % 32 == 0, "whole 32-element segments");
-  T s[PER], b[PER];  // a segment's scale and bias; zeros for rows past count (its elements expand to 0)
-
-  __device__ __forceinline__ void issue(const QuantHead<T>& k, const QuantHead<T>& v, uint32_t* raw, int first,
-                                        int count, int tid) {
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int idx = tid + i * THREADS;
-      s[i] = b[i] = from_f<T>(0.0f);
-      if (idx >= 2 * TILE_SEGS) break;
-      const QuantHead<T>& h = idx < TILE_SEGS ? k : v;
-      const int r = idx % TILE_SEGS / SEGS, c = idx % SEGS;
-      if (r >= count) continue;
-      const int64_t row = first + r;
-      const uint32_t* src = h.packed + row * h.psr + c * h.bits;  // 32 elements: `bits` words
-      uint32_t* dst = raw + idx * 8;
-      // 16-byte copies where the rows allow (mlx-lm's caches), else words.
-      if (((reinterpret_cast<uintptr_t>(h.packed) & 15) | (h.psr & 3)) == 0) {
-        for (int w = 0; w < h.bits; w += 4) cp_async16(dst + w, src + w, true);
-      } else {
-        for (int w = 0; w < h.bits; ++w) cp_async4(dst + w, src + w);
-      }
-      const int64_t gi = row * h.ssr + ((c * 32) >> h.group_shift);
-      s[i] = h.scales[gi];
-      b[i] = h.biases[gi];
-    }
-  }
-
-  // After the issuing thread's cp.async wait: only it reads its slots.
-  template <int LD>
-  __device__ __forceinline__ void expand(T* k_tile, T* v_tile, const uint32_t* raw, int bits, int tid) const {
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int idx = tid + i * THREADS;
-      if (idx >= 2 * TILE_SEGS) break;
-      const int r = idx % TILE_SEGS / SEGS, c = idx % SEGS;
-      T* dst = (idx < TILE_SEGS ? k_tile : v_tile) + r * LD + c * 32;
-      const float sc = to_f(s[i]), bi = to_f(b[i]);
-      const uint32_t* w = raw + idx * 8;
-#pragma unroll
-      for (int part = 0; part < 4; ++part) {  // 8 elements: a word at 4 bits, two at 8
-        const uint32_t w0 = bits == 4 ? w[part] : w[2 * part], w1 = bits == 4 ? 0u : w[2 * part + 1];
-        float x[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t code = bits == 4 ? (w0 >> (4 * j)) & 0xFu : ((j < 4 ? w0 : w1) >> (8 * (j & 3))) & 0xFFu;
-          x[j] = fmaf(sc, float(code), bi);
-        }
-        *reinterpret_cast<uint4*>(dst + part * 8) =
-            make_uint4(pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]), pack2<T>(x[4], x[5]), pack2<T>(x[6], x[7]));
-      }
-    }
-  }
-};
-
 // 4 elements of a row as loaded (T the scales' dtype): kernels that hold a
 // tile in registers until a tile later expand them only then, so the loads
 // stay in flight meanwhile.
@@ -173,14 +106,15 @@ __device__ __forceinline__ float4 expand_quant4(const QuantRaw<T>& r, int col, i
   return make_float4(x[0], x[1], x[2], x[3]);
 }
 
-// ROWS x E elements of T from src's rows first.. as D at dst (row stride
-// LDT), rows past count zeros: element by element, so src needs no
+// ROWS x E elements of T from src's rows first.. as floats at dst (row
+// stride LDT), rows past count zeros: element by element, so src needs no
 // alignment (a prefill's queries, read once a block).
-template <typename T, int E, int LDT, int ROWS, int THREADS, typename D>
-__device__ __forceinline__ void load_rows_as(D* dst, const T* src, int64_t stride, int first, int count, int tid) {
+template <typename T, int E, int LDT, int ROWS, int THREADS>
+__device__ __forceinline__ void load_rows_f32(float* dst, const T* src, int64_t stride, int first, int count,
+                                              int tid) {
   for (int idx = tid; idx < ROWS * E; idx += THREADS) {
     const int r = idx / E, e = idx % E;
-    dst[r * LDT + e] = from_f<D>(r < count ? to_f(src[(first + r) * stride + e]) : 0.0f);
+    dst[r * LDT + e] = r < count ? to_f(src[(first + r) * stride + e]) : 0.0f;
   }
 }
 
@@ -199,7 +133,7 @@ __device__ __forceinline__ void load_tile32(float* dst, const float* src, int64_
 // Where prefill_tf32 reads one block's rows from (head(blk): Q's query head,
 // K's and V's KV head), each tile as ROWS x E floats of row stride LDT:
 // float32 rows, copied by cp.async (Tf32Rows), or 16-bit or float32 queries
-// and MLX's affine-quantized keys and values (QuantRows, below),
+// and MLX's affine-quantized keys and values (Tf32QuantRows: kv_rows.cuh),
 // read by plain loads. Either way the kernel waits for a tile (cp.async's
 // wait and a barrier) before reading it.
 struct Tf32Rows {
@@ -230,12 +164,9 @@ struct Tf32Rows {
 
 // T: the queries' dtype, which the scales and biases share. lay.k / lay.v:
 // the packed codes' rows (in words); ks / vs: the scales' rows (in groups;
-// the biases lie alike). The float32 prefills load their tiles as floats;
-// the 16-bit mma.sync prefill (prefill_f16.cu) takes the queries as T and
-// stages the codes (QuantTiles).
+// the biases lie alike).
 template <typename T>
-struct QuantRows {
-  static constexpr bool kStaged = true;  // prefill_f16.cu stages their codes (QuantTiles)
+struct Tf32QuantRows {
   const T* q;
   const uint32_t *k, *v;
   const T *k_scales, *k_biases, *v_scales, *v_biases;
@@ -246,9 +177,9 @@ struct QuantRows {
     const T* q;
     int64_t q_sr;
     QuantHead<T> k, v;
-    template <int E, int LDT, int ROWS, int THREADS, typename D>
-    __device__ __forceinline__ void load_q(D* dst, int first, int count, int tid) const {
-      load_rows_as<T, E, LDT, ROWS, THREADS>(dst, q, q_sr, first, count, tid);
+    template <int E, int LDT, int ROWS, int THREADS>
+    __device__ __forceinline__ void load_q(float* dst, int first, int count, int tid) const {
+      load_rows_f32<T, E, LDT, ROWS, THREADS>(dst, q, q_sr, first, count, tid);
     }
     template <int E, int LDT, int ROWS, int THREADS>
     __device__ __forceinline__ void load_k(float* dst, int first, int count, int tid) const {

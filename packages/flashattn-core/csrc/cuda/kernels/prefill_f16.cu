@@ -17,10 +17,7 @@
 // tiles launch first. A tile that hides some keys whose values hold NaN or
 // Inf takes a scalar P V over visible keys only (0 x NaN would leak them).
 
-#include <type_traits>
-
 #include "f16_shapes.h"
-#include "kv_rows.cuh"
 #include "mma.cuh"
 #include "unit.cuh"
 
@@ -39,11 +36,6 @@ struct PrefillSmem {
 static_assert(sizeof(PrefillSmem<unsigned short, 64>) == f16_shapes::smem_bytes(64) &&
                   sizeof(PrefillSmem<unsigned short, 256>) == f16_shapes::smem_bytes(256),
               "f16_shapes.h sizes the shared memory the planner asks for");
-static_assert(QuantTiles<unsigned short, 64, kBc, f16_shapes::threads(64)>::kRawBytes ==
-                      f16_shapes::quant_raw_bytes(64) &&
-                  QuantTiles<unsigned short, 256, kBc, f16_shapes::threads(256)>::kRawBytes ==
-                      f16_shapes::quant_raw_bytes(256),
-              "f16_shapes.h sizes the quantized variant's raw area");
 
 // rows x E elements from src rows first.., rows past count zero-filled.
 template <typename T, int E>
@@ -57,36 +49,6 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
   }
 }
 
-// Where the kernel reads its rows from: 16-bit rows copied by cp.async, or
-// (FA_QUANT) queries of T and keys and values in MLX's affine format
-// (kv_rows.cuh's QuantRows, kStaged: their codes staged by QuantTiles).
-template <typename T>
-struct F16Rows {
-  static constexpr bool kStaged = false;
-  const T *q, *k, *v;
-  Layout lay;
-  struct Head {
-    const T *q, *k, *v;
-    int64_t q_sr, k_sr, v_sr;
-    template <int E, int LD, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_q(T* dst, int first, int count, int tid) const {
-      load_tile<T, E>(dst, q, q_sr, first, ROWS, count, tid);
-    }
-    template <int E, int LD, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_k(T* dst, int first, int count, int tid) const {
-      load_tile<T, E>(dst, k, k_sr, first, ROWS, count, tid);
-    }
-    template <int E, int LD, int ROWS, int THREADS>
-    __device__ __forceinline__ void load_v(T* dst, int first, int count, int tid) const {
-      load_tile<T, E>(dst, v, v_sr, first, ROWS, count, tid);
-    }
-  };
-  __device__ __forceinline__ Head head(const PrefillBlock& blk) const {
-    return {q + lay.q.at(blk.b, blk.h, 0), k + lay.k.at(blk.b, blk.g, 0), v + lay.v.at(blk.b, blk.g, 0),
-            lay.q.sr, lay.k.sr, lay.v.sr};
-  }
-};
-
 template <typename T, int E>
 __device__ __forceinline__ bool tile_has_nonfinite(const T* tile, int count, int tid) {
   constexpr int LD = PrefillSmem<T, E>::LD, THREADS = PrefillSmem<T, E>::THREADS;
@@ -97,12 +59,13 @@ __device__ __forceinline__ bool tile_has_nonfinite(const T* tile, int count, int
   return __syncthreads_or(bad);
 }
 
-template <typename T, int E, class Src>
-__device__ __forceinline__ void prefill(const Src& src, const void* mask_data,
+template <typename T, int E>
+__device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __restrict__ k,
+                                        const T* __restrict__ v, const void* mask_data,
                                         const int64_t* __restrict__ mask_base, T* __restrict__ out,
                                         float* __restrict__ lse,
                                         int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
-                                        int mask_cs, float scale_log2) {
+                                        int mask_cs, float scale_log2, Layout lay) {
   constexpr int LD = PrefillSmem<T, E>::LD, KS = E / 16, NB = kBc / 8, NO = E / 8;
   constexpr int kBr = PrefillSmem<T, E>::kBr;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -112,8 +75,9 @@ __device__ __forceinline__ void prefill(const Src& src, const void* mask_data,
   const int64_t n = blk.n;
   const int l0 = blk.l0, kv_end = blk.kv_end;
   const int j0 = blk.kv_begin / kBc;  // tile j holds keys (j0 + j) kBc ...
-  const typename Src::Head rows = src.head(blk);
-  constexpr int THREADS = PrefillSmem<T, E>::THREADS;
+  const T* q_head = q + lay.q.at(blk.b, blk.h, 0);
+  const T* k_head = k + lay.k.at(blk.b, blk.g, 0);
+  const T* v_head = v + lay.v.at(blk.b, blk.g, 0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const bool array_mask = mask.is_array();
 
@@ -121,22 +85,11 @@ __device__ __forceinline__ void prefill(const Src& src, const void* mask_data,
   const int n_tiles = (kv_end + kBc - 1) / kBc - j0;
   const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
 
-  // Quantized keys and values: codes a tile ahead (kv_rows.cuh's QuantTiles)
-  // in the raw area past the tiles, expanded at the top of their iteration.
-  constexpr bool kStaged = Src::kStaged;
-  struct NoStage {};
-  std::conditional_t<kStaged, QuantTiles<T, E, kBc, THREADS>, NoStage> stage;
-  uint32_t* const raw = reinterpret_cast<uint32_t*>(smem_raw + sizeof(PrefillSmem<T, E>));
-
-  rows.template load_q<E, LD, kBr, THREADS>(sm.q, l0, min(kBr, L - l0), tid);
+  load_tile<T, E>(sm.q, q_head, lay.q.sr, l0, kBr, min(kBr, L - l0), tid);
   cp_async_commit();
   if (n_tiles > 0) {
-    if constexpr (kStaged) {
-      stage.issue(rows.k, rows.v, raw, j0 * kBc, min(kBc, S - j0 * kBc), tid);
-    } else {
-      rows.template load_k<E, LD, kBc, THREADS>(sm.k[0], j0 * kBc, min(kBc, S - j0 * kBc), tid);
-      rows.template load_v<E, LD, kBc, THREADS>(sm.v[0], j0 * kBc, min(kBc, S - j0 * kBc), tid);
-    }
+    load_tile<T, E>(sm.k[0], k_head, lay.k.sr, j0 * kBc, kBc, min(kBc, S - j0 * kBc), tid);
+    load_tile<T, E>(sm.v[0], v_head, lay.v.sr, j0 * kBc, kBc, min(kBc, S - j0 * kBc), tid);
   }
   cp_async_commit();
 
@@ -147,17 +100,10 @@ __device__ __forceinline__ void prefill(const Src& src, const void* mask_data,
   for (int j = 0; j < n_tiles; ++j) {
     const int c0 = (j0 + j) * kBc, buf = j & 1;
     const int count = min(kBc, S - c0);
-    if constexpr (kStaged) {  // this tile's codes landed: expanded; the next one's fly meanwhile
-      cp_async_wait_all();
-      stage.template expand<LD>(sm.k[buf], sm.v[buf], raw, rows.k.bits, tid);
-      if (j + 1 < n_tiles) {
-        stage.issue(rows.k, rows.v, raw, c0 + kBc, min(kBc, S - c0 - kBc), tid);
-        cp_async_commit();
-      }
-    } else if (j + 1 < n_tiles) {  // the next tile flies while this one is computed
+    if (j + 1 < n_tiles) {  // the next tile flies while this one is computed
       const int c1 = c0 + kBc, n1 = min(kBc, S - c1);
-      rows.template load_k<E, LD, kBc, THREADS>(sm.k[buf ^ 1], c1, n1, tid);
-      rows.template load_v<E, LD, kBc, THREADS>(sm.v[buf ^ 1], c1, n1, tid);
+      load_tile<T, E>(sm.k[buf ^ 1], k_head, lay.k.sr, c1, kBc, n1, tid);
+      load_tile<T, E>(sm.v[buf ^ 1], v_head, lay.v.sr, c1, kBc, n1, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -262,25 +208,10 @@ __device__ __forceinline__ void prefill(const Src& src, const void* mask_data,
 #if FA_DTYPE == 0
 #error "prefill_f16.cu takes float16 or bfloat16; float32 has prefill_tf32.cu"
 #endif
-#if defined(FA_QUANT) && FA_QUANT
-// fa_prefill_q_<dtype>_<E>: keys and values in MLX's affine format, read in
-// place (quant_args.h's arguments), attention in the queries' dtype.
-#define FA_QUANT_OUT FA_T
-#include "quant_args.h"
-// At E = 64 the staging's registers (151) would leave one block of 8 warps
-// an SM; held to 128, as the plain kernel's, two fit (36 bytes spill).
-#define FA_QMINB (FA_E == 64 ? 2 : 1)
-extern "C" __global__ void __launch_bounds__(fa::PrefillSmem<FA_T, FA_E>::THREADS, FA_QMINB)
-    FA_CAT5(fa_prefill_q_, FA_TNAME, _, FA_E, )(FA_QUANT_PREFILL_PARAMS) {
-  fa::prefill<FA_T, FA_E>(FA_QUANT_PREFILL_ROWS, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
-                          mask_cs, scale_log2);
-}
-#else
 extern "C" __global__ void __launch_bounds__(fa::PrefillSmem<FA_T, FA_E>::THREADS) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_T* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill<FA_T, FA_E>(fa::F16Rows<FA_T>{q, k, v, FA_LAYOUT}, mask, mask_base, out, lse, H_q, H_kv, L, S,
-                          mask_kind, mask_rs, mask_cs, scale_log2);
+  fa::prefill<FA_T, FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
+                          mask_cs, scale_log2, FA_LAYOUT);
 }
-#endif

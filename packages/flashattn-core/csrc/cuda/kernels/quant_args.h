@@ -15,19 +15,15 @@
 #define FA_QUANT_SCALARS int bits, int group_shift,
 #define FA_QUANT_LAYOUT , int ks_sb, int ks_sh, int ks_sr, int vs_sb, int vs_sh, int vs_sr
 
-// The prefills' arguments (the queries, the above, the mask's two
+// The float32 prefills' arguments (the queries, the above, the mask's two
 // pointers, the output and the rows' log-sum-exp, then the scalars), and
-// their row source (kv_rows.cuh) made of them. FA_QUANT_OUT: the output's
-// type (float unless the unit defines it: the 16-bit prefill's is FA_T).
-#if !defined(FA_QUANT_OUT)
-#define FA_QUANT_OUT float
-#endif
-#define FA_QUANT_PREFILL_PARAMS                                                                                          \
-  const FA_T *q, FA_QUANT_KV_PARAMS, const void *mask, const int64_t *mask_base, FA_QUANT_OUT *out, float *lse, int H_q, \
+// their row source (kv_rows.cuh) made of them.
+#define FA_QUANT_PREFILL_PARAMS                                                                                   \
+  const FA_T *q, FA_QUANT_KV_PARAMS, const void *mask, const int64_t *mask_base, float *out, float *lse, int H_q, \
       int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2,                          \
       FA_QUANT_SCALARS FA_LAYOUT_PARAMS FA_QUANT_LAYOUT
 #define FA_QUANT_PREFILL_ROWS                                                                                 \
-  fa::QuantRows<FA_T> {                                                                                        \
+  fa::Tf32QuantRows<FA_T> {                                                                                   \
     q, k, v, k_scales, k_biases, v_scales, v_biases, FA_LAYOUT, {ks_sb, ks_sh, ks_sr}, {vs_sb, vs_sh, vs_sr}, \
         bits, group_shift                                                                                     \
   }
