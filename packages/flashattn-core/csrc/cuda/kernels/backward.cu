@@ -391,7 +391,7 @@ __device__ __forceinline__ void backward_d(const T* __restrict__ o, const T* __r
 // (ds_s: a key's row tile LDS floats apart) by every warp. Each warp takes
 // 16 rows and half the columns, and adds them into dq (float32, zeros
 // before the launch) by atomics. k_finite: the block's K all finite; else
-// float32 FMA skipping zero weights (accumulate_guarded's reason).
+// float32 FMA skipping zero weights (accumulate_guarded_by, backward_parts.cuh).
 template <bool kSplit, int EB, int BK, int LDS>
 __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s, const float* k_s, bool k_finite,
                                        int r0, int count, int E, float scale, int w, int lane) {
@@ -415,16 +415,10 @@ __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s
         mma_terms<kSplit>(acc[nb], ah, al, bh0, bh1, bl0, bl1);
       }
     }
-  } else {
-#pragma unroll 1
-    for (int k = 0; k < BK; ++k) {
-      const float p[2] = {ds_s[k * LDS + rq + g], ds_s[k * LDS + rq + g + 8]};
-#pragma unroll
-      for (int nb = 0; nb < NQ; ++nb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (p[i >> 1] != 0.0f) acc[nb][i] = fmaf(p[i >> 1], k_s[k * LD + cq + nb * 8 + 2 * t + (i & 1)], acc[nb][i]);
-    }
+  } else {  // the weights from dS^T in shared memory
+    accumulate_guarded_by<BK, NQ>(
+        acc, [&](int k, float (&p)[2]) { p[0] = ds_s[k * LDS + rq + g], p[1] = ds_s[k * LDS + rq + g + 8]; },
+        [&](int k, int c) { return k_s[k * LD + cq + c]; }, lane);
   }
 #pragma unroll
   for (int nb = 0; nb < NQ; ++nb)

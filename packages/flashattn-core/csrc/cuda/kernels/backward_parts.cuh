@@ -127,23 +127,32 @@ __device__ __forceinline__ void key_tile_ds(float (&p)[NB][4], float (&ds)[NB][4
 
 // acc += W X for a tile of X that holds a value that is not finite: in
 // float32 FMA, skipping zero weights, so that a value a row (or key) cannot
-// see never meets its zero weight (0 x inf is NaN). W: 16 x NB*8 in the
-// accumulator layout (accumulator_column, common.cuh). x_at(k, c): X's element (k, c) as a float, whatever
-// the tile's layout. Rare: not unrolled over k.
-template <int NB, int NO, typename At>
-__device__ __forceinline__ void accumulate_guarded_at(float (&acc)[NO][4], const float (&w)[NB][4], At x_at,
-                                                      int lane) {
+// see never meets its zero weight (0 x inf is NaN). W: 16 rows x K, the
+// thread's two rows' weights of column k from w_at(k, p); x_at(k, c): X's
+// element (k, c) as a float, whatever the tile's layout. Rare: not unrolled
+// over k.
+template <int K, int NO, typename WAt, typename At>
+__device__ __forceinline__ void accumulate_guarded_by(float (&acc)[NO][4], WAt w_at, At x_at, int lane) {
   const int t = lane & 3;
 #pragma unroll 1
-  for (int k = 0; k < NB * 8; ++k) {
+  for (int k = 0; k < K; ++k) {
     float p[2];
-    accumulator_column(w, k, lane, p);
+    w_at(k, p);
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         if (p[i >> 1] != 0.0f) acc[eb][i] = fmaf(p[i >> 1], x_at(k, eb * 8 + 2 * t + (i & 1)), acc[eb][i]);
   }
+}
+
+// The same for W (16 x NB*8) in registers, in the accumulator layout
+// (accumulator_column, common.cuh).
+template <int NB, int NO, typename At>
+__device__ __forceinline__ void accumulate_guarded_at(float (&acc)[NO][4], const float (&w)[NB][4], At x_at,
+                                                      int lane) {
+  accumulate_guarded_by<NB * 8, NO>(acc, [&](int k, float (&p)[2]) { accumulator_column(w, k, lane, p); }, x_at,
+                                    lane);
 }
 
 // The same for X's rows LD apart in shared memory (float32 or 16-bit), its
