@@ -1,11 +1,12 @@
 """dtype=float32 with float16 / bfloat16 inputs: attention in float32 and a
 float32 result, as if the inputs had been cast to float32 first (what the
 patch's default precision asks of a 16-bit model). Held to the float32
-tolerance against a float64 reference on the 16-bit inputs' values. On CUDA
-the tensor-core decode cases here run its float32 variant on the 16-bit keys
-and values, and on Hopper the E = 64 prefill case the wgmma prefill's
-(tests/gpu has more of both); everything else is the float32 path on cast
-inputs."""
+tolerance against a float64 reference on the 16-bit inputs' values. On the
+CPU every case reads the 16-bit inputs in place (the 16-bit kernels compute
+in float32 and store a float32 output); on CUDA the tensor-core decode cases
+here run its float32 variant on the 16-bit keys and values, and on Hopper
+the E = 64 prefill case the wgmma prefill's (tests/gpu has more of both);
+everything else is the float32 path on cast inputs."""
 
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from attention_cases import TOLERANCE, Case, make_inputs
+from quantized_cases import quantized_case
 
 from flashattn_core import flash_attention
 from flashattn_core.reference import attention_reference, relative_error
@@ -56,6 +58,47 @@ def test_agrees_with_float32_attention_on_cast_inputs(dtype):
     widened = flash_attention(q, k, v, dtype=mx.float32)
     cast = flash_attention(*(x.astype(mx.float32) for x in (q, k, v)))
     assert relative_error(widened, np.array(cast)) <= 1e-5
+
+
+@pytest.mark.parametrize("case", list(widened_cases()), ids=str)
+def test_cpu_equals_float32_attention_on_cast_inputs(case):
+    # What "as if cast" promises, bit for bit, on the CPU's in-place path.
+    q, k, v, mask = make_inputs(case)
+    out = flash_attention(q, k, v, mask=mask, dtype=mx.float32, stream=mx.cpu)
+    cast = flash_attention(*(x.astype(mx.float32) for x in (q, k, v)), mask=mask, stream=mx.cpu)
+    assert out.dtype == mx.float32 and mx.array_equal(out, cast)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("L", [1, 70])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_cpu_quantized_and_sinks_equal_the_cast_path(dtype, L, bits):
+    # Quantized keys and values (scales in the inputs' dtype), a quantized
+    # key with a plain value, and sinks: the in-place path against float32
+    # queries (and value) over the same codes.
+    q, kq, vq = quantized_case((1,), (8, 2), L, 600, 64, bits, 32, dtype, "kv_cache", seed=3)
+    v = mx.random.normal((1, 2, 600, 64), key=mx.random.key(4)).astype(getattr(mx, dtype))
+    sinks = mx.array(np.linspace(-1.0, 2.0, 8), dtype=mx.float32)
+    kw = dict(mask="causal", sinks=sinks, group_size=32, bits=bits, stream=mx.cpu)
+    q32 = q.astype(mx.float32)
+    for values, values32 in ((vq, vq), (v, v.astype(mx.float32))):
+        out = flash_attention(q, kq, values, dtype=mx.float32, **kw)
+        assert out.dtype == mx.float32
+        assert mx.array_equal(out, flash_attention(q32, kq, values32, **kw))
+
+
+def test_cpu_float32_attention_copies_no_keys_or_values():
+    # 65,536 bfloat16 keys and values (2 heads, E = 64): 16 MiB each, where a
+    # float32 copy of either would be 32 MiB.
+    case = Case(batch=(1,), heads=(14, 2), L=1, S=65536, E=64, mask="none", dtype="bfloat16", layout="kv_cache")
+    q, k, v, _ = make_inputs(case)
+    mx.eval(q, k, v)
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = flash_attention(q, k, v, dtype=mx.float32, stream=mx.cpu)
+    mx.eval(out)
+    extra = mx.get_peak_memory() - before - out.nbytes
+    assert extra < 2**20, f"{extra / 2**20:.1f} MiB beyond the output"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

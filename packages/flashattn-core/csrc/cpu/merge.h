@@ -23,7 +23,6 @@ void merge_partials(const AttentionProblem& p, WorkPlan& plan, int64_t tile) {
   const int64_t b = group / p.H_kv, g = group % p.H_kv;
   const int first = row_tile * RB;
   const int rows = std::min(RB, plan.rows_per_group - first);
-  T* out = static_cast<T*>(p.out);
   for (int r = 0; r < rows; ++r) {
     float m = -std::numeric_limits<float>::infinity();
     for (int s = 0; s < plan.splits; ++s) {
@@ -42,7 +41,7 @@ void merge_partials(const AttentionProblem& p, WorkPlan& plan, int64_t tile) {
     }
     int64_t l_pos = (first + r) / ratio;
     int64_t n = b * p.H_q + g * ratio + (first + r) % ratio;
-    store_row(out + (n * p.L + l_pos) * E, o, 1, E, m, l, p.lse ? p.lse + n * p.L + l_pos : nullptr);
+    store_output_row<T>(p, (n * p.L + l_pos) * E, o, 1, m, l, p.lse ? p.lse + n * p.L + l_pos : nullptr);
   }
 }
 

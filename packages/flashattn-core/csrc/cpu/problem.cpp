@@ -75,6 +75,7 @@ AttentionProblem describe_problem(
     p.mask_dtype = inputs[next].dtype();
   }
   p.out = out.data<void>();
+  p.out_dtype = out.dtype();
   p.lse = lse ? lse->data<float>() : nullptr;
   return p;
 }

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "../flash_attention.h"
 #include "causal.h"
+#include "softmax.h"
 #include "mlx/backend/cpu/encoder.h"
 
 namespace flashattn::cpu {
@@ -33,7 +35,7 @@ struct Quantized {
 };
 
 struct AttentionProblem {
-  mx::Dtype dtype = mx::float32; // of queries, keys, values and the output
+  mx::Dtype dtype = mx::float32; // of queries, keys and values
   int64_t batch = 0; // product of the leading batch dimensions B...
   int H_q = 0, H_kv = 0, L = 0, S = 0, E = 0;
   int q_kv_heads_ratio = 1; // query head h reads key/value head h / ratio
@@ -45,6 +47,9 @@ struct AttentionProblem {
   StridedOperand q, k, v, mask; // mask only for boolean / additive masks
   Quantized k_quantized, v_quantized;
   void* out = nullptr; // row contiguous (B..., H_q, L, E)
+  // The output's: dtype, or float32 for float32 attention over 16-bit
+  // inputs (the 16-bit kernels compute in float32: only the store differs).
+  mx::Dtype out_dtype = mx::float32;
   // Row contiguous (B..., H_q, L), float32: each row's log-sum-exp (log2
   // domain, softmax.h), written only when a gradient will be taken.
   float* lse = nullptr;
@@ -56,6 +61,18 @@ struct AttentionProblem {
     return k_quantized.bits != 0 || v_quantized.bits != 0;
   }
 };
+
+// A row's output at element offset `off` of the output (store_row), in the
+// problem's output dtype; T is the inputs' dtype.
+template <typename T>
+inline void store_output_row(const AttentionProblem& p, int64_t off, const float* o, int64_t stride, float m, float l,
+                             float* lse) {
+  if (!std::is_same_v<T, float> && p.out_dtype == mx::float32) {
+    store_row(static_cast<float*>(p.out) + off, o, stride, p.E, m, l, lse);
+  } else {
+    store_row(static_cast<T*>(p.out) + off, o, stride, p.E, m, l, lse);
+  }
+}
 
 // Describe inputs {queries, keys, values[, mask]} (keys and values each as
 // packed, scales, biases where `quantization` says so) and the allocated

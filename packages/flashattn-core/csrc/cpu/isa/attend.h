@@ -306,10 +306,9 @@ struct Attend {
 
   // O_i = o_i / l_i; rows that saw no visible key (l_i = 0) are zeros.
   void store_output() {
-    T* out = static_cast<T*>(p.out);
     for (int r = 0; r < rows; ++r) {
-      store_row(out + s.out_off[r], s.Ot + r, RB, p.E, s.m_i[r], s.l_i[r],
-                p.lse ? p.lse + s.out_off[r] / p.E : nullptr);
+      store_output_row<T>(p, s.out_off[r], s.Ot + r, RB, s.m_i[r], s.l_i[r],
+                          p.lse ? p.lse + s.out_off[r] / p.E : nullptr);
     }
   }
 

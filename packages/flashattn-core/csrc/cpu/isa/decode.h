@@ -555,9 +555,8 @@ struct Decode {
   }
 
   void store_output() {
-    T* out = static_cast<T*>(p.out);
     for (int r = 0; r < R; ++r) {
-      store_row(out + out_off[r], o[r], 1, p.E, m_i[r], l_i[r], p.lse ? p.lse + out_off[r] / p.E : nullptr);
+      store_output_row<T>(p, out_off[r], o[r], 1, m_i[r], l_i[r], p.lse ? p.lse + out_off[r] / p.E : nullptr);
     }
   }
 
