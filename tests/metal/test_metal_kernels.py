@@ -57,6 +57,29 @@ def test_matches_float64_reference(emulator, case, kernel, splits):
     check(out, q, k, v, mask, case.dtype)
 
 
+# float32 attention over 16-bit inputs (dtype=float32, the patch's default on
+# a 16-bit model): the *_f32 kernels and the merge's float32 instance. Every
+# 16-bit case of the matrix, the kernels taken in turn.
+WIDENED = [case for case in MATRIX if case.dtype != "float32"]
+WIDENED_RUNS = [(case, kernels_for(case)[i % len(kernels_for(case))]) for i, case in enumerate(WIDENED)]
+
+
+@pytest.mark.parametrize("case, run", WIDENED_RUNS, ids=[f"{c}-{k}" for c, (k, _) in WIDENED_RUNS])
+def test_float32_attention_over_16_bit_inputs(emulator, case, run):
+    kernel, splits = run
+    q, k, v, mask = make_inputs(case)
+    sinks = sinks_for(case) if case.mask in ("none", "causal") else None
+    kw = dict(mask=mask, kernel=kernel, splits=splits, sinks=sinks, seed=zlib.crc32(f"{case}-{kernel}-f32".encode()))
+    out = emulator.attention(q, k, v, dtype=mx.float32, **kw)
+    assert out.shape == q.shape and out.dtype == mx.float32
+    got = np.array(out)
+    assert not np.isnan(got).any(), "NaN in the output (an element no kernel wrote stays NaN)"
+    assert relative_error(got, attention_reference(q, k, v, mask=mask, sinks=sinks)) <= TOLERANCE["float32"]
+    # As if the inputs had been cast (the kernels compute in float32 either way).
+    cast = emulator.attention(*(x.astype(mx.float32) for x in (q, k, v)), **kw)
+    assert np.array_equal(got, np.array(cast))
+
+
 @pytest.mark.parametrize("order", ["forward", "reverse"])
 @pytest.mark.parametrize("kernel", ["rows", "decode", "matrix"])
 def test_lane_orders(emulator, kernel, order):

@@ -205,8 +205,9 @@ Args:
         skipped, tile by tile, on the CPU and Metal.
     dtype (Dtype, optional): ``None`` (the inputs' dtype) or ``float32``
         with ``float16`` / ``bfloat16`` inputs: attention in float32 and a
-        float32 result, as if the inputs had been cast to float32 first (on
-        CUDA the tensor-core decode reads the 16-bit inputs as they are).
+        float32 result, as if the inputs had been cast to float32 first (the
+        kernels read the 16-bit inputs as they are, but on CPU and Metal
+        under a gradient).
     sinks (array, optional): ``(H_q,)``, one logit per query head that joins
         every row's softmax denominator and adds no value, as MLX's
         ``scaled_dot_product_attention(..., sinks=)``, on every backend;
@@ -275,13 +276,14 @@ Returns:
          std::optional<int> window,
          std::optional<int> group_size,
          std::optional<int> bits,
-         std::optional<mx::array> sinks) {
+         std::optional<mx::array> sinks,
+         std::optional<mx::Dtype> dtype) {
         auto [mode, mask_arr] = split_mask(mask);
         flashattn::metal::Emulation emulation{
             reinterpret_cast<FaEmuRun>(emulator), lane_order, seed};
         return flashattn::flash_attention_metal_emulated(
             queries, keys_or_values(keys), keys_or_values(values), scale, mode, mask_arr, emulation,
-            {variant_named(kernel), splits}, window, group_size, bits, sinks);
+            {variant_named(kernel), splits}, window, group_size, bits, sinks, dtype);
       },
       "queries"_a,
       "keys"_a,
@@ -298,6 +300,7 @@ Returns:
       "group_size"_a = nb::none(),
       "bits"_a = nb::none(),
       "sinks"_a = nb::none(),
+      "dtype"_a = nb::none(),
       "flash_attention through the Metal dispatch and kernels, run by the "
       "emulator whose entry point address is `emulator` (tests only).");
 }

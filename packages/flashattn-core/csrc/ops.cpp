@@ -516,6 +516,17 @@ mx::array flash_attention(
     // a decode over 8K-32K bfloat16 keys.
     return cpu_attention(queries, kv, c, window, sinks, stream, true);
   }
+  if (widen && backend == Backend::metal && !traced) {
+    // The same on Apple GPUs: the 16-bit kernels compute in float32 and the
+    // *_f32 ones store a float32 output (quantized keys and values went
+    // above, with float32 queries).
+    std::optional<mx::array> m;
+    if (has_mask_array(mask_kind)) m = mask_arr;
+    auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
+    return metal::flash_attention(
+        {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, launch, {},
+        true);
+  }
   if (kv.quantization.any()) {
     if (!widen) return cpu_attention(queries, kv, c, window, sinks, stream);
     // The kernels dequantize K and V into float32 tiles: float32 attention
@@ -529,8 +540,8 @@ mx::array flash_attention(
                          window, sinks, stream);
   }
   if (widen && backend != Backend::cuda) {
-    // Off CUDA float32 attention over 16-bit inputs is the float32 path on
-    // cast inputs.
+    // Otherwise (a gradient may be taken) float32 attention over 16-bit
+    // inputs off CUDA is the float32 path on cast inputs.
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, stream); };
     return flash_attention(f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s, std::nullopt,
                            sinks, window_arg);
@@ -579,21 +590,31 @@ mx::array flash_attention_metal_emulated(
     std::optional<int> window_arg,
     std::optional<int> group_size,
     std::optional<int> bits,
-    std::optional<mx::array> sinks) {
+    std::optional<mx::array> sinks,
+    std::optional<mx::Dtype> dtype) {
   const mx::Stream stream = mx::default_stream(mx::Device::cpu);
   const KeysValues kv = unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, stream);
   const mx::array &keys = kv.k, &values = kv.v;
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
+  const bool widen = widens(queries, dtype);
   const int window = check_window(window_arg, c.mask_kind);
   if (sinks) check_sinks(*sinks, queries);
   if (queries.size() == 0 || keys.shape(-2) == 0) {
-    return mx::zeros(queries.shape(), queries.dtype(), stream);
+    return mx::zeros(queries.shape(), widen ? mx::float32 : queries.dtype(), stream);
   }
   if (kv.quantization.any()) {
     auto run = [=](const AttentionCall& call) {
       return metal::flash_attention(call, metal::emulated_launcher(emulation, stream), choice);
     };
-    return quantized_gpu_attention(queries, keys_arg, values_arg, kv, c, window, sinks, run, stream);
+    return quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg, values_arg,
+                                   kv, c, window, sinks, run, stream);
+  }
+  if (widen) {  // as flash_attention on a Metal stream: no gradient through this path here
+    std::optional<mx::array> m;
+    if (has_mask_array(c.mask_kind)) m = c.mask;
+    return metal::flash_attention(
+        {queries, keys, values, c.scale, c.mask_kind, m, stream, window, nullptr, nullptr, {}, sinks},
+        metal::emulated_launcher(emulation, stream), choice, true);
   }
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m, sk;

@@ -111,6 +111,7 @@ std::vector<Instance> instances() {
       out.push_back({"flash_decode", {{"T", t}, {"EPT", ept}}, attention_inputs, {"float", "float"}});
       out.push_back({"flash_rows_q", {{"T", t}, {"EPT", ept}}, quantized_inputs, {T}});
       out.push_back({"flash_decode_q", {{"T", t}, {"EPT", ept}}, quantized_inputs, {"float", "float"}});
+      if (t != mx::float32) out.push_back({"flash_rows_f32", {{"T", t}, {"EPT", ept}}, attention_inputs, {"float"}});
     }
     out.push_back({"flash_merge", {{"T", t}}, {"float", "float", "int32_t", "float"}, {T}});
     for (int ept : kEpts) {
@@ -127,6 +128,7 @@ std::vector<Instance> instances() {
       out.push_back({"flash_mma", {{"T", t}, {"E", E}}, attention_inputs, {T}});
       out.push_back({"flash_mma_lse", {{"T", t}, {"E", E}}, attention_inputs, {T, "float"}});
       out.push_back({"flash_mma_q", {{"T", t}, {"E", E}}, quantized_inputs, {T}});
+      if (t != mx::float32) out.push_back({"flash_mma_f32", {{"T", t}, {"E", E}}, attention_inputs, {"float"}});
     }
   }
   return out;
@@ -212,12 +214,12 @@ KeyValueInputs key_value_inputs(const AttentionCall& call, std::vector<int32_t>&
 
 }  // namespace
 
-mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice) {
-  return flash_attention_outputs(call, launch, choice, false)[0];
+mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice, bool widen) {
+  return flash_attention_outputs(call, launch, choice, false, widen)[0];
 }
 
 std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const Launcher& launch, Choice choice,
-                                               bool lse) {
+                                               bool lse, bool widen) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
@@ -251,11 +253,16 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const 
   // each row's log-sum-exp (the *_lse kernels; never over quantized keys,
   // which take no gradient).
   lse = lse && !kv.quantized;
+  if (widen && (lse || kv.quantized || q.dtype() == mx::float32)) {
+    throw std::logic_error("flash_attention: the Metal *_f32 kernels take plain 16-bit inputs, no log-sum-exp");
+  }
+  // widen: the *_f32 kernels (a float32 output) and the merge's float32 instance.
+  const mx::Dtype out_dtype = widen ? mx::float32 : q.dtype();
   const std::vector<mx::Shape> shapes = lse ? std::vector<mx::Shape>{q.shape(), mx::Shape(q.shape().begin(), q.shape().end() - 1)}
                                             : std::vector<mx::Shape>{q.shape()};
   const std::vector<mx::Dtype> dtypes = lse ? std::vector<mx::Dtype>{q.dtype(), mx::float32}
-                                            : std::vector<mx::Dtype>{q.dtype()};
-  const std::string lse_suffix = lse ? "_lse" : "";
+                                            : std::vector<mx::Dtype>{out_dtype};
+  const std::string out_suffix = lse ? "_lse" : (widen ? "_f32" : "");
   const mx::array sinks = sinks_input(call, H_q);
   auto inputs = [&](const std::vector<int32_t>& params) {
     std::vector<mx::array> in = {flat_at_least_8(q, s)};
@@ -265,7 +272,7 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const 
   };
 
   if (variant == Variant::matrix) {
-    KernelCall call{"flash_mma" + suffix + lse_suffix, {{"T", q.dtype()}, {"E", E}}, inputs(p), shapes, dtypes,
+    KernelCall call{"flash_mma" + suffix + out_suffix, {{"T", q.dtype()}, {"E", E}}, inputs(p), shapes, dtypes,
                     {checked_int(int64_t(ceil_div(L, mma_rows())) * kMmaThreads, "query tiles"),
                      checked_int(batch * H_q, "heads"), 1},
                     {kMmaThreads, 1, 1}};
@@ -298,7 +305,7 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const 
       chunks * 32 * tg_rows, checked_int(batch * H_kv, "heads"), splits};
   const std::tuple<int, int, int> threadgroup = {32 * tg_rows, 1, 1};
   if (variant == Variant::rows || (splits == 1 && choice.splits == 0)) {
-    return launch({"flash_rows" + suffix + lse_suffix, rows_args, inputs(p), shapes, dtypes, grid, threadgroup});
+    return launch({"flash_rows" + suffix + out_suffix, rows_args, inputs(p), shapes, dtypes, grid, threadgroup});
   }
   const int64_t rows = p[kRowsTotal];
   const int part = checked_int(std::max<int64_t>(splits * rows * E, kMinElements), "partial outputs");
@@ -306,7 +313,7 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const 
   auto parts = launch({"flash_decode" + suffix, rows_args, inputs(p), {{part}, {ml}}, {mx::float32, mx::float32},
                        grid, threadgroup});
   const mx::array params(p.data(), {kParamCount}, mx::int32);
-  return {launch({"flash_merge", {{"T", q.dtype()}}, {parts[0], parts[1], params, sinks}, {q.shape()}, {q.dtype()},
+  return {launch({"flash_merge", {{"T", out_dtype}}, {parts[0], parts[1], params, sinks}, {q.shape()}, {out_dtype},
                   {checked_int(32 * rows, "query rows"), 1, 1}, {32, 1, 1}})[0]};
 }
 

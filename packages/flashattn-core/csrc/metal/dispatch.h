@@ -40,14 +40,17 @@ struct Choice {
   int splits = 0;
 };
 
-mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice = {});
+// widen: float32 attention over the 16-bit inputs, read in place (the
+// kernels compute in float32), and a float32 output; not over quantized keys
+// and values, nor with lse.
+mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Choice choice = {}, bool widen = false);
 
 // The same, and where lse (a gradient may be taken) and the kernel keeps it
 // (flash_mma, flash_rows: not a split decode, not quantized keys), each
 // row's log-sum-exp as a second array (q's shape but E; log2 domain, the
 // sink in it, +inf for a row that sees no key).
 std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const Launcher& launch, Choice choice,
-                                               bool lse);
+                                               bool lse, bool widen = false);
 
 // dQ, dK and dV of that call (FlashAttention-2's backward in two launches,
 // flash_backward_rows then flash_backward_keys; backward.metal), and with

@@ -24,7 +24,9 @@ Launcher emulated_launcher(Emulation emulation, mx::Stream s);
 namespace flashattn {
 
 // flash_attention with the same validation, through the Metal dispatch and
-// kernels, run by the emulator on the CPU stream (ops.cpp).
+// kernels, run by the emulator on the CPU stream (ops.cpp); dtype float32
+// over 16-bit inputs runs the *_f32 kernels, as on a Metal stream without a
+// gradient.
 mx::array flash_attention_metal_emulated(
     const mx::array& queries,
     const KeysOrValues& keys,
@@ -37,6 +39,7 @@ mx::array flash_attention_metal_emulated(
     std::optional<int> window = std::nullopt,
     std::optional<int> group_size = std::nullopt,
     std::optional<int> bits = std::nullopt,
-    std::optional<mx::array> sinks = std::nullopt);
+    std::optional<mx::array> sinks = std::nullopt,
+    std::optional<mx::Dtype> dtype = std::nullopt);
 
 }  // namespace flashattn

@@ -70,6 +70,9 @@ const std::vector<MetalKernel>& metal_kernels() {
       {"flash_rows", kAttentionInputs, {"out"}, rows_body("PlainRows")},
       {"flash_rows_lse", kAttentionInputs, {"out", "lse"}, rows_body("PlainRows", true)},
       {"flash_rows_q", kQuantizedInputs, {"out"}, rows_body("QuantizedRows")},
+      // float32 attention over 16-bit inputs: the same bodies, a float32
+      // output (its type follows the output array's).
+      {"flash_rows_f32", kAttentionInputs, {"out"}, rows_body("PlainRows")},
       {"flash_decode", kAttentionInputs, {"o_part", "ml_part"}, decode_body("PlainRows")},
       {"flash_decode_q", kQuantizedInputs, {"o_part", "ml_part"}, decode_body("QuantizedRows")},
       {"flash_merge",
@@ -82,6 +85,7 @@ const std::vector<MetalKernel>& metal_kernels() {
       {"flash_mma", kAttentionInputs, {"out"}, mma_body("PlainRows")},
       {"flash_mma_lse", kAttentionInputs, {"out", "lse"}, mma_body("PlainRows", true)},
       {"flash_mma_q", kQuantizedInputs, {"out"}, mma_body("QuantizedRows")},
+      {"flash_mma_f32", kAttentionInputs, {"out"}, mma_body("PlainRows")},
       {"flash_backward_rows",
        {"q", "k", "v", "mask", "mask_base", "params", "o", "d_out", "sinks", "lse_kept"},
        {"dq", "stats"},

@@ -21,10 +21,10 @@ def make_attention(original, precision: str):
     precision "float32" (the default, as the design asks) computes attention
     in float32 and casts the result back to the queries' dtype: 16-bit
     queries, keys and values go to flash_attention with dtype=float32, which
-    is float32 attention on cast inputs (the CPU's kernels and CUDA's
-    read the 16-bit keys and values without casting them, and on CUDA a
-    gradient comes from the 16-bit backward); "native" hands
-    flash_attention the model's own dtype.
+    is float32 attention on cast inputs (the kernels read the 16-bit keys
+    and values without casting them, and on CUDA a gradient comes from the
+    16-bit backward); "native" hands flash_attention the model's own
+    dtype.
     """
     dtype = mx.float32 if precision == "float32" else None
 

@@ -19,10 +19,12 @@ namespace fa {
 
 // Br = mma_rows(), Bc = mma_keys(E), kMmaThreads threads (params.h).
 
-template <typename T, int E, typename KV>
+// TO, the output's type: T, or float for float32 attention over 16-bit
+// inputs (flash_mma_f32; the arithmetic is float32 either way).
+template <typename T, int E, typename KV, typename TO>
 void flash_mma(
     const device T* q, KV k, KV v, const device float* mask_data,
-    const device int64_t* mask_base, const device int* params, const device float* sinks, device T* out,
+    const device int64_t* mask_base, const device int* params, const device float* sinks, device TO* out,
     device float* lse, uint3 group, uint sg, uint lane, uint tid, threadgroup float* o_tile, threadgroup float* kv_tile,
     threadgroup float* s_tile, threadgroup float* alpha_tile, threadgroup uchar* hidden_tile,
     threadgroup int* flags) {

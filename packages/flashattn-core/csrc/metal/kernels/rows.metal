@@ -121,10 +121,12 @@ RowState<EPT> attend_row(
 // Prefill (and unsplit decode): the normalised output row; lse (not null: a
 // gradient will be taken): the row's log-sum-exp too, as the backward's
 // rows pass would take it again.
-template <typename T, int EPT, typename KV>
+// TO, the output's type: T, or float for float32 attention over 16-bit
+// inputs (flash_rows_f32).
+template <typename T, int EPT, typename KV, typename TO>
 void flash_rows(
     const device T* q, KV k, KV v, const device float* mask_data,
-    const device int64_t* mask_base, const device int* params, const device float* sinks, device T* out,
+    const device int64_t* mask_base, const device int* params, const device float* sinks, device TO* out,
     device float* lse, uint3 group, uint sg, uint lane, threadgroup float* q_tile, threadgroup float* p_tile) {
   const RowTask t = row_task(params, group, sg);
   const RowState<EPT> st = attend_row<T, EPT, KV>(
@@ -137,7 +139,7 @@ void flash_rows(
   if (lse != nullptr && lane == 0) {
     lse[t.n_q * L + t.row] = row_lse(st.m, st.l, sink);
   }
-  device T* o = out + (t.n_q * L + t.row) * E;
+  device TO* o = out + (t.n_q * L + t.row) * E;
   for (int i = 0; i < EPT; ++i) {
     const int e = int(lane) + 32 * i;
     if (e < E) store(o, e, st.o[i] * inv);
