@@ -6,7 +6,8 @@ CPU every case reads the 16-bit inputs in place (the 16-bit kernels compute
 in float32 and store a float32 output); on CUDA the tensor-core decode cases
 here run its float32 variant on the 16-bit keys and values, and on Hopper
 the E = 64 prefill case the wgmma prefill's (tests/gpu has more of both);
-everything else is the float32 path on cast inputs."""
+everything else on CUDA is the float32 path on cast inputs. The Metal
+kernels' own cases: tests/metal."""
 
 from dataclasses import replace
 
