@@ -439,28 +439,30 @@ def test_float32_decode_reads_the_16_bit_cache_in_place():
     assert relative_error(out, attention_reference(q, k, v)) <= TOLERANCE["float32"]
 
 
-HEADS_OF = {64: (14, 2), 80: (8, 8), 96: (12, 4), 128: (32, 8)}
+HEADS_OF = {64: (14, 2), 80: (8, 8), 96: (12, 4), 128: (32, 8), 256: (8, 4)}
 
 
-@pytest.mark.parametrize("E", [64, 80, 96, 128])
+@pytest.mark.parametrize("E", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("mask", ["causal", "none", "bool_LS", "additive_full"])
 def test_float32_prefill_over_16_bit_inputs(E, dtype, mask):
-    # Hopper: fa_prefill_wg32_* (prefill_f16_wg.cu's float32 variant) reads
-    # the 16-bit inputs as they are; P goes into P V as 16-bit terms that sum
-    # to it at float32 accuracy; the output is float32.
+    # Hopper: fa_prefill_wg32_* (prefill_f16_wg.cu's float32 variant) up to
+    # E = 128, fa_prefill32_* (prefill_f16.cu's, mma.sync) at E = 256 and on
+    # the PTX images, read the 16-bit inputs as they are; P goes into P V as
+    # 16-bit terms that sum to it at float32 accuracy; the output is float32.
     heads = HEADS_OF[E]
     case = Case(batch=(2,), heads=heads, L=300, S=333, E=E, mask=mask, dtype=dtype, layout="kv_cache")
     assert_float32_over_16_bit(*make_inputs(case))
 
 
-@pytest.mark.parametrize("E", [64, 96, 128])
+@pytest.mark.parametrize("E", [64, 96, 128, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("mask", ["causal", "none"])
 def test_float32_prefill_over_16_bit_inputs_long(E, dtype, mask):
     # 4096 rows: at E = 128 (32 heads) and 96 (Phi-3-mini's 32) the scheduled
-    # launch, a block per SM taking a share of every row tile.
-    heads = {64: (14, 2), 96: (32, 32), 128: (32, 8)}[E]
+    # launch, a block per SM taking a share of every row tile; at E = 256
+    # (Gemma's heads) the mma.sync kernel over 64 tiles of keys.
+    heads = {64: (14, 2), 96: (32, 32), 128: (32, 8), 256: (8, 4)}[E]
     case = Case(batch=(1,), heads=heads, L=4096, S=4096, E=E, mask=mask, dtype=dtype)
     q, k, v, m = make_inputs(case)
     out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
@@ -483,18 +485,19 @@ def test_float32_prefill_keeps_small_weights(dtype):
     assert relative_error(out, attention_reference(q, k, v, scale=1.0)) <= TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("E", [64, 256])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype):
+def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype, E):
     # A non-finite value in a key that the causal mask hides from the rows
     # before it: those rows stay finite (the kernel's exact path for such
     # tiles), the rows after see it. An infinite value may come out NaN
     # where float64 has +-inf: P's 16-bit terms include zeros and negative
     # remainders (the README's "dtype=float32" notes); non-finite either way.
     L = S = 300
-    q = mx.random.normal((1, 4, L, 64)).astype(getattr(mx, dtype))
-    k = mx.random.normal((1, 2, S, 64)).astype(getattr(mx, dtype))
-    v = np.array(mx.random.normal((1, 2, S, 64)).astype(getattr(mx, dtype)).astype(mx.float32))
+    q = mx.random.normal((1, 4, L, E)).astype(getattr(mx, dtype))
+    k = mx.random.normal((1, 2, S, E)).astype(getattr(mx, dtype))
+    v = np.array(mx.random.normal((1, 2, S, E)).astype(getattr(mx, dtype)).astype(mx.float32))
     v[0, 1, 200, 7] = value
     v = mx.array(v).astype(getattr(mx, dtype))
     out = np.array(flash_attention(q, k, v, mask="causal", dtype=mx.float32), dtype=np.float64)
@@ -508,11 +511,11 @@ def test_float32_prefill_non_finite_value_hidden_by_the_mask(value, dtype):
 
 
 def test_float32_over_16_bit_inputs_where_no_kernel_reads_them():
-    # A prefill at E = 256: the wgmma prefill does not read 16-bit inputs for
-    # float32 attention there, so the call runs the float32 kernels on cast
-    # inputs; the planner keeps that it does (cuda/dispatch.cpp's recent plans), so
-    # the second call takes the cached answer.
-    case = Case(batch=(1,), heads=(8, 2), L=200, S=3000, E=256, mask="causal", dtype="bfloat16", layout="kv_cache")
+    # A prefill at E = 32: no tensor-core prefill takes that head dim, so the
+    # call runs the float32 path on cast inputs; the planner keeps that it
+    # does (cuda/dispatch.cpp's recent plans), so the second call takes the
+    # cached answer.
+    case = Case(batch=(1,), heads=(8, 2), L=200, S=3000, E=32, mask="causal", dtype="bfloat16", layout="kv_cache")
     for seed in (0, 1):
         q, k, v, m = make_inputs(case, seed=seed)
         out = flash_attention(q, k, v, mask=m, dtype=mx.float32)
@@ -520,14 +523,17 @@ def test_float32_over_16_bit_inputs_where_no_kernel_reads_them():
         assert relative_error(out, attention_reference(q, k, v, mask=m)) <= TOLERANCE["float32"]
 
 
-def test_float32_prefill_reads_the_16_bit_cache_in_place():
+@pytest.mark.parametrize("E", [64, 256])
+def test_float32_prefill_reads_the_16_bit_cache_in_place(E):
     # A 2048-token chunk of prompt against a long bfloat16 cache: casting its
-    # keys and values to float32 would take 2 x 16 MiB, and the float32
-    # queries and output 7 MiB each.
-    capacity, offset, L = 65536, 32768, 2048
-    keys = mx.random.normal((1, 2, capacity, 64)).astype(mx.bfloat16)
-    values = mx.random.normal((1, 2, capacity, 64)).astype(mx.bfloat16)
-    q = mx.random.normal((1, 14, L, 64)).astype(mx.bfloat16)
+    # keys and values to float32 would take 2 x 16 MiB (E = 64; 2 x 32 MiB
+    # at E = 256 with 4 KV heads), and the float32 queries and output 7 MiB
+    # each (16 MiB at E = 256).
+    heads, kv_heads = {64: (14, 2), 256: (8, 4)}[E]
+    capacity, offset, L = 65536, {64: 32768, 256: 8192}[E], 2048
+    keys = mx.random.normal((1, kv_heads, capacity, E)).astype(mx.bfloat16)
+    values = mx.random.normal((1, kv_heads, capacity, E)).astype(mx.bfloat16)
+    q = mx.random.normal((1, heads, L, E)).astype(mx.bfloat16)
     mx.eval(keys, values, q)
     k, v = keys[..., :offset, :], values[..., :offset, :]
     mx.synchronize()
@@ -535,10 +541,11 @@ def test_float32_prefill_reads_the_16_bit_cache_in_place():
     before = mx.get_active_memory()
     out = flash_attention(q, k, v, mask="causal", dtype=mx.float32)
     mx.eval(out)
-    # the float32 output (7 MiB), the generic plan's unused partials (7 MiB),
-    # the tensor maps' scratch and any key splits' states (wg_launch.cpp: at
-    # most 16 MiB); the casts would add 32 MiB
-    assert mx.get_peak_memory() - before < 32 * 2**20
+    # the float32 output (7 MiB; 16 at E = 256), the generic plan's unused
+    # partials (as much again), at E = 64 the tensor maps' scratch and any key
+    # splits' states (wg_launch.cpp: at most 16 MiB); the casts would add
+    # 32 MiB (E = 256: 80)
+    assert mx.get_peak_memory() - before < {64: 32, 256: 40}[E] * 2**20
     assert sampled_error(q, k, v, out, "causal", rows=24) <= TOLERANCE["float32"]
 
 

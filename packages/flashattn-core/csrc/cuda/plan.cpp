@@ -22,11 +22,12 @@
 //       query rows are few; split, with 16-byte loads where the rows allow:
 //       generic_vec.cu)
 //   widened (dtype=float32 over float16 / bfloat16 inputs): the float32
-//       variants of the 16-bit tensor-core decode and (Hopper) wgmma
-//       prefill; other decode calls (L <= 8) the generic kernel's split form
-//       (its arithmetic is float32 whatever the inputs), reading the 16-bit
-//       cache in place; other prefill calls run the float32 path on cast
-//       inputs
+//       variants of the 16-bit tensor-core decode and prefill (wgmma on
+//       Hopper, mma.sync at E = 256 and elsewhere); other decode calls
+//       (L <= 8) the generic kernel's split form (its arithmetic is float32
+//       whatever the inputs), reading the 16-bit cache in place; other
+//       prefill calls (a block that does not fit the GPU's shared memory)
+//       run the float32 path on cast inputs
 //   quantized keys and values (MLX's affine format, 4 or 8 bits, K and V
 //       alike, scales and biases in the queries' dtype): read in place by
 //       the tensor-core decodes where they take the call (sinks too):
@@ -65,8 +66,10 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   if (d.quantized() && !decode && !prefill) return std::nullopt;
   // A widened decode that no tensor-core decode takes (other head dims, an
   // array mask) goes to the generic kernel on the 16-bit inputs: a cast would
-  // copy the whole cache to float32 on every call. A widened prefill goes to
-  // the float32 kernels on cast inputs, far faster than the generic one.
+  // copy the whole cache to float32 on every call. A widened prefill that no
+  // tensor-core prefill takes (its block too large for the GPU's shared
+  // memory) goes to the float32 kernels on cast inputs, far faster than the
+  // generic one.
   if (d.widen && !decode && !prefill && d.L >= kMinPrefillL) return std::nullopt;
   if (decode) {
     plan.aligned = *decode;

@@ -2,7 +2,8 @@
 // (prefill_f16_wg.cu, prefill_tf32_wg.cu; the 16-bit one shaped by the
 // launch model, wg_launch.h), elsewhere the mma.sync ones (prefill_f16.cu,
 // prefill_tf32.cu), each where its block fits the GPU's shared memory;
-// quantized keys and values: the float32 ones' quantized variants.
+// float32 attention over 16-bit inputs: the 16-bit kernels' float32
+// variants; quantized keys and values: the float32 ones' quantized variants.
 
 #include <algorithm>
 #include <cstdint>
@@ -193,7 +194,11 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
       }
     }
   } else if (d.widen) {
-    return std::nullopt;
+    // Float32 attention over the 16-bit inputs on mma.sync (E = 256 on
+    // Hopper, every head dim elsewhere): the 16-bit kernel's block, a
+    // float32 output. Without its image, the caller casts.
+    kernel = "fa_prefill32_" + d.dt + "_" + std::to_string(d.E);
+    if (!find_image(kernel, device_index)) return std::nullopt;
   }
   const int tiles = (d.L + rows - 1) / rows;
   // Every one of them takes an output for the rows' log-sum-exp, which it

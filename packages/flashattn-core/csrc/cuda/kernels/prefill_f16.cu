@@ -16,6 +16,15 @@
 // padded by 16 bytes, which keeps ldmatrix free of bank conflicts for every E. Causal masks skip hidden tiles; the heaviest row
 // tiles launch first. A tile that hides some keys whose values hold NaN or
 // Inf takes a scalar P V over visible keys only (0 x NaN would leak them).
+//
+// kF32 (-DFA_F32=1, fa_prefill32_*): float32 attention over the 16-bit
+// inputs with a float32 output, as prefill_f16_wg.cu's kF32 on Hopper: S is
+// float32-exact already (16-bit products, float32 sums), P enters P V as
+// PSplit's two terms (two products a tile), and each tile's P V goes into a
+// fresh accumulator, 16 columns at a time, that is added to o in float32
+// (the tensor cores' own sums over every tile drift: docs/cuda.md). Off
+// Hopper it is every such prefill; on Hopper E = 256, which no wgmma
+// prefill takes.
 
 #include "f16_shapes.h"
 #include "mma.cuh"
@@ -59,10 +68,75 @@ __device__ __forceinline__ bool tile_has_nonfinite(const T* tile, int count, int
   return __syncthreads_or(bad);
 }
 
-template <typename T, int E>
+// kF32's P V for one tile: o += P V with P in PSplit's terms (a[term][kk]:
+// P V's A operand for keys 16 kk ..), each 16 output columns summed over
+// the tile's keys in a fresh accumulator first.
+template <typename T, int E, int kTerms>
+__device__ __forceinline__ void pv_terms(float (&o)[E / 8][4], const uint32_t (&a)[kTerms][kBc / 16][4],
+                                         const T* sv, int lane) {
+  constexpr int LD = PrefillSmem<T, E>::LD;
+#pragma unroll
+  for (int eb2 = 0; eb2 < E / 16; ++eb2) {
+    float acc[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t bv[4];
+      ldmatrix_x4_trans(bv, &sv[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + eb2 * 16 + (lane >> 4) * 8]);
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term) {
+        mma16816<T>(acc[0], a[term][kk], bv[0], bv[1]);
+        mma16816<T>(acc[1], a[term][kk], bv[2], bv[3]);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[2 * eb2][c] += acc[0][c], o[2 * eb2 + 1][c] += acc[1][c];
+  }
+}
+
+// kF32's rare tile: P V in plain float32 over visible keys only, P as the
+// terms' sum that pv_terms would take. P of key c sits with quad thread
+// (c % 8) / 2, so the quad passes it round; the keys run in a rolled loop,
+// P indexed through a local copy (the path is rare, and an unrolled one
+// would be most of the module that MLX hashes on every launch).
+template <typename T, int E, int kTerms>
+__device__ __forceinline__ void rare_pv_terms(float (&o)[E / 8][4], const uint32_t (&a)[kTerms][kBc / 16][4],
+                                              const T* sv, const Mask& mask, int64_t n, int ra, int L, int S, int c0,
+                                              int count, int lane) {
+  constexpr int LD = PrefillSmem<T, E>::LD, NB = kBc / 8, NO = E / 8;
+  const int t = lane & 3;
+  const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
+                         mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
+  uint32_t p_rows[kTerms][2][NB];  // rows g, g + 8: keys 8 nb .. 8 nb + 7
+#pragma unroll
+  for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      p_rows[term][0][nb] = a[term][nb >> 1][(nb & 1) * 2];
+      p_rows[term][1][nb] = a[term][nb >> 1][(nb & 1) * 2 + 1];
+    }
+#pragma unroll 1
+  for (int c = 0; c < count; ++c) {
+    const int i = c & 7, src = (lane & ~3) | (i >> 1), key = c0 + c;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float pr = 0.0f;
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term)
+        pr += unpack_half<T>(__shfl_sync(0xffffffffu, p_rows[term][rr][c >> 3], src), i & 1);
+      if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) {
+        o[eb][2 * rr] += pr * to_f(sv[c * LD + eb * 8 + 2 * t]);
+        o[eb][2 * rr + 1] += pr * to_f(sv[c * LD + eb * 8 + 2 * t + 1]);
+      }
+    }
+  }
+}
+
+template <typename T, int E, bool kF32 = false, typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __restrict__ k,
                                         const T* __restrict__ v, const void* mask_data,
-                                        const int64_t* __restrict__ mask_base, T* __restrict__ out,
+                                        const int64_t* __restrict__ mask_base, TO* __restrict__ out,
                                         float* __restrict__ lse,
                                         int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                         int mask_cs, float scale_log2, Layout lay) {
@@ -82,6 +156,9 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   const bool array_mask = mask.is_array();
 
   constexpr bool kQInRegs = E <= 128;
+  using Split = PSplit<T, 2>;  // two terms, as the wgmma prefill's (wg_shapes.h)
+  constexpr int kTerms = Split::kTerms;
+  constexpr float kPScale = kF32 ? Split::kScale : 1.0f;
   const int n_tiles = (kv_end + kBc - 1) / kBc - j0;
   const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
 
@@ -135,6 +212,30 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
     }
     const bool need_mask = mask.tile_hides(c0, kBc, l0, kBr, S);
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
+
+    if constexpr (kF32) {
+      // P's terms (times kPScale), rows g and g + 8, keys 2t, 2t + 1 of each
+      // 8-key block, as P V's A operand.
+      uint32_t a[kTerms][kBc / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float lo = s[2 * kk + (j >> 1)][2 * (j & 1)] * kPScale, hi = s[2 * kk + (j >> 1)][2 * (j & 1) + 1] * kPScale;
+#pragma unroll
+          for (int term = 0; term < kTerms; ++term) {
+            a[term][kk][j] = pack2<T>(lo, hi);
+            if (term + 1 < kTerms) lo -= unpack_half<T>(a[term][kk][j], 0), hi -= unpack_half<T>(a[term][kk][j], 1);
+          }
+        }
+      if (need_mask && tile_has_nonfinite<T, E>(sv, count, tid)) {
+        rare_pv_terms<T, E, kTerms>(o, a, sv, mask, n, ra, L, S, c0, count, lane);
+      } else {
+        pv_terms<T, E, kTerms>(o, a, sv, lane);
+      }
+      __syncthreads();  // the load issued next overwrites this buffer
+      continue;
+    }
 
     if (need_mask && tile_has_nonfinite<T, E>(sv, count, tid)) {
       // Rare: P V over visible keys only (0 x NaN would leak hidden values).
@@ -192,7 +293,13 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 
   cp_async_wait_all();  // nothing may be in flight at exit (no key tiles: Q only)
 
-  store_rows<T, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
+  if constexpr (kPScale != 1.0f) {
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[eb][c] *= 1.0f / kPScale;
+  }
+  store_rows<TO, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
                     lse_of(mask_kind, lse));
 }
 
@@ -201,17 +308,28 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 // fa_prefill_<dtype>_<E>: grid (row tiles x threads, H_q, batch), 32 x
 // f16_shapes::warps(E) threads, dynamic shared memory sizeof(PrefillSmem).
 // Outputs: the attention output and each row's log-sum-exp (written where
-// mask_kind has kLse: mask_bits.h).
+// mask_kind has kLse: mask_bits.h). -DFA_F32=1: fa_prefill32_<dtype>_<E>,
+// float32 attention over the 16-bit inputs (kF32 above), a float32 output;
+// the same arguments otherwise.
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
 #if FA_DTYPE == 0
 #error "prefill_f16.cu takes float16 or bfloat16; float32 has prefill_tf32.cu"
 #endif
-extern "C" __global__ void __launch_bounds__(fa::PrefillSmem<FA_T, FA_E>::THREADS) FA_CAT5(fa_prefill_, FA_TNAME, _, FA_E, )(
+#if defined(FA_F32) && FA_F32
+#define FA_P_F32 true
+#define FA_P_OUT float
+#define FA_P_FAMILY fa_prefill32_
+#else
+#define FA_P_F32 false
+#define FA_P_OUT FA_T
+#define FA_P_FAMILY fa_prefill_
+#endif
+extern "C" __global__ void __launch_bounds__(fa::PrefillSmem<FA_T, FA_E>::THREADS) FA_CAT5(FA_P_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
-    FA_T* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
+    FA_P_OUT* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill<FA_T, FA_E>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
-                          mask_cs, scale_log2, FA_LAYOUT);
+  fa::prefill<FA_T, FA_E, FA_P_F32>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
+                                    mask_cs, scale_log2, FA_LAYOUT);
 }
