@@ -4,6 +4,7 @@
 // prefill_tf32.cu), each where its block fits the GPU's shared memory;
 // float32 attention over 16-bit inputs: the 16-bit kernels' float32
 // variants; quantized keys and values: the float32 ones' quantized variants.
+// The launch models that shape some of them: wg_launch.h, wide_pays below.
 
 #include <algorithm>
 #include <cstdint>
@@ -19,10 +20,12 @@
 
 #include "cuda/driver.h"
 #include "cuda/kernel_images.h"
+#include "cuda/kernels/causal.h"
 #include "cuda/kernels/f16_shapes.h"
 #include "cuda/kernels/tf32_shapes.h"
 #include "cuda/kernels/wg_shapes.h"
 #include "cuda/planner.h"
+#include "cuda/sm_queue.h"
 #include "cuda/wg_launch.h"
 
 namespace flashattn::cuda {
@@ -95,6 +98,46 @@ int forced_narrow() {
 int forced_splits() {
   static const int value = forced("FLASHATTN_CUDA_SPLITS");
   return value;
+}
+// FLASHATTN_CUDA_WIDE=1 or 0 (tests): the wide mma.sync block at E = 256
+// for every call it fits, or for none (unset: wide_pays decides).
+int forced_wide() {
+  static const int value = forced("FLASHATTN_CUDA_WIDE");
+  return value;
+}
+
+// prefill_f16.cu at E = 256: whether its wide block (8 warps, 128 rows) ends
+// the launch sooner than the 4-warp one (64 rows), by a model of the launch:
+// blocks heaviest first (PrefillBlock's order) onto the first free SM, one
+// block an SM either way, each a fixed part plus its key tiles times a key
+// tile's time. The figures (us, chained calls) fit H100 times of causal 2K /
+// 4K / 8K prompts and a chunk of 2,048 rows over 8,192 keys, 8 heads, to
+// within 7% (benchmarks/cuda-probes/wg32-probe.py hd256, 2026-11-27). The
+// wide block wins wherever the launch has more than about a wave of its
+// blocks; with fewer (a short causal prompt, few heads) the narrow block's
+// twice as many blocks do.
+bool wide_pays(const Dims& d, int sms) {
+  namespace fs = fa::f16_shapes;
+  struct Cost {
+    double fixed, per_tile;
+  };
+  const Cost narrow = d.widen ? Cost{28, 4.8} : Cost{24, 2.9}, wide = d.widen ? Cost{36, 6.2} : Cost{28, 4.2};
+  const int64_t slices = d.batch * d.H_q;
+  const bool causal = d.kind == static_cast<int>(MaskKind::causal);
+  const int wide_rows = fs::rows(d.E, true);
+  if (sms <= 0) return false;
+  if (slices * ((d.L + wide_rows - 1) / wide_rows) > 4 * int64_t(sms)) return true;  // several waves: no tail to weigh
+  auto span = [&](int rows, Cost cost) {
+    SmQueue queue(sms);
+    for (int t = (d.L + rows - 1) / rows - 1; t >= 0; --t) {
+      const int kv_end = causal ? fa::causal_kv_end(t * rows, rows, d.L, d.S) : d.S;
+      const int kv_begin = d.window() > 0 ? fa::causal_kv_begin(t * rows, d.L, d.S, d.window()) : 0;
+      const int tiles = (kv_end + fs::kBc - 1) / fs::kBc - kv_begin / fs::kBc;
+      for (int64_t slice = 0; slice < slices; ++slice) queue.run(cost.fixed + cost.per_tile * tiles);
+    }
+    return queue.end();
+  };
+  return span(wide_rows, wide) < span(fs::rows(d.E), narrow);
 }
 
 // Quantized keys and values (alike, 4 or 8 bits) under float32 attention
@@ -193,12 +236,21 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
                                               ws::f16_groups(d.E, d.widen, wg_launch.narrow));
       }
     }
-  } else if (d.widen) {
-    // Float32 attention over the 16-bit inputs on mma.sync (E = 256 on
-    // Hopper, every head dim elsewhere): the 16-bit kernel's block, a
-    // float32 output. Without its image, the caller casts.
-    kernel = "fa_prefill32_" + d.dt + "_" + std::to_string(d.E);
-    if (!find_image(kernel, device_index)) return std::nullopt;
+  } else if (dtype != mx::float32) {
+    // The mma.sync prefill. Widened, its float32 variant (E = 256 on Hopper,
+    // every head dim elsewhere; without its image, the caller casts). At E =
+    // 256 its wide block where it fits and the model says it pays.
+    namespace fs = fa::f16_shapes;
+    const std::string family = d.widen ? "fa_prefill32_" : "fa_prefill_";
+    kernel = family + d.dt + "_" + std::to_string(d.E);
+    if (d.widen && !find_image(kernel, device_index)) return std::nullopt;
+    const std::string wide_kernel = family + "wide_" + d.dt + "_" + std::to_string(d.E);
+    if (fs::has_wide(d.E) && fs::smem_bytes(d.E, true) <= shared_memory_limit(device_index) &&
+        find_image(wide_kernel, device_index) &&
+        (forced_wide() >= 0 ? forced_wide() == 1 : wide_pays(d, multiprocessors(device_index)))) {
+      kernel = wide_kernel, rows = fs::rows(d.E, true), threads = fs::threads(d.E, true),
+      smem = fs::smem_bytes(d.E, true);
+    }
   }
   const int tiles = (d.L + rows - 1) / rows;
   // Every one of them takes an output for the rows' log-sum-exp, which it

@@ -15,12 +15,11 @@
 #include "cuda/wg_launch.h"
 
 #include <algorithm>
-#include <functional>
-#include <queue>
 #include <vector>
 
 #include "cuda/kernels/causal.h"
 #include "cuda/kernels/wg_shapes.h"
+#include "cuda/sm_queue.h"
 
 namespace flashattn::cuda {
 
@@ -72,25 +71,18 @@ int key_tiles(const WgProblem& p, const Shape& s, int64_t u) {
 double makespan(const WgProblem& p, int sms, bool narrow, int64_t split_from, int splits) {
   const Shape s = shape_of(p, narrow);
   const double per_tile = cycles_per_tile(p, narrow), fixed = fixed_cycles(p);
-  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
-  for (int i = 0; i < sms; ++i) free_at.push(0.0);
+  SmQueue queue(sms);
   double end = 0;
-  auto run = [&](double cost) {
-    const double start = free_at.top();
-    free_at.pop();
-    free_at.push(start + cost);
-    return start + cost;
-  };
   for (int64_t u = 0; u < s.units; ++u) {
     const int n = key_tiles(p, s, u);
     if (splits <= 1 || u < split_from) {
-      end = std::max(end, run(fixed + per_tile * n));
+      end = std::max(end, queue.run(fixed + per_tile * n));
       continue;
     }
     double last = 0;  // the row tile's last piece, which merges the others
     for (int piece = 0; piece < splits; ++piece) {
       const int share = ws::piece_first_tile(n, piece + 1, splits) - ws::piece_first_tile(n, piece, splits);
-      last = std::max(last, run(fixed + kPieceCycles + per_tile * share));
+      last = std::max(last, queue.run(fixed + kPieceCycles + per_tile * share));
     }
     end = std::max(end, last + kMergeCycles + kMergeCyclesPerPiece * (splits - 1));
   }

@@ -34,23 +34,24 @@ namespace fa {
 
 constexpr int kBc = f16_shapes::kBc;
 
-template <typename T, int E>
+template <typename T, int E, bool kWide = false>
 struct PrefillSmem {
-  static constexpr int kBr = f16_shapes::rows(E), THREADS = f16_shapes::threads(E);
+  static constexpr int kBr = f16_shapes::rows(E, kWide), THREADS = f16_shapes::threads(E, kWide);
   static constexpr int LD = f16_shapes::ld(E);  // elements per padded row
   T q[kBr * LD];
   T k[2][kBc * LD];  // after S = Q K^T, also P's staging on the rare non-finite path
   T v[2][kBc * LD];
 };
 static_assert(sizeof(PrefillSmem<unsigned short, 64>) == f16_shapes::smem_bytes(64) &&
-                  sizeof(PrefillSmem<unsigned short, 256>) == f16_shapes::smem_bytes(256),
+                  sizeof(PrefillSmem<unsigned short, 256>) == f16_shapes::smem_bytes(256) &&
+                  sizeof(PrefillSmem<unsigned short, 256, true>) == f16_shapes::smem_bytes(256, true),
               "f16_shapes.h sizes the shared memory the planner asks for");
 
 // rows x E elements from src rows first.., rows past count zero-filled.
-template <typename T, int E>
+template <typename T, int E, bool kWide>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int first, int rows, int count,
                                           int tid) {
-  constexpr int LD = PrefillSmem<T, E>::LD, CHUNKS = E / 8, THREADS = PrefillSmem<T, E>::THREADS;
+  constexpr int LD = PrefillSmem<T, E, kWide>::LD, CHUNKS = E / 8, THREADS = PrefillSmem<T, E, kWide>::THREADS;
   for (int idx = tid; idx < rows * CHUNKS; idx += THREADS) {
     const int r = idx / CHUNKS, c8 = idx % CHUNKS;
     const bool valid = r < count;
@@ -58,9 +59,9 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
   }
 }
 
-template <typename T, int E>
+template <typename T, int E, bool kWide>
 __device__ __forceinline__ bool tile_has_nonfinite(const T* tile, int count, int tid) {
-  constexpr int LD = PrefillSmem<T, E>::LD, THREADS = PrefillSmem<T, E>::THREADS;
+  constexpr int LD = PrefillSmem<T, E, kWide>::LD, THREADS = PrefillSmem<T, E, kWide>::THREADS;
   bool bad = false;
   for (int idx = tid; idx < count * E; idx += THREADS) {
     bad |= !isfinite(to_f(tile[(idx / E) * LD + idx % E]));
@@ -74,7 +75,7 @@ __device__ __forceinline__ bool tile_has_nonfinite(const T* tile, int count, int
 template <typename T, int E, int kTerms>
 __device__ __forceinline__ void pv_terms(float (&o)[E / 8][4], const uint32_t (&a)[kTerms][kBc / 16][4],
                                          const T* sv, int lane) {
-  constexpr int LD = PrefillSmem<T, E>::LD;
+  constexpr int LD = PrefillSmem<T, E>::LD;  // the same for either block
 #pragma unroll
   for (int eb2 = 0; eb2 < E / 16; ++eb2) {
     float acc[2][4] = {};
@@ -133,17 +134,19 @@ __device__ __forceinline__ void rare_pv_terms(float (&o)[E / 8][4], const uint32
   }
 }
 
-template <typename T, int E, bool kF32 = false, typename TO = std::conditional_t<kF32, float, T>>
+template <typename T, int E, bool kF32 = false, bool kWide = false,
+          typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __restrict__ k,
                                         const T* __restrict__ v, const void* mask_data,
                                         const int64_t* __restrict__ mask_base, TO* __restrict__ out,
                                         float* __restrict__ lse,
                                         int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                         int mask_cs, float scale_log2, Layout lay) {
-  constexpr int LD = PrefillSmem<T, E>::LD, KS = E / 16, NB = kBc / 8, NO = E / 8;
-  constexpr int kBr = PrefillSmem<T, E>::kBr;
+  using Smem = PrefillSmem<T, E, kWide>;
+  constexpr int LD = Smem::LD, KS = E / 16, NB = kBc / 8, NO = E / 8;
+  constexpr int kBr = Smem::kBr;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<PrefillSmem<T, E>*>(smem_raw);
+  auto& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const PrefillBlock blk(kBr, H_q, H_kv, L, S, mask_kind, mask_cs);
   const int64_t n = blk.n;
@@ -162,11 +165,11 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
   const int n_tiles = (kv_end + kBc - 1) / kBc - j0;
   const int ra = l0 + w * 16 + g;  // this thread's rows: ra and ra + 8
 
-  load_tile<T, E>(sm.q, q_head, lay.q.sr, l0, kBr, min(kBr, L - l0), tid);
+  load_tile<T, E, kWide>(sm.q, q_head, lay.q.sr, l0, kBr, min(kBr, L - l0), tid);
   cp_async_commit();
   if (n_tiles > 0) {
-    load_tile<T, E>(sm.k[0], k_head, lay.k.sr, j0 * kBc, kBc, min(kBc, S - j0 * kBc), tid);
-    load_tile<T, E>(sm.v[0], v_head, lay.v.sr, j0 * kBc, kBc, min(kBc, S - j0 * kBc), tid);
+    load_tile<T, E, kWide>(sm.k[0], k_head, lay.k.sr, j0 * kBc, kBc, min(kBc, S - j0 * kBc), tid);
+    load_tile<T, E, kWide>(sm.v[0], v_head, lay.v.sr, j0 * kBc, kBc, min(kBc, S - j0 * kBc), tid);
   }
   cp_async_commit();
 
@@ -179,8 +182,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
     const int count = min(kBc, S - c0);
     if (j + 1 < n_tiles) {  // the next tile flies while this one is computed
       const int c1 = c0 + kBc, n1 = min(kBc, S - c1);
-      load_tile<T, E>(sm.k[buf ^ 1], k_head, lay.k.sr, c1, kBc, n1, tid);
-      load_tile<T, E>(sm.v[buf ^ 1], v_head, lay.v.sr, c1, kBc, n1, tid);
+      load_tile<T, E, kWide>(sm.k[buf ^ 1], k_head, lay.k.sr, c1, kBc, n1, tid);
+      load_tile<T, E, kWide>(sm.v[buf ^ 1], v_head, lay.v.sr, c1, kBc, n1, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -228,7 +231,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
             if (term + 1 < kTerms) lo -= unpack_half<T>(a[term][kk][j], 0), hi -= unpack_half<T>(a[term][kk][j], 1);
           }
         }
-      if (need_mask && tile_has_nonfinite<T, E>(sv, count, tid)) {
+      if (need_mask && tile_has_nonfinite<T, E, kWide>(sv, count, tid)) {
         rare_pv_terms<T, E, kTerms>(o, a, sv, mask, n, ra, L, S, c0, count, lane);
       } else {
         pv_terms<T, E, kTerms>(o, a, sv, lane);
@@ -237,7 +240,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
       continue;
     }
 
-    if (need_mask && tile_has_nonfinite<T, E>(sv, count, tid)) {
+    if (need_mask && tile_has_nonfinite<T, E, kWide>(sv, count, tid)) {
       // Rare: P V over visible keys only (0 x NaN would leak hidden values).
       // Every warp is past its S = Q K^T (the barrier in the test above), so
       // P is staged where Q was (Q lives in registers by now) or, for E = 256,
@@ -310,12 +313,20 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 // Outputs: the attention output and each row's log-sum-exp (written where
 // mask_kind has kLse: mask_bits.h). -DFA_F32=1: fa_prefill32_<dtype>_<E>,
 // float32 attention over the 16-bit inputs (kF32 above), a float32 output;
-// the same arguments otherwise.
+// -DFA_WIDE=1: fa_prefill[32]_wide_<dtype>_256, the wide block
+// (f16_shapes.h); the same arguments otherwise.
 #if !defined(FA_E)
 #error "define FA_E"
 #endif
 #if FA_DTYPE == 0
 #error "prefill_f16.cu takes float16 or bfloat16; float32 has prefill_tf32.cu"
+#endif
+#if defined(FA_WIDE) && FA_WIDE
+#define FA_P_WIDE true
+#define FA_P_SHAPE wide_
+#else
+#define FA_P_WIDE false
+#define FA_P_SHAPE
 #endif
 #if defined(FA_F32) && FA_F32
 #define FA_P_F32 true
@@ -326,10 +337,11 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 #define FA_P_OUT FA_T
 #define FA_P_FAMILY fa_prefill_
 #endif
-extern "C" __global__ void __launch_bounds__(fa::PrefillSmem<FA_T, FA_E>::THREADS) FA_CAT5(FA_P_FAMILY, FA_TNAME, _, FA_E, )(
+extern "C" __global__ void __launch_bounds__(fa::PrefillSmem<FA_T, FA_E, FA_P_WIDE>::THREADS)
+    FA_CAT5(FA_P_FAMILY, FA_P_SHAPE, FA_TNAME, _, FA_E)(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_P_OUT* out, float* lse, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill<FA_T, FA_E, FA_P_F32>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs,
-                                    mask_cs, scale_log2, FA_LAYOUT);
+  fa::prefill<FA_T, FA_E, FA_P_F32, FA_P_WIDE>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind,
+                                               mask_rs, mask_cs, scale_log2, FA_LAYOUT);
 }
