@@ -3,11 +3,11 @@ float32 result, as if the inputs had been cast to float32 first (what the
 patch's default precision asks of a 16-bit model). Held to the float32
 tolerance against a float64 reference on the 16-bit inputs' values. On the
 CPU every case reads the 16-bit inputs in place (the 16-bit kernels compute
-in float32 and store a float32 output); on CUDA the tensor-core decode cases
-here run its float32 variant on the 16-bit keys and values, and on Hopper
-the E = 64 prefill case the wgmma prefill's (tests/gpu has more of both);
-everything else on CUDA is the float32 path on cast inputs. The Metal
-kernels' own cases: tests/metal."""
+in float32 and store a float32 output); on CUDA too: the decode cases in the
+tensor-core decode's float32 variant or the generic kernel's split form, the
+prefill cases in the wgmma prefill's float32 variant on Hopper and the
+mma.sync one's on the PTX images (tests/gpu has more of each, and the cast
+path). The Metal kernels' own cases: tests/metal."""
 
 from dataclasses import replace
 
@@ -28,8 +28,8 @@ CASES = [
     Case(batch=(1,), heads=(32, 8), L=1, S=3000, E=128, mask="none", layout="kv_cache"),
     Case(batch=(1,), heads=(16, 2), L=2, S=2500, E=64, mask="none"),
     Case(batch=(1,), heads=(8, 8), L=4, S=1500, E=128, mask="none", layout="transposed"),
-    # the rest: cast inputs, float32 kernels (but for the E = 64 prefill on
-    # Hopper: fa_prefill_wg32_*)
+    # the rest: on CUDA the generic kernel's split form for L <= 8, the
+    # prefills' float32 variants above it
     Case(batch=(1,), heads=(14, 2), L=3, S=900, E=64, mask="causal", layout="kv_cache"),
     Case(batch=(2,), heads=(4, 2), L=1, S=2000, E=96, mask="none"),
     Case(batch=(1,), heads=(8, 8), L=1, S=1200, E=128, mask="bool_keys"),
