@@ -161,6 +161,50 @@ struct PSplit<__half, BF16_TERMS> {
   static constexpr float kScale = 32768.0f;
 };
 
+// The rare tile of the prefills (a key hidden from some row, a value not
+// finite): o += P V in plain float32 over the keys each row sees, 0 x NaN
+// being what would leak a hidden value. P as P V's A operand would take it:
+// p[term][kk] holds PSplit's terms (or P itself, kTerms = 1) of rows g and
+// g + 8, keys 2t, 2t + 1 of each 8-key block of the 16 from 16 kk; value(c,
+// col) reads V's element at the tile's key c. P of key c sits with quad
+// thread (c % 8) / 2, which passes it round. The keys run in a rolled loop,
+// P indexed through a local copy: the path is rare, and MLX hashes the whole
+// module on every launch (unrolled, it was most of a kernel's machine code).
+template <typename T, int kTerms, int NK, int NO, typename Value>
+__device__ __forceinline__ void rare_pv(float (&o)[NO][4], const uint32_t (&p)[kTerms][NK][4], Value value,
+                                        const Mask& mask, int64_t n, int ra, int L, int S, int c0, int keys,
+                                        int lane) {
+  constexpr int NB = 2 * NK;
+  const int t = lane & 3;
+  const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
+                         mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
+  uint32_t p_rows[kTerms][2][NB];  // rows g, g + 8: keys 8 nb .. 8 nb + 7
+#pragma unroll
+  for (int term = 0; term < kTerms; ++term)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      p_rows[term][0][nb] = p[term][nb >> 1][(nb & 1) * 2];
+      p_rows[term][1][nb] = p[term][nb >> 1][(nb & 1) * 2 + 1];
+    }
+#pragma unroll 1
+  for (int c = 0; c < keys; ++c) {
+    const int i = c & 7, src = (lane & ~3) | (i >> 1), key = c0 + c;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float pr = 0.0f;  // the terms' sum, as the tensor cores take it
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term)
+        pr += unpack_half<T>(__shfl_sync(0xffffffffu, p_rows[term][rr][c >> 3], src), i & 1);
+      if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) {
+        o[eb][2 * rr] += pr * to_f(value(c, eb * 8 + 2 * t));
+        o[eb][2 * rr + 1] += pr * to_f(value(c, eb * 8 + 2 * t + 1));
+      }
+    }
+  }
+}
+
 // The slice a prefill block takes: grid (row tiles, H_q, batch). Blocks start
 // in the order of their linear index, which is mapped so that the heaviest
 // row tiles (under a causal mask, the last) of every head start first: the

@@ -94,46 +94,6 @@ __device__ __forceinline__ void pv_terms(float (&o)[E / 8][4], const uint32_t (&
   }
 }
 
-// kF32's rare tile: P V in plain float32 over visible keys only, P as the
-// terms' sum that pv_terms would take. P of key c sits with quad thread
-// (c % 8) / 2, so the quad passes it round; the keys run in a rolled loop,
-// P indexed through a local copy (the path is rare, and an unrolled one
-// would be most of the module that MLX hashes on every launch).
-template <typename T, int E, int kTerms>
-__device__ __forceinline__ void rare_pv_terms(float (&o)[E / 8][4], const uint32_t (&a)[kTerms][kBc / 16][4],
-                                              const T* sv, const Mask& mask, int64_t n, int ra, int L, int S, int c0,
-                                              int count, int lane) {
-  constexpr int LD = PrefillSmem<T, E>::LD, NB = kBc / 8, NO = E / 8;
-  const int t = lane & 3;
-  const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
-                         mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
-  uint32_t p_rows[kTerms][2][NB];  // rows g, g + 8: keys 8 nb .. 8 nb + 7
-#pragma unroll
-  for (int term = 0; term < kTerms; ++term)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      p_rows[term][0][nb] = a[term][nb >> 1][(nb & 1) * 2];
-      p_rows[term][1][nb] = a[term][nb >> 1][(nb & 1) * 2 + 1];
-    }
-#pragma unroll 1
-  for (int c = 0; c < count; ++c) {
-    const int i = c & 7, src = (lane & ~3) | (i >> 1), key = c0 + c;
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float pr = 0.0f;
-#pragma unroll
-      for (int term = 0; term < kTerms; ++term)
-        pr += unpack_half<T>(__shfl_sync(0xffffffffu, p_rows[term][rr][c >> 3], src), i & 1);
-      if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
-#pragma unroll
-      for (int eb = 0; eb < NO; ++eb) {
-        o[eb][2 * rr] += pr * to_f(sv[c * LD + eb * 8 + 2 * t]);
-        o[eb][2 * rr + 1] += pr * to_f(sv[c * LD + eb * 8 + 2 * t + 1]);
-      }
-    }
-  }
-}
-
 template <typename T, int E, bool kF32 = false, bool kWide = false,
           typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __restrict__ k,
@@ -232,7 +192,7 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
           }
         }
       if (need_mask && tile_has_nonfinite<T, E, kWide>(sv, count, tid)) {
-        rare_pv_terms<T, E, kTerms>(o, a, sv, mask, n, ra, L, S, c0, count, lane);
+        rare_pv<T>(o, a, [&](int c, int col) { return sv[c * LD + col]; }, mask, n, ra, L, S, c0, count, lane);
       } else {
         pv_terms<T, E, kTerms>(o, a, sv, lane);
       }

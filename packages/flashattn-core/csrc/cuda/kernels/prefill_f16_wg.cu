@@ -405,42 +405,11 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     }
     return named_or(1 + G, kConsumers, bad);
   };
-  // Its P V in plain float32 over visible keys only (0 x NaN would leak a
-  // hidden value), P as P V would take it; P of key c sits with quad thread
-  // (c % 8) / 2, so the quad passes it round. The keys run in a loop that
-  // stays rolled, P indexed through a local copy: this path is rare, and MLX
-  // hashes the whole module on every launch (unrolled, it was most of the
-  // kernel's machine code).
+  // Its P V in plain float32 over visible keys only (mma.cuh).
   auto rare_pv = [&](int j) {
-    const int c0 = key0(j);
     const T* sv = sm.v[buf(j)];
-    const int64_t rb[2] = {mask.is_array() && ra < L ? mask.row_base(n, ra) : 0,
-                           mask.is_array() && ra + 8 < L ? mask.row_base(n, ra + 8) : 0};
-    uint32_t p_rows[kTerms][2][NB];  // rows g, g + 8: keys 8 nb .. 8 nb + 7
-#pragma unroll
-    for (int term = 0; term < kTerms; ++term)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        p_rows[term][0][nb] = p[term][nb >> 1][(nb & 1) * 2];
-        p_rows[term][1][nb] = p[term][nb >> 1][(nb & 1) * 2 + 1];
-      }
-#pragma unroll 1
-    for (int c = 0; c < kWhBc; ++c) {
-      const int i = c & 7, src = (lane & ~3) | (i >> 1), key = c0 + c;
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        float pr = 0.0f;  // the terms' sum (times kPScale), as the wgmma path takes it
-#pragma unroll
-        for (int term = 0; term < kTerms; ++term)
-          pr += unpack_half<T>(__shfl_sync(0xffffffffu, p_rows[term][rr][c >> 3], src), i & 1);
-        if (mask.hides(rb[rr], ra + rr * 8, key, L, S)) continue;
-#pragma unroll
-        for (int eb = 0; eb < NO; ++eb) {
-          o[eb][2 * rr] += pr * to_f(sv[sw_at<kWhBc>(c, eb * 8 + 2 * t)]);
-          o[eb][2 * rr + 1] += pr * to_f(sv[sw_at<kWhBc>(c, eb * 8 + 2 * t + 1)]);
-        }
-      }
-    }
+    fa::rare_pv<T>(o, p, [&](int c, int col) { return sv[sw_at<kWhBc>(c, col)]; }, mask, n, ra, L, S, key0(j), kWhBc,
+                   lane);
   };
 
   // O += P_j V_j, finished before it returns (rare or not).
