@@ -315,6 +315,27 @@ def test_quantized_cases_against_mlx_lm_quantized_attention(bits):
     assert all({"flash-plain", "mlx"} <= set(r["speedup"]) for r in rows if r["impl"] == "flash")
 
 
+@pytest.mark.parametrize("pass_", ["forward", "both"])
+def test_float32_attention_over_16_bit_inputs_beside_the_others(pass_):
+    # flash-f32 is the patch's default call on a 16-bit model, dtype=float32
+    # and the result cast back: timed on the bfloat16 case against MLX (its
+    # ratios leave flash's own out), skipped on the float32 one, where it is
+    # flash's call; its output (or dQ) is the inputs' dtype, so its error is
+    # bfloat16's rounding against the float64 reference.
+    result = run(["kernel", "--shape", "qwen05b", "--prefill", "64", "--decode", "", "--dtype", "bfloat16,float32",
+                  "--impl", "flash,flash-f32,mlx", "--pass", pass_, "-n", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    rows = {(r["dtype"], r["impl"]): r for r in data["results"]}
+    assert set(rows) == {(dt, impl) for dt in ("bfloat16", "float32") for impl in ("flash", "flash-f32", "mlx")}
+    assert "float32 inputs" in rows["float32", "flash-f32"]["skipped"]
+    widened = rows["bfloat16", "flash-f32"]
+    assert widened["max_abs_error"] <= 1e-2
+    assert set(widened["speedup"]) == {"mlx"}
+    assert set(rows["bfloat16", "flash"]["speedup"]) == {"flash-f32", "mlx"}
+    assert "dtype=mx.float32" in data["machine"]["impls"]["flash-f32"]
+
+
 def test_cases_with_sinks_against_mlx_sdpa_with_sinks():
     # flash_attention and MLX's SDPA take the same sinks; both against the
     # float64 reference with them; torch (no sinks) is left out.

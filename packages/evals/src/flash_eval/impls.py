@@ -102,7 +102,7 @@ def kv_turns(inp: Inputs, quantized: bool = False) -> Callable[[], tuple]:
 
 @dataclass
 class Impl:
-    name: str  # short: "flash", "mlx", "torch", "torch-flash", "torch-cudnn"
+    name: str  # short: "flash", "flash-f32", "mlx", "torch", "torch-flash", "torch-cudnn"
     description: str
     on_mlx: bool  # timed with MLX's evaluation and memory counters
     run: Callable[[], object]
@@ -136,6 +136,24 @@ def flash_impl(inp: Inputs) -> Impl:
     call = mlx_call(inp, flash_attention, inp.flash_args, quantized)
     text = "flashattn_core.flash_attention" + (", quantized keys and values read in place" if quantized else "")
     return Impl("flash", text, True, lambda: call(inp.q), mlx_to_numpy, chain=call)
+
+
+def widened(inp: Inputs) -> Callable:
+    """flash_attention(..., dtype=mx.float32) cast back to the inputs' dtype:
+    float32 attention as mlxlm-flash-patch runs it by default on a 16-bit
+    model."""
+    dtype = inp.q.dtype
+    return lambda q, k, v, **kw: flash_attention(q, k, v, dtype=mx.float32, **kw).astype(dtype)
+
+
+WIDENED_TEXT = ("flashattn_core.flash_attention(..., dtype=mx.float32) over the 16-bit inputs, cast back "
+                "(mlxlm-flash-patch's default)")
+
+
+def flash_f32_impl(inp: Inputs) -> Impl:
+    quantized = bool(inp.quantized_sets)
+    call = mlx_call(inp, widened(inp), inp.flash_args, quantized)
+    return Impl("flash-f32", WIDENED_TEXT, True, lambda: call(inp.q), mlx_to_numpy, chain=call)
 
 
 def flash_plain_impl(inp: Inputs) -> Impl:
@@ -310,6 +328,11 @@ def grad_rows_to_numpy(x: list[mx.array]) -> np.ndarray:
 def flash_grad_impl(inp: Inputs) -> Impl:
     return Impl("flash", "flashattn_core.flash_attention, forward + mx.vjp", True,
                 mlx_grad_call(inp, flash_attention, inp.flash_args), grad_rows_to_numpy)
+
+
+def flash_f32_grad_impl(inp: Inputs) -> Impl:
+    return Impl("flash-f32", WIDENED_TEXT + ", forward + mx.vjp", True,
+                mlx_grad_call(inp, widened(inp), inp.flash_args), grad_rows_to_numpy)
 
 
 def flash_dense_grad_impl(inp: Inputs) -> Impl:

@@ -18,8 +18,8 @@ import flashattn_core
 from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask
 
 from . import report
-from .impls import (Inputs, cotangent, flash_dense_grad_impl, flash_dense_impl, flash_grad_impl, flash_impl,
-                    flash_plain_impl, make_inputs, mlx_grad_impl, mlx_impl, torch_impls)
+from .impls import (Inputs, cotangent, flash_dense_grad_impl, flash_dense_impl, flash_f32_grad_impl, flash_f32_impl,
+                    flash_grad_impl, flash_impl, flash_plain_impl, make_inputs, mlx_grad_impl, mlx_impl, torch_impls)
 from .measure import MAX_BATCH, copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
 from .options import comma_list, int_list
 from .progress import progress_bar
@@ -117,10 +117,12 @@ def total_memory_bytes() -> int:
               help="An attention sink per query head (random logits; gpt-oss), given to flash and mlx as "
                    "sinks=; torch is skipped (its SDPA takes none).")
 @click.option("--impl", "impls", default="flash,mlx,torch", show_default=True,
-              callback=comma_list(["flash", "flash-dense", "flash-plain", "mlx", "torch"]),
-              help="Implementations; torch is skipped when PyTorch is not installed. flash-dense (with "
-                   "--window): flash_attention given the window as a dense boolean mask. flash-plain (with "
-                   "--kv-bits): flash_attention on the unquantized keys and values.")
+              callback=comma_list(["flash", "flash-f32", "flash-dense", "flash-plain", "mlx", "torch"]),
+              help="Implementations; torch is skipped when PyTorch is not installed. flash-f32: "
+                   "flash_attention(..., dtype=mx.float32) over float16 / bfloat16 inputs, cast back (the "
+                   "patch's default on a 16-bit model; float32 cases skip it). flash-dense (with --window): "
+                   "flash_attention given the window as a dense boolean mask. flash-plain (with --kv-bits): "
+                   "flash_attention on the unquantized keys and values.")
 @click.option("-n", "--repeats", default=5, show_default=True, type=click.IntRange(1, 1000),
               help="Timed calls per implementation at least (fewer for slow ones; calls shorter than "
                    "a quarter second are repeated until that much is timed, up to 100 times).")
@@ -210,10 +212,11 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, 
             grad = pass_ != "forward"
             rows, ref = reference_grad_rows(inp) if grad else reference_rows(inp)
             flops = case.flops * PASS_FLOPS[pass_]
-            candidates = {"flash": lambda i: [flash_impl(i)], "flash-dense": lambda i: [flash_dense_impl(i)],
+            candidates = {"flash": lambda i: [flash_impl(i)], "flash-f32": lambda i: [flash_f32_impl(i)],
+                          "flash-dense": lambda i: [flash_dense_impl(i)],
                           "flash-plain": lambda i: [flash_plain_impl(i)], "mlx": lambda i: [mlx_impl(i)],
                           "torch": torch_impls}
-            grad_candidates = {"flash": lambda i: [flash_grad_impl(i)],
+            grad_candidates = {"flash": lambda i: [flash_grad_impl(i)], "flash-f32": lambda i: [flash_f32_grad_impl(i)],
                                "flash-dense": lambda i: [flash_dense_grad_impl(i)],
                                "mlx": lambda i: [mlx_grad_impl(i)], "torch": lambda i: torch_impls(i, grad=True)}
             chosen = grad_candidates if grad else candidates
@@ -226,7 +229,9 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, 
                        "length": case.length, "dtype": case.dtype, "impl": impl.name, "kv_sets": sets}
                 seen = rate.get((impl.name, case.kind))
                 predicted = flops / seen if seen else None
-                if key != "flash" and predicted and predicted > max_call_seconds:
+                if key == "flash-f32" and case.dtype == "float32":
+                    row["skipped"] = "float32 inputs: flash is this call"
+                elif key != "flash" and predicted and predicted > max_call_seconds:
                     row["skipped"] = f"predicted {predicted:,.0f} s per call"
                 elif key == "mlx" and unfused_bytes(case) > 0.6 * total_memory_bytes():
                     row["skipped"] = f"needs ~{unfused_bytes(case) / 2**30:.0f} GiB (unfused)"

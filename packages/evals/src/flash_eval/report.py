@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 FLASH = "flash"
+WIDENED = "flash-f32"  # float32 attention over 16-bit inputs (the patch's default)
 
 
 def emit(report: dict, as_json: bool, print_table, plot_path: str | None = None, plot=None) -> None:
@@ -25,19 +26,21 @@ def emit(report: dict, as_json: bool, print_table, plot_path: str | None = None,
 
 def add_ratios(results: list[dict]) -> None:
     """For each flash_attention row, its speed-up over every reference timed on
-    the same case (reference time / flash time)."""
+    the same case (reference time / flash time); for flash-f32's, over the
+    references that are not flash_attention's."""
     by_case: dict[tuple, dict[str, dict]] = {}
     for r in results:
         by_case.setdefault((r["case"], r["dtype"]), {})[r["impl"]] = r
     for rows in by_case.values():
-        flash = rows.get(FLASH)
-        if not flash or "median_ms" not in flash:
-            continue
-        flash["speedup"] = {
-            name: r["median_ms"] / flash["median_ms"]
-            for name, r in rows.items()
-            if name != FLASH and "median_ms" in r
-        }
+        for own in (FLASH, WIDENED):
+            flash = rows.get(own)
+            if not flash or "median_ms" not in flash:
+                continue
+            flash["speedup"] = {
+                name: r["median_ms"] / flash["median_ms"]
+                for name, r in rows.items()
+                if name != own and "median_ms" in r and (own == FLASH or not name.startswith(FLASH))
+            }
 
 
 def machine_lines(machine: dict) -> list[str]:
