@@ -3,7 +3,8 @@
 //
 // A block of W warps takes Br = 16 W query rows of one (batch, query head);
 // warp w owns rows 16w..16w+15 (W = 8 for E = 64, 4 above, where registers
-// run short). Every K/V tile loaded serves all W warps. Key/value tiles of Bc = 64 rows stream
+// run short, and 8 in the wide block at E = 256: f16_shapes.h). Every K/V
+// tile loaded serves all W warps. Key/value tiles of Bc = 64 rows stream
 // through shared memory (cp.async):
 //
 //   S = Q_i K_j^T     ldmatrix Q (A, row) and K (B, col = K row-major)
