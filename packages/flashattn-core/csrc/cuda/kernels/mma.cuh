@@ -161,6 +161,27 @@ struct PSplit<__half, BF16_TERMS> {
   static constexpr float kScale = 32768.0f;
 };
 
+// P (s, in the m16n8 accumulator layout: rows g, g + 8, keys 2t, 2t + 1 of
+// each 8-key block) times scale, as P V's A operand in kTerms 16-bit terms,
+// each the rounding of what the terms before it left (PSplit; one term: P
+// rounded to 16 bits).
+template <typename T, int kTerms, int NK>
+__device__ __forceinline__ void pack_p_terms(uint32_t (&p)[kTerms][NK][4], const float (&s)[2 * NK][4],
+                                             float scale) {
+#pragma unroll
+  for (int kk = 0; kk < NK; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float lo = s[2 * kk + (j >> 1)][2 * (j & 1)] * scale, hi = s[2 * kk + (j >> 1)][2 * (j & 1) + 1] * scale;
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term) {
+        p[term][kk][j] = pack2<T>(lo, hi);
+        if (term + 1 < kTerms) lo -= unpack_half<T>(p[term][kk][j], 0), hi -= unpack_half<T>(p[term][kk][j], 1);
+      }
+    }
+  }
+}
+
 // The rare tile of the prefills (a key hidden from some row, a value not
 // finite): o += P V in plain float32 over the keys each row sees, 0 x NaN
 // being what would leak a hidden value. P as P V's A operand would take it:

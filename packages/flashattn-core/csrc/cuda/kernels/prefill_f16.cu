@@ -178,20 +178,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
 
     if constexpr (kF32) {
-      // P's terms (times kPScale), rows g and g + 8, keys 2t, 2t + 1 of each
-      // 8-key block, as P V's A operand.
-      uint32_t a[kTerms][kBc / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float lo = s[2 * kk + (j >> 1)][2 * (j & 1)] * kPScale, hi = s[2 * kk + (j >> 1)][2 * (j & 1) + 1] * kPScale;
-#pragma unroll
-          for (int term = 0; term < kTerms; ++term) {
-            a[term][kk][j] = pack2<T>(lo, hi);
-            if (term + 1 < kTerms) lo -= unpack_half<T>(a[term][kk][j], 0), hi -= unpack_half<T>(a[term][kk][j], 1);
-          }
-        }
+      uint32_t a[kTerms][kBc / 16][4];  // P's terms (times kPScale), P V's A operand
+      pack_p_terms<T>(a, s, kPScale);
       if (need_mask && tile_has_nonfinite<T, E, kWide>(sv, count, tid)) {
         rare_pv<T>(o, a, [&](int c, int col) { return sv[c * LD + col]; }, mask, n, ra, L, S, c0, count, lane);
       } else {

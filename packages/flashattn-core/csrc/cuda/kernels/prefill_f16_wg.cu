@@ -375,20 +375,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   };
   // P's pairs (keys 2t, 2t + 1 of rows g, g + 8 in each 8-key block) as P V's
   // A operand; kF32: each term the rounding of what the ones before left.
-  auto pack_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < NK; ++kk) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float lo = s[2 * kk + (j >> 1)][2 * (j & 1)] * kPScale, hi = s[2 * kk + (j >> 1)][2 * (j & 1) + 1] * kPScale;
-#pragma unroll
-        for (int term = 0; term < kTerms; ++term) {
-          p[term][kk][j] = pack2<T>(lo, hi);
-          if (term + 1 < kTerms) lo -= unpack_half<T>(p[term][kk][j], 0), hi -= unpack_half<T>(p[term][kk][j], 1);
-        }
-      }
-    }
-  };
+  auto pack_p = [&] { pack_p_terms<T>(p, s, kPScale); };
   auto need_mask = [&](int j) { return mask.tile_hides(key0(j), kWhBc, row0, kWhRows, S); };
   // Rare: a tile where some key is hidden from some row of the block and
   // some value is not finite (block-wide: every thread must ask).
