@@ -51,7 +51,7 @@ namespace backward_detail {
 // vectors of a row stay in registers while k runs. A's element (i, k) lies
 // at A[i lda + k], or with kTransA at A[k lda + i] (A stored transposed:
 // its elements are broadcast one at a time, so either layout reads alike).
-template <int W, int MR, int NR, bool kTransA>
+template <int W, int MR, int NR, bool kTransA, bool kSet>
 inline void gemm_block(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int K) {
   using S = Simd<W>;
   using vf = typename S::vf;
@@ -59,7 +59,7 @@ inline void gemm_block(const float* A, int lda, const float* B, int ldb, float* 
   vf acc[MR][NR];
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NR; ++j) {
-      acc[i][j] = S::load(C + i * ldc + j * W);
+      acc[i][j] = kSet ? S::splat(0.0f) : S::load(C + i * ldc + j * W);
     }
   }
   for (int k = 0; k < K; ++k) {
@@ -81,27 +81,33 @@ inline void gemm_block(const float* A, int lda, const float* B, int ldb, float* 
   }
 }
 
-template <int W, int MR, int NR, bool kTransA>
+template <int W, int MR, int NR, bool kTransA, bool kSet>
 inline void gemm_rows(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int K, int N) {
   int j = 0;
   for (; j + NR * W <= N; j += NR * W) {
-    gemm_block<W, MR, NR, kTransA>(A, lda, B + j, ldb, C + j, ldc, K);
+    gemm_block<W, MR, NR, kTransA, kSet>(A, lda, B + j, ldb, C + j, ldc, K);
   }
   for (; j < N; j += W) {
-    gemm_block<W, MR, 1, kTransA>(A, lda, B + j, ldb, C + j, ldc, K);
+    gemm_block<W, MR, 1, kTransA, kSet>(A, lda, B + j, ldb, C + j, ldc, K);
   }
 }
 
-template <int W, int MR, int NR, bool kTransA = false>
+template <int W, int MR, int NR, bool kTransA = false, bool kSet = false>
 inline void gemm_acc(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int M, int K, int N) {
   const int si = kTransA ? 1 : lda;  // A's step from one row of C to the next
   int i = 0;
   for (; i + MR <= M; i += MR) {
-    gemm_rows<W, MR, NR, kTransA>(A + i * si, lda, B, ldb, C + i * ldc, ldc, K, N);
+    gemm_rows<W, MR, NR, kTransA, kSet>(A + i * si, lda, B, ldb, C + i * ldc, ldc, K, N);
   }
   for (; i < M; ++i) {
-    gemm_rows<W, 1, NR, kTransA>(A + i * si, lda, B, ldb, C + i * ldc, ldc, K, N);
+    gemm_rows<W, 1, NR, kTransA, kSet>(A + i * si, lda, B, ldb, C + i * ldc, ldc, K, N);
   }
+}
+
+// C[M x N] = A B (C's old contents not read).
+template <int W, int MR, int NR>
+inline void gemm_set(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int M, int K, int N) {
+  gemm_acc<W, MR, NR, false, true>(A, lda, B, ldb, C, ldc, M, K, N);
 }
 
 } // namespace backward_detail
@@ -186,13 +192,11 @@ struct Backward {
   void probabilities_and_dS(int64_t n, int64_t l0, int rows, int64_t c0, int cols, const float* K_t,
                             const float* V_t, int ldt) {
     using namespace backward_detail;
-    std::fill(s.P, s.P + Br * Bc, 0.0f);
-    std::fill(s.dS, s.dS + Br * Bc, 0.0f);
-    gemm_acc<W, MR, NR>(s.Q, Ep, K_t, ldt, s.P, Bc, rows, p.E, Bc);
-    gemm_acc<W, MR, NR>(s.dO, Ep, V_t, ldt, s.dS, Bc, rows, p.E, Bc);
+    gemm_set<W, MR, NR>(s.Q, Ep, K_t, ldt, s.P, Bc, rows, p.E, Bc);
+    gemm_set<W, MR, NR>(s.dO, Ep, V_t, ldt, s.dS, Bc, rows, p.E, Bc);
     const float qk_scale = p.scale * kLog2e;
     const CausalRule causal = p.causal();
-    for (int r = 0; r < rows; ++r) { // padding rows stay 0 from the fills above
+    for (int r = 0; r < rows; ++r) { // padding rows are never read: the products sum over rows
       float* P = s.P + r * Bc;
       float* dS = s.dS + r * Bc;
       const int64_t l = l0 + r;
