@@ -14,7 +14,7 @@ namespace flashattn::cpu {
 
 // Query rows per block of the backward (keys per tile: Bc). 64 rather than
 // 32: dV += P^T dO and dK += dS^T Q then sum 64 rows per pass over their
-// accumulators (the backward 5-7% faster; docs/cpu.md).
+// accumulators (the backward 5-10% faster; docs/cpu.md).
 constexpr int kBackwardRows = 64;
 
 struct BackwardProblem {

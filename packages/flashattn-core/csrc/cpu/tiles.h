@@ -31,7 +31,7 @@ using wide = TileConfig<16, 3, 8, 8>; // 24 zmm accumulators of 32
 using narrow = TileConfig<8, 1, 8, 8>; // ymm: decode rows rarely fill 16
 } // namespace avx512_tiles
 namespace avx2_tiles {
-using wide = TileConfig<8, 3, 4, 4>; // 12 ymm accumulators of 16 (8: 1.1-1.3x the time)
+using wide = TileConfig<8, 3, 4, 4>; // 12 ymm accumulators of 16 (8 took 1.1-1.3x the time)
 using narrow = TileConfig<8, 1, 8, 8>;
 } // namespace avx2_tiles
 namespace baseline_tiles { // SSE2 on x86-64, NEON on arm64
