@@ -20,10 +20,11 @@ EXPECTED = (
     | {f"fa_prefill_float32_{e}" for e in (64, 80, 96, 128, 256)}
     | {f"fa_prefill_pairs_float32_{e}" for e in (80, 96, 128)}
     | {f"fa_prefill_tf32q_{d}_{e}" for d in DTYPES for e in (64, 96, 128, 256)}
-    | {f"fa_decode_mmaq{s}_{d}_{e}" for d in ("float16", "bfloat16") for e in (64, 128) for s in ("", "_fused")}
+    | {f"fa_decode_mmaq{b}{s}_{d}_{e}" for b in (4, 8) for d in ("float16", "bfloat16") for e in (64, 128)
+       for s in ("", "_fused")}
     | {f"fa_decode_tf32q{s}_{d}_{e}" for d in DTYPES for e in (64, 128) for s in ("", "_fused")}
     # the tensor-core decodes with attention sinks
-    | {f"fa_decode_{f}_sinks{s}_{d}_{e}" for f in ("mma", "mma32", "mmaq") for d in ("float16", "bfloat16")
+    | {f"fa_decode_{f}_sinks{s}_{d}_{e}" for f in ("mma", "mma32", "mmaq4", "mmaq8") for d in ("float16", "bfloat16")
        for e in (64, 128) for s in ("", "_fused")}
     | {f"fa_decode_tf32_sinks{s}_float32_{e}" for e in (64, 128) for s in ("", "_fused")}
     | {f"fa_decode_tf32q_sinks{s}_{d}_{e}" for d in DTYPES for e in (64, 128) for s in ("", "_fused")}

@@ -31,7 +31,7 @@
 //   quantized keys and values (MLX's affine format, 4 or 8 bits, K and V
 //       alike, scales and biases in the queries' dtype): read in place by
 //       the tensor-core decodes where they take the call (sinks too):
-//       attention in the queries' 16-bit dtype fa_decode_mmaq_, float32
+//       attention in the queries' 16-bit dtype fa_decode_mmaq<bits>_, float32
 //       attention fa_decode_tf32q_; and with float32 attention for L > 8 by
 //       the 3xTF32 prefills' quantized variants; otherwise nothing here
 //       (quantized.cpp dequantizes)

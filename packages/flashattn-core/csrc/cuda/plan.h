@@ -31,7 +31,7 @@ struct Step {
   // the tensor-core decodes' *_sinks_* kernels: the sinks as a fourth input
   // (the quantized ones': after V's biases)
   bool sinks_input = false;
-  // The quantized decode (fa_decode_mmaq_*): it takes {q, K's codes, V's,
+  // The quantized decode (fa_decode_mmaq<bits>_*): it takes {q, K's codes, V's,
   // K's scales, biases, V's scales, biases}, and after the layout the
   // scales' rows (6 strides).
   bool quantized = false;

@@ -81,13 +81,13 @@ std::string tensor_core_decode(const Dims& d, int rows_per_group) {
       (d.kind == static_cast<int>(MaskKind::causal) && d.L == 1 && (d.window() == 0 || d.window() >= d.S));
   if (!hides_none || (d.E != 64 && d.E != 128)) return "";
   const std::string sinks = d.sinks() ? "sinks_" : "";
-  // Quantized rows read in place: the 16-bit kernel's fa_decode_mmaq_ for
+  // Quantized rows read in place: the 16-bit kernel's fa_decode_mmaq<bits>_ for
   // attention in the queries' 16-bit dtype, the float32 one's
   // fa_decode_tf32q_ for float32 attention (widened, or float32 inputs).
   if (d.quantized()) {
     if (d.quant_bits != 4 && d.quant_bits != 8) return "";
     if (d.dt == "float32" || d.widen) return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32q_" + sinks : "";
-    return rows_per_group <= kMmaDecodeRows ? "fa_decode_mmaq_" + sinks : "";
+    return rows_per_group <= kMmaDecodeRows ? "fa_decode_mmaq" + std::to_string(d.quant_bits) + "_" + sinks : "";
   }
   if (d.dt == "float32") return rows_per_group <= kTf32DecodeRows ? "fa_decode_tf32_" + sinks : "";
   if (rows_per_group > kMmaDecodeRows) return "";

@@ -4,7 +4,7 @@
 //  - a decode that a tensor-core decode takes (no mask or causal with one
 //    query position, E = 64 or 128, with or without sinks): attention in
 //    the queries' 16-bit dtype, at most 16 query rows a KV head,
-//    fa_decode_mmaq_ (decode_rows.cuh expands each fragment in registers);
+//    fa_decode_mmaq<bits>_ (decode_rows.cuh expands each fragment in registers);
 //    float32 attention, at most 8, fa_decode_tf32q_ (decode_tf32.cu,
 //    likewise);
 //  - a prefill (L > 8) with float32 attention (dtype=float32 over 16-bit

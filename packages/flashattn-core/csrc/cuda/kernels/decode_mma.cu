@@ -23,10 +23,12 @@
 //               step and pairs them into B fragments, so output dim
 //               64d + 8n + i lands in tile i, column n.
 //
-// Quantized keys and values (kernels fa_decode_mmaq_*, MLX's affine format)
-// go the same way: a lane loads the codes of its 8 elements and their
-// group's scale and bias, and expands them to 16-bit values in registers
-// just before the product (decode_rows.cuh).
+// Quantized keys and values (kernels fa_decode_mmaq4_* and fa_decode_mmaq8_*,
+// MLX's affine format) go the same way, but a lane loads a contiguous run of
+// each row (a quarter of a key's dims; an eighth of a value's at E = 128,
+// o's dims put back in order at the end) in one or two loads with its
+// group's scale and bias, and expands it to 16-bit values in registers just
+// before the product (decode_rows.cuh).
 //
 // Keys past the split's end load as zeros (P = 0 multiplies only zeros), so
 // no hidden value reaches a row. The warps' (m, l, o) are combined through
@@ -111,11 +113,13 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
   uint4 qa[KB], qb[KB];
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb) {
-    qa[kb] = k_rows.arrange_query(load_query<KV::kAlignedQueries>(q_row(g) + 32 * kb + 8 * t, g < R));
-    qb[kb] = k_rows.arrange_query(load_query<KV::kAlignedQueries>(q_row(g + 8) + 32 * kb + 8 * t, g + 8 < R));
+    const int dim = KV::template key_dim<KB>(kb, t);
+    qa[kb] = k_rows.arrange_query(load_query<KV::kAlignedQueries>(q_row(g) + dim, g < R));
+    qb[kb] = k_rows.arrange_query(load_query<KV::kAlignedQueries>(q_row(g + 8) + dim, g + 8 < R));
   }
 
-  // tile 8 db + i: dims 64 db + 8 n + element_dim(i) (n: the fragment's column)
+  // tile 8 db + i, column n: output dim KV::out_dim(db, n, i) (plain rows:
+  // 64 db + 8 n + element_dim(i))
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
   for (int base = c_begin; base < c_end; base += walk.PASS) {
@@ -127,18 +131,14 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int key = c0 + 8 * nt + g;
-#pragma unroll
-        for (int kb = 0; kb < KB; ++kb)
-          kf[u][nt][kb] = k_rows.load(key, 32 * kb, 8 * t, key < c_end);
+        k_rows.template load_keys<KB>(key, t, key < c_end, kf[u][nt]);
       }
 #pragma unroll
       for (int s = 0; s < KS; ++s) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int key = c0 + 16 * s + 2 * t + (j & 1) + (j >> 1) * 8;
-#pragma unroll
-          for (int db = 0; db < DB; ++db)
-            vf[u][s][j][db] = v_rows.load(key, 64 * db, 8 * g, key < c_end);
+          v_rows.template load_values<DB>(key, g, key < c_end, vf[u][s][j]);
         }
       }
     }
@@ -222,7 +222,7 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int r = g + 8 * (c >> 1), e = 64 * db + 8 * (2 * t + (c & 1)) + v_rows.element_dim(i);
+        const int r = g + 8 * (c >> 1), e = v_rows.template out_dim<DB>(db, 2 * t + (c & 1), i);
         sm.o[w][r][MmaDecodeColumn{}(r, e)] = o[8 * db + i][c];
       }
   __syncthreads();
@@ -243,13 +243,17 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
 // q, k, v (no mask reaches here), then the output (the fused kernel's
 // scratch past it), then scalars. -DFA_SINKS=1: fa_decode_mma_sinks_* and
 // fa_decode_mma32_sinks_*, which take the sinks (float32, one a query head)
-// as a fourth input. -DFA_QUANT=1: fa_decode_mmaq_*, keys and values in
-// MLX's affine format read in place (decode_rows.cuh): the arguments are q,
+// as a fourth input. -DFA_QUANT=1 -DFA_QUANT_BITS=4|8: fa_decode_mmaq4_* and
+// fa_decode_mmaq8_*, keys and values in MLX's affine format of those bits
+// read in place (decode_rows.cuh; the bits compiled in: with them a launch
+// argument, both expansions sat in the loop, and hd128's decode over 32K
+// keys took 1.2x the time): the arguments are q,
 // K's and V's packed codes, K's scales and biases, V's, then the output,
 // the scalars with bits and log2(group size) after the scale, the layout
 // (K's and V's rows: the packed codes', in words) and the scales' rows
 // (the biases lie alike); not float32 attention. -DFA_QUANT=1 -DFA_SINKS=1:
-// fa_decode_mmaq_sinks_*, the sinks after V's biases.
+// fa_decode_mmaq<bits>_sinks_*, the sinks after V's biases (the bits
+// argument stays, unread).
 #if !defined(FA_E) || !defined(FA_PARTIAL)
 #error "define FA_E and FA_PARTIAL"
 #endif
@@ -270,8 +274,11 @@ __device__ __forceinline__ void decode_mma(const T* __restrict__ q, const KV k_r
 #define FA_MMA_FAMILY FA_CAT3(fa_decode_mma32_, FA_SINKS_NAME, )
 #define FA_MMA_OUT float
 #elif defined(FA_QUANT) && FA_QUANT
+#if !defined(FA_QUANT_BITS) || (FA_QUANT_BITS != 4 && FA_QUANT_BITS != 8)
+#error "define FA_QUANT_BITS as 4 or 8"
+#endif
 #define FA_MMA_F32 false
-#define FA_MMA_FAMILY FA_CAT3(fa_decode_mmaq_, FA_SINKS_NAME, )
+#define FA_MMA_FAMILY FA_CAT5(fa_decode_mmaq, FA_QUANT_BITS, _, FA_SINKS_NAME, )
 #define FA_MMA_OUT FA_T
 #else
 #define FA_MMA_F32 false
@@ -285,15 +292,15 @@ constexpr bool kFetch256 = fa::decode_shapes::mma_fetch_256(FA_E);  // the K / V
 #define FA_KV_PARAMS FA_QUANT_KV_PARAMS
 // This block's KV head's rows (the biases lie as the scales).
 #define FA_KV_ROWS                                                                                       \
-  using Rows = fa::QuantRows16<FA_T, kFetch256>;                                                         \
+  using Rows = fa::QuantRows16<FA_T, kFetch256, FA_QUANT_BITS>;                                          \
   const int64_t b = blockIdx.z;                                                                          \
   const int kvh = blockIdx.y;                                                                            \
   const int64_t ks_at = fa::Rows{ks_sb, ks_sh, ks_sr}.at(b, kvh, 0);                                     \
   const int64_t vs_at = fa::Rows{vs_sb, vs_sh, vs_sr}.at(b, kvh, 0);                                     \
   const Rows k_rows{k + fa::Rows{k_sb, k_sh, k_sr}.at(b, kvh, 0), k_scales + ks_at, k_biases + ks_at, k_sr, \
-                    ks_sr, bits, group_shift};                                                           \
+                    ks_sr, group_shift};                                                                 \
   const Rows v_rows{v + fa::Rows{v_sb, v_sh, v_sr}.at(b, kvh, 0), v_scales + vs_at, v_biases + vs_at, v_sr, \
-                    vs_sr, bits, group_shift};
+                    vs_sr, group_shift};
 #else
 #define FA_KV_PARAMS const FA_T *k, const FA_T *v
 #define FA_QUANT_SCALARS

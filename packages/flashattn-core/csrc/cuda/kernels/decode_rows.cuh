@@ -44,6 +44,24 @@ __device__ __forceinline__ uint32_t load_word(const uint32_t* p) {
   return r;
 }
 
+// N = 2 or 4 words at p (8- or 16-byte aligned, read-only), with
+// decode_mma's L2 hint, into w.
+template <int N, bool kFetch256 = false>
+__device__ __forceinline__ void load_words(const uint32_t* p, uint32_t* w) {
+  static_assert(N == 2 || N == 4, "8 or 16 bytes");
+  if constexpr (N == 4 && kFetch256) {
+    asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+        : "l"(p));
+  } else if constexpr (N == 4) {
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+  } else if constexpr (kFetch256) {
+    asm("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+  } else {
+    asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+  }
+}
+
 // 8 elements of 16-bit T from any 2-byte boundary (the quantized decode's
 // queries: read once a block, so no alignment is asked of them).
 template <typename T>
@@ -84,6 +102,24 @@ struct PlainRows16 {
   __device__ __forceinline__ uint4 expand(const Raw& r) const { return r; }
   __device__ __forceinline__ int element_dim(int i) const { return i; }
   __device__ __forceinline__ uint4 arrange_query(const uint4& q) const { return q; }
+  // Q K^T's fragment kb of lane t (of KB a row): dims [32 kb + 8 t, +8),
+  // 16 bytes a load either way.
+  template <int KB>
+  static __device__ __forceinline__ int key_dim(int kb, int t) { return 32 * kb + 8 * t; }
+  template <int KB>
+  __device__ __forceinline__ void load_keys(int key, int t, bool valid, Raw (&r)[KB]) const {
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) r[kb] = load(key, 32 * kb, 8 * t, valid);
+  }
+  // P V's fragments of lane g (DB of a row): dims [64 db + 8 g, +8); slot i
+  // of fragment db of the lane of column n lands in output dim out_dim.
+  template <int DB>
+  __device__ __forceinline__ void load_values(int key, int g, bool valid, Raw (&r)[DB]) const {
+#pragma unroll
+    for (int db = 0; db < DB; ++db) r[db] = load(key, 64 * db, 8 * g, valid);
+  }
+  template <int DB>
+  __device__ __forceinline__ int out_dim(int db, int n, int i) const { return 64 * db + 8 * n + element_dim(i); }
 };
 
 // Arithmetic on two 16-bit values packed in a register (low half first).
@@ -120,8 +156,9 @@ struct Pair16 {
 // head-dim sum of Q K^T runs in any order both share). bfloat16's 128 + n
 // holds n < 128 only: an 8-bit code goes in as its two nibbles, (16 scale)
 // hi + (scale lo + bias) (the inner sum rounded once more).
-template <typename T, bool kFetch256>
+template <typename T, bool kFetch256, int kBits>
 struct QuantRows16 {
+  static_assert(kBits == 4 || kBits == 8, "4 or 8 bits (the unit's FA_QUANT_BITS)");
   struct Raw {
     uint32_t w0, w1;  // 8 codes: one word at 4 bits, two at 8
     uint32_t sb;      // the group's scale (low half) and bias, as T
@@ -134,25 +171,66 @@ struct QuantRows16 {
   const T* scales;
   const T* biases;
   int psr, ssr;            // row strides: words, groups (launch arguments)
-  int bits, group_shift;
+  int group_shift;
   __device__ __forceinline__ const T* prefetch_head() const { return nullptr; }
   __device__ __forceinline__ int64_t prefetch_stride() const { return 0; }
 
-  // Dims [d0 + d1, +8) of row `key`, as loaded (zeros when !valid).
-  __device__ __forceinline__ Raw load(int key, int d0, int d1, bool valid) const {
-    const int dim = d0 + d1;
-    Raw r{0u, 0u, 0u};
-    if (valid) {
-      const uint32_t* p = packed + key * static_cast<int64_t>(psr) + ((dim * bits) >> 5);
-      r.w0 = load_word<kFetch256>(p);
-      if (bits == 8) r.w1 = load_word<kFetch256>(p + 1);
-      const int64_t gi = key * static_cast<int64_t>(ssr) + (dim >> group_shift);
-      const unsigned short s = reinterpret_cast<const unsigned short*>(scales)[gi];
-      const unsigned short b = reinterpret_cast<const unsigned short*>(biases)[gi];
-      r.sb = uint32_t(s) | uint32_t(b) << 16;
-    }
-    return r;
+  // The scale (low half) and bias of the group of dim `dim` of row `key`.
+  __device__ __forceinline__ uint32_t scale_bias(int key, int dim) const {
+    const int64_t gi = key * static_cast<int64_t>(ssr) + (dim >> group_shift);
+    const unsigned short s = reinterpret_cast<const unsigned short*>(scales)[gi];
+    const unsigned short b = reinterpret_cast<const unsigned short*>(biases)[gi];
+    return uint32_t(s) | uint32_t(b) << 16;
   }
+
+  // F fragments of dims [dim, dim + 8 F) of row `key` (one group), zeros
+  // when !valid: their codes in one or two vector loads where the rows lie
+  // 16 bytes apart from a 16-byte boundary (else word by word), one scale
+  // and bias. A lane takes a run of its row: a load a fragment (a word, a
+  // scale and a bias) took 3 F load instructions and half of each sector.
+  template <int F>
+  __device__ __forceinline__ void load_run(int key, int dim, bool valid, Raw (&r)[F]) const {
+    constexpr int kWords = F * kBits / 4;
+    static_assert(kWords == 1 || kWords == 2 || kWords == 4 || kWords == 8, "4 to 32 bytes of codes");
+    uint32_t w[kWords] = {};
+    uint32_t sb = 0u;
+    if (valid) {
+      const uint32_t* p = packed + key * static_cast<int64_t>(psr) + ((dim * kBits) >> 5);
+      if constexpr (F == 1) {  // E = 64's value fragments: one or two words
+        w[0] = load_word<kFetch256>(p);
+        if constexpr (kWords == 2) w[1] = load_word<kFetch256>(p + 1);
+      } else if (((reinterpret_cast<uintptr_t>(packed) | (static_cast<uintptr_t>(psr) * 4)) & 15) == 0) {
+        load_words<(kWords < 4 ? kWords : 4), kFetch256>(p, w);
+        if constexpr (kWords == 8) load_words<4, kFetch256>(p + 4, w + 4);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) w[i] = load_word<kFetch256>(p + i);
+      }
+      sb = scale_bias(key, dim);
+    }
+#pragma unroll
+    for (int f = 0; f < F; ++f) r[f] = kBits == 4 ? Raw{w[f], 0u, sb} : Raw{w[2 * f], w[2 * f + 1], sb};
+  }
+
+  // Q K^T's fragments: lane t takes the KB fragments of dims [8 KB t,
+  // 8 KB (t + 1)) of its key (the queries in the same order).
+  template <int KB>
+  static __device__ __forceinline__ int key_dim(int kb, int t) { return 8 * KB * t + 8 * kb; }
+  template <int KB>
+  __device__ __forceinline__ void load_keys(int key, int t, bool valid, Raw (&r)[KB]) const {
+    load_run<KB>(key, 8 * KB * t, valid, r);
+  }
+
+  // P V's fragments: lane g takes the DB fragments of dims [8 DB g,
+  // 8 DB (g + 1)) of its value row, so slot i of fragment db of column n is
+  // output dim out_dim(db, n, i) (the kernel puts o's dims back in order as
+  // it stores them).
+  template <int DB>
+  __device__ __forceinline__ void load_values(int key, int g, bool valid, Raw (&r)[DB]) const {
+    load_run<DB>(key, 8 * DB * g, valid, r);
+  }
+  template <int DB>
+  __device__ __forceinline__ int out_dim(int db, int n, int i) const { return 8 * DB * n + 8 * db + element_dim(i); }
 
   // The 8 elements as 4 registers of T pairs; slot i (register i / 2, half
   // i % 2) holds element element_dim(i).
@@ -160,7 +238,7 @@ struct QuantRows16 {
     const uint32_t s2 = __byte_perm(r.sb, 0, 0x1010), b2 = __byte_perm(r.sb, 0, 0x3232);
     auto value = [&](uint32_t field_pair) { return P::fma(P::sub(field_pair | P::kMagic, P::kMagic), s2, b2); };
     uint32_t x[4];
-    if (bits == 4) {
+    if constexpr (kBits == 4) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) x[j] = value((r.w0 >> (4 * j)) & 0x000F000Fu);
     } else if constexpr (P::kMagicBits >= 8) {
@@ -181,7 +259,7 @@ struct QuantRows16 {
 
   // The element of the 8 that slot i holds (above).
   __device__ __forceinline__ int element_dim(int i) const {
-    return bits == 4 ? (i >> 1) + 4 * (i & 1) : 4 * (i >> 2) + ((i >> 1) & 1) + 2 * (i & 1);
+    return kBits == 4 ? (i >> 1) + 4 * (i & 1) : 4 * (i >> 2) + ((i >> 1) & 1) + 2 * (i & 1);
   }
 
   // 8 query elements in plain order (slot i element i) into expand's.
@@ -194,7 +272,8 @@ struct QuantRows16 {
       // (register r / 2 and 2 + r / 2, half r % 2), for 8 bits
       // 4 (r / 2) + r % 2 + 2h (registers 2 (r / 2) and 2 (r / 2) + 1, half r % 2).
       const uint32_t sel = (r & 1) ? 0x7632 : 0x5410;
-      x[r] = bits == 4 ? __byte_perm(w[r >> 1], w[2 + (r >> 1)], sel) : __byte_perm(w[2 * (r >> 1)], w[2 * (r >> 1) + 1], sel);
+      x[r] = kBits == 4 ? __byte_perm(w[r >> 1], w[2 + (r >> 1)], sel)
+                        : __byte_perm(w[2 * (r >> 1)], w[2 * (r >> 1) + 1], sel);
     }
     return make_uint4(x[0], x[1], x[2], x[3]);
   }

@@ -320,7 +320,7 @@ __device__ __forceinline__ void decode_tf32(const Tq* __restrict__ q, const KV& 
 // fa_decode_tf32_sinks_*, which take the sinks (one a query head) as a
 // fourth input. -DFA_QUANT=1: fa_decode_tf32q_<dtype>_<E> (and _fused_),
 // queries of the unit's dtype and keys and values in MLX's affine format
-// read in place, with decode_mma.cu's fa_decode_mmaq_ arguments; a float32
+// read in place, with decode_mma.cu's fa_decode_mmaq<bits>_ arguments; a float32
 // output; with -DFA_SINKS=1 too, fa_decode_tf32q_sinks_*, the sinks after
 // V's biases.
 #if !defined(FA_E) || !defined(FA_PARTIAL)

@@ -1,5 +1,5 @@
 // The launch arguments of the kernels that read keys and values in MLX's
-// affine format in place (fa_decode_mmaq_, fa_decode_tf32q_, fa_prefill_wgq_,
+// affine format in place (fa_decode_mmaq<bits>_, fa_decode_tf32q_, fa_prefill_wgq_,
 // fa_prefill_tf32q_), in the order primitive.cpp's quantized_inputs passes
 // them: K's and V's packed codes, K's scales and biases, V's (FA_T: the
 // unit's dtype, the queries' and the scales'); after the scale, the bits and
