@@ -180,8 +180,9 @@ std::vector<mx::array> attention_vjp(
       // -p_sink D summed over every row of the head (batch dims and L).
       auto g = mx::negative(mx::multiply(*p_sink, D, s), s);  // (B..., H_kv, ratio, L, 1)
       std::vector<int> axes;
-      for (int d = 0; d < g.ndim(); ++d) {
-        if (d < g.ndim() - 4 || d >= g.ndim() - 2) axes.push_back(d);
+      const int rank = static_cast<int>(g.ndim());
+      for (int d = 0; d < rank; ++d) {
+        if (d < rank - 4 || d >= rank - 2) axes.push_back(d);
       }
       g = mx::reshape(mx::sum(g, axes, false, s), primal.shape(), s);
       grads.push_back(mx::astype(g, primal.dtype(), s));

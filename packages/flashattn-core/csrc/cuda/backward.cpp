@@ -72,7 +72,7 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const mx::array q = rows_of(call.q), k = rows_of(call.k), v = rows_of(call.v);
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
   int64_t batch = 1;
-  for (int d = 0; d < q.ndim() - 3; ++d) batch *= q.shape(d);
+  for (int d = 0; d < static_cast<int>(q.ndim()) - 3; ++d) batch *= q.shape(d);
   const int EB = bs::bucket(E);
   // Each launch's threads, as MLX counts them, in an int.
   const int64_t row_blocks = (L + bs::kRows - 1) / bs::kRows * batch * H_q;

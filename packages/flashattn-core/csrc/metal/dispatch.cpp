@@ -220,7 +220,7 @@ mx::array flash_attention(const AttentionCall& call, const Launcher& launch, Cho
 
 std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, const Launcher& launch, Choice choice,
                                                bool lse, bool widen) {
-  const mx::array &q = call.q, &k = call.k, &v = call.v;
+  const mx::array &q = call.q, &k = call.k;
   const mx::Stream s = call.stream;
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
   const int ratio = H_q / H_kv;
