@@ -218,7 +218,7 @@ struct QuantRows16 {
   static __device__ __forceinline__ int key_dim(int kb, int t) { return 8 * KB * t + 8 * kb; }
   template <int KB>
   __device__ __forceinline__ void load_keys(int key, int t, bool valid, Raw (&r)[KB]) const {
-    load_run<KB>(key, 8 * KB * t, valid, r);
+    load_run<KB>(key, key_dim<KB>(0, t), valid, r);
   }
 
   // P V's fragments: lane g takes the DB fragments of dims [8 DB g,
