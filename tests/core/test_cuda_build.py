@@ -35,6 +35,7 @@ EXPECTED = (
     | {f"fa_backward_{p}{k}_float32_{e}" for p in ("rows", "keys", "keysq") for k in ("n", "c") for e in (64, 128)}
     | {f"fa_backward_{p}_float32_{e}" for p in ("d", "keysq") for e in (64, 128)}
     | {f"fa_backward_dq_{d}" for d in ("float16", "bfloat16")}
+    | {"fa_quant_split_bfloat16"}
 )
 # Hopper's arch-specific instructions (wgmma): sm_90a machine code, no PTX.
 HOPPER_ONLY = (

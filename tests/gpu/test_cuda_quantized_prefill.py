@@ -5,9 +5,11 @@ read in place by the 3xTF32 prefill, against float64 attention on their
 float64 dequantization, over a covering matrix of head layouts, query rows,
 cache lengths (prefill, chunks, fewer keys than rows), head dims, bits,
 group sizes, dtypes, masks (causal, windows, boolean arrays, sinks), batch
-and memory layouts; no full-precision copy of the cache. Attention in the
-queries' 16-bit dtype (a dequantized copy a call, cuda/quantized.cpp) over
-the same matrix."""
+and memory layouts; no full-precision copy of the cache. bfloat16 queries
+from 64 rows at E = 64 and 128 take the cache as two bfloat16 terms a row
+instead (cuda/quantized.cpp's split_terms): the same checks on a matrix of
+their own, and a transient copy of O(S), never L x S. Attention in the
+queries' 16-bit dtype (a dequantized copy a call) over the same matrix."""
 
 import math
 
@@ -113,13 +115,10 @@ def test_values_at_the_codes_extremes(E):
         assert relative_error(out, ref) <= TOLERANCE["float32"]
 
 
-def test_reads_the_cache_in_place():
-    # A 2,048-row chunk over 16,384 keys (Qwen2-0.5B's heads): a float32
-    # copy of K and V would be 16 MiB and of the queries 7 MiB; the call
-    # adds its float32 output (7 MiB) alone.
-    q, kq, vq = quantized_case((1,), (14, 2), 2048, 16384, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
+def extra_memory(q, kq, vq):
+    """(peak memory a float32-attention chunk call adds, its output)."""
     mx.eval(q, kq, vq)
-    out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)  # the module loaded
+    out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)  # the modules loaded
     mx.eval(out)
     del out
     mx.synchronize()
@@ -127,5 +126,71 @@ def test_reads_the_cache_in_place():
     before = mx.get_active_memory()
     out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)
     mx.eval(out)
-    extra = mx.get_peak_memory() - before
+    return mx.get_peak_memory() - before, out
+
+
+def test_reads_the_cache_in_place(monkeypatch):
+    # A 2,048-row chunk over 16,384 keys (Qwen2-0.5B's heads): a float32
+    # copy of K and V would be 16 MiB and of the queries 7 MiB; the call
+    # adds its float32 output (7 MiB) alone.
+    monkeypatch.setenv("FLASHATTN_CUDA_QUANT_SPLIT", "0")
+    q, kq, vq = quantized_case((1,), (14, 2), 2048, 16384, 64, 4, 64, "bfloat16", "kv_cache", seed=5)
+    extra, out = extra_memory(q, kq, vq)
     assert extra < out.nbytes + 2**20, f"{(extra - out.nbytes) / 2**20:.1f} MiB beyond the output"
+
+
+def test_split_terms_hold_o_of_s():
+    # The same chunk through split_terms: at most the queries twice, the two
+    # terms of K and V, the output at 2E and its sum, and MLX's row-contiguous
+    # copies of the cache's views (the packed codes, scales and biases): O(L +
+    # S) however long the cache, never the 2,048 x 16,384 scores (1.7 GiB in
+    # float32 across the heads).
+    L, S, E, H, H_kv = 2048, 16384, 64, 14, 2
+    q, kq, vq = quantized_case((1,), (H, H_kv), L, S, E, 4, 64, "bfloat16", "kv_cache", seed=5)
+    extra, out = extra_memory(q, kq, vq)
+    views = 2 * sum(x.nbytes for x in kq)
+    bound = H * L * 2 * E * 2 + 2 * H_kv * S * 2 * E * 2 + H * L * 2 * E * 4 + out.nbytes + views
+    assert out.nbytes < extra <= bound + 2**20, (extra / 2**20, bound / 2**20)
+    ref = attention_reference(q, dequantize(kq, E), dequantize(vq, E), mask=causal_mask(L, S))
+    assert relative_error(out, ref) <= TOLERANCE["float32"]
+
+
+SPLIT = [
+    row
+    for row in pairwise(
+        {
+            "heads": [(14, 2), (32, 8), (4, 4)],
+            "L": [64, 200, 600],
+            "span": ["same", "chunk", "fewer"],
+            "E": [64, 128],
+            "bits": [4, 8],
+            "group_size": [32, 64, 128],
+            "mask": ["none", "causal", "window", "bool", "sinks"],
+            "batch": [(), (2,)],
+            "layout": ["contiguous", "kv_cache", "transposed"],
+        },
+        accept=lambda r: math.prod(r["batch"]) * r["heads"][0] * r["L"] * keys_for(r["L"], r["span"]) <= 25_000_000,
+        candidates=300,
+    )
+]
+for r in SPLIT:
+    r["group_size"] = dividing_group_size(r["E"], r["group_size"])
+    r["dtype"] = "bfloat16"
+
+
+@pytest.mark.parametrize("r", SPLIT, ids=map(row_id, SPLIT))
+def test_split_terms_match_float64(r, monkeypatch):
+    # The two-term path against float64, and against the kernels that read
+    # the codes in place.
+    S = keys_for(r["L"], r["span"])
+    q, kq, vq = quantized_case(r["batch"], r["heads"], r["L"], S, r["E"], r["bits"], r["group_size"],
+                               r["dtype"], r["layout"])
+    kwargs, ref_mask, ref_sinks = mask_and_sinks(r["mask"], r["heads"][0], r["L"], S)
+    out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
+    assert out.shape == q.shape and out.dtype == mx.float32
+    ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]), mask=ref_mask, sinks=ref_sinks)
+    assert relative_error(out, ref) <= TOLERANCE["float32"]
+    monkeypatch.setenv("FLASHATTN_CUDA_QUANT_SPLIT", "0")
+    in_place = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
+    assert relative_error(in_place, ref) <= TOLERANCE["float32"]
+

@@ -11,6 +11,9 @@
 //    queries, the patch's default, or float32 inputs): fa_prefill_wgq_ on
 //    Hopper at E = 64, else fa_prefill_tf32q_ (kv_rows.cuh expands each key
 //    and value tile as it is stored to shared memory).
+// Except: a prefill of bfloat16 queries with float32 attention at E = 64 or
+// 128 (the patch's default on a bfloat16 model) reads the cache as two
+// bfloat16 terms a row (split_terms below), at 2E.
 // Every other call is dequantized (mx.dequantize, into the queries' dtype
 // or float32) and handed to the ordinary kernels: a transient
 // full-precision copy of the keys and values a layer reads, O(S), never an
@@ -24,15 +27,19 @@
 #include "cuda/dispatch.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cuda/call_plan.h"
+#include "cuda/kernel_images.h"
 #include "cuda/mask_args.h"
 #include "cuda/planner.h"
 #include "cuda/primitive.h"
+#include "mlx/fast.h"
 
 namespace flashattn::cuda {
 
@@ -68,9 +75,83 @@ std::optional<mx::array> quantized_in_place(const AttentionCall& call, bool wide
   return mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs)[0];
 }
 
+// Rows of queries from which a prefill takes split_terms: fewer read the
+// codes in place (the split writes 4 bytes an element of the whole cache).
+constexpr int kSplitMinRows = 64;
+// The largest two-term copy of a call's keys and values (bytes): a longer
+// cache is read in place, so that the copy stays a small part of what a
+// quantized cache saves.
+constexpr int64_t kSplitMaxBytes = int64_t(256) << 20;
+
+// float32 attention over a bfloat16 model's quantized cache, prefill: each
+// key and value row as two bfloat16 terms side by side, [hi | lo]
+// (kernels/quant_split.cu, hi + lo within 2^-17 of the format's value), and
+// the queries twice, [q | q]. The float32 attention over 16-bit inputs (Q K^T
+// exact on the 16-bit tensor cores, P in two terms) at head dim 2E then
+// gives q . (hi + lo) as each score and P hi | P lo as the output, whose
+// halves add to it. The 3xTF32 kernels that expand the codes in place take
+// each product three times, on TF32 tensor cores of half the rate.
+std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
+  const mx::array& q = call.q;
+  const KVQuantization& qz = call.quantization;
+  const QuantizedArray *kq = call.k_quantized, *vq = call.v_quantized;
+  const int E = q.shape(-1), bits = qz.k_bits, group = qz.k_group_size;
+  const mx::Stream s = call.stream;
+  auto bf16 = [](const mx::array& x) { return x.dtype() == mx::bfloat16; };
+  if (!widen || !bf16(q) || !kq || !vq || q.shape(-2) < kSplitMinRows || (E != 64 && E != 128) ||
+      qz.v_bits != bits || qz.v_group_size != group || (bits != 4 && bits != 8) || (group & (group - 1)) != 0 ||
+      !bf16(kq->scales) || !bf16(kq->biases) || !bf16(vq->scales) || !bf16(vq->biases)) {
+    return std::nullopt;
+  }
+  // FLASHATTN_CUDA_QUANT_SPLIT=0: the codes read in place instead (tests, comparisons).
+  if (const char* e = std::getenv("FLASHATTN_CUDA_QUANT_SPLIT"); e && std::string(e) == "0") return std::nullopt;
+  const std::string kernel = "fa_quant_split_bfloat16";
+  const std::string* image = find_image(kernel, s.device.index);
+  if (!image) return std::nullopt;
+  const int64_t k_rows = kq->packed.size() / kq->packed.shape(-1), v_rows = vq->packed.size() / vq->packed.shape(-1);
+  // Strides reach the kernels as 32-bit launch arguments, at 2E.
+  const int64_t head_elements = static_cast<int64_t>(std::max(q.shape(-2), call.k.shape(-2))) * 2 * E;
+  if (head_elements * std::max(q.shape(-3), call.k.shape(-3)) > std::numeric_limits<int>::max() ||
+      std::max(k_rows, v_rows) * (E / 8) > std::numeric_limits<int>::max() ||
+      (k_rows + v_rows) * 2 * E * 2 > kSplitMaxBytes) {
+    return std::nullopt;
+  }
+  auto wide = [&](mx::Shape shape) {
+    shape.back() = 2 * E;
+    return shape;
+  };
+  const mx::array q2 = mx::concatenate({q, q}, -1, s);
+  // The plan first: the split's node is never evaluated where it is not used.
+  const MaskArgs m = mask_args(q2, call.mask_kind, call.mask, call.sinks, call.window, s);
+  const AttentionCall probe{q2, call.k, call.v, call.scale, call.mask_kind, call.mask, s, call.window,
+                            nullptr, nullptr, {}, call.sinks};
+  const Dims d = call_dims(probe, m, true);
+  if (!recent_plan(d, q2.dtype(), q2.shape(), s.device.index)->has_value()) return std::nullopt;
+  constexpr int kThreads = 256;
+  const int64_t chunks = std::max(k_rows, v_rows) * (E / 8);
+  const int blocks = static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 4096));
+  const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(k_rows), static_cast<int>(v_rows), E, bits,
+                                                     __builtin_ctz(group)};
+  const std::vector<mx::array> kv = mx::fast::precompiled_cuda_kernel(
+      kernel, *image, {kq->packed, kq->scales, kq->biases, vq->packed, vq->scales, vq->biases},
+      {wide(kq->packed.shape()), wide(vq->packed.shape())}, {mx::bfloat16, mx::bfloat16}, scalars,
+      {blocks * kThreads, 1, 1}, {kThreads, 1, 1}, 0, std::nullopt, /* ensure_row_contiguous */ true, s);
+  const mx::array out = flash_attention(
+      {q2, kv[0], kv[1], call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks},
+      true);
+  auto half = [&](int from) {
+    mx::Shape start(out.ndim(), 0), stop = out.shape();
+    start.back() = from;
+    stop.back() = from + E;
+    return mx::slice(out, start, stop, s);
+  };
+  return mx::add(half(0), half(E), s);
+}
+
 }  // namespace
 
 mx::array quantized_attention(const AttentionCall& call, bool widen) {
+  if (auto out = split_terms(call, widen)) return *out;
   if (auto out = quantized_in_place(call, widen)) return *out;
   const KVQuantization& qz = call.quantization;
   // float32 attention dequantizes into float32 (exactly the format's values)
