@@ -79,8 +79,10 @@ def mask_and_sinks(kind, H_q, L, S, seed=3):
     return {}, None, None
 
 
-@pytest.mark.parametrize("r", MATRIX, ids=map(row_id, MATRIX))
-def test_matches_float64_on_the_dequantized_cache(r):
+def float32_call(r):
+    """Row r's case, its call's keyword arguments, and float32 attention on
+    it, checked against float64 on the dequantized cache; (q, kq, vq,
+    kwargs, ref)."""
     S = keys_for(r["L"], r["span"])
     q, kq, vq = quantized_case(r["batch"], r["heads"], r["L"], S, r["E"], r["bits"], r["group_size"],
                                r["dtype"], r["layout"])
@@ -89,6 +91,12 @@ def test_matches_float64_on_the_dequantized_cache(r):
     assert out.shape == q.shape and out.dtype == mx.float32
     ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]), mask=ref_mask, sinks=ref_sinks)
     assert relative_error(out, ref) <= TOLERANCE["float32"]
+    return q, kq, vq, kwargs, ref
+
+
+@pytest.mark.parametrize("r", MATRIX, ids=map(row_id, MATRIX))
+def test_matches_float64_on_the_dequantized_cache(r):
+    q, kq, vq, kwargs, ref = float32_call(r)
     if r["dtype"] != "float32":  # in the queries' dtype
         native = flash_attention(q, kq, vq, stream=mx.gpu, **kwargs)
         assert native.shape == q.shape and native.dtype == q.dtype
@@ -182,14 +190,7 @@ for r in SPLIT:
 def test_split_terms_match_float64(r, monkeypatch):
     # The two-term path against float64, and against the kernels that read
     # the codes in place.
-    S = keys_for(r["L"], r["span"])
-    q, kq, vq = quantized_case(r["batch"], r["heads"], r["L"], S, r["E"], r["bits"], r["group_size"],
-                               r["dtype"], r["layout"])
-    kwargs, ref_mask, ref_sinks = mask_and_sinks(r["mask"], r["heads"][0], r["L"], S)
-    out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
-    assert out.shape == q.shape and out.dtype == mx.float32
-    ref = attention_reference(q, dequantize(kq, r["E"]), dequantize(vq, r["E"]), mask=ref_mask, sinks=ref_sinks)
-    assert relative_error(out, ref) <= TOLERANCE["float32"]
+    q, kq, vq, kwargs, ref = float32_call(r)
     monkeypatch.setenv("FLASHATTN_CUDA_QUANT_SPLIT", "0")
     in_place = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
     assert relative_error(in_place, ref) <= TOLERANCE["float32"]
