@@ -255,7 +255,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   const int tiles = (d.L + rows - 1) / rows;
   // Every one of them takes an output for the rows' log-sum-exp, which it
   // writes for a gradient (kLse).
-  const int kind_arg = d.kind_arg | (d.lse ? fa::kLse : 0);
+  const int kind_arg = d.kind_arg | (d.lse ? fa::kLse : 0) | (d.fold ? fa::kFold : 0);
   std::vector<Scalar> scalars = {d.H_q, d.H_kv, d.L, d.S, kind_arg, d.mask_rs, d.mask_cs, d.scale_log2};
   if (!grid) grid = {tiles * threads, d.H_q, static_cast<int>(d.batch)};
   if (wg && dtype != mx::float32) {

@@ -36,6 +36,9 @@ struct Dims {
   // merge) also write each row's log-sum-exp, which the backward reads
   // instead of taking it again.
   bool lse = false;
+  // Widened 16-bit prefill: the output E / 2 wide, each row's two halves
+  // added (kernels/mask_bits.h's kFold; quantized.cpp's two terms).
+  bool fold = false;
   bool sinks() const { return (kind_arg & fa::kSinks) != 0; }
   // A causal mask's sliding window (carried in mask_cs: kernels/mask_bits.h), else 0.
   int window() const {

@@ -89,8 +89,9 @@ constexpr int64_t kSplitMaxBytes = int64_t(256) << 20;
 // the queries twice, [q | q]. The float32 attention over 16-bit inputs (Q K^T
 // exact on the 16-bit tensor cores, P in two terms) at head dim 2E then
 // gives q . (hi + lo) as each score and P hi | P lo as the output, whose
-// halves add to it. The 3xTF32 kernels that expand the codes in place take
-// each product three times, on TF32 tensor cores of half the rate.
+// halves the kernel adds as it stores them (kFold): an output E wide. The
+// 3xTF32 kernels that expand the codes in place take each product three
+// times, on TF32 tensor cores of half the rate.
 std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
   const mx::array& q = call.q;
   const KVQuantization& qz = call.quantization;
@@ -121,11 +122,13 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
     return shape;
   };
   const mx::array q2 = mx::concatenate({q, q}, -1, s);
-  // The plan first: the split's node is never evaluated where it is not used.
+  // The plan first (the keys and values only by their shapes): the split's
+  // node is never made where it is not used.
   const MaskArgs m = mask_args(q2, call.mask_kind, call.mask, call.sinks, call.window, s);
   const AttentionCall probe{q2, call.k, call.v, call.scale, call.mask_kind, call.mask, s, call.window,
                             nullptr, nullptr, {}, call.sinks};
-  const Dims d = call_dims(probe, m, true);
+  Dims d = call_dims(probe, m, true);
+  d.fold = true;
   if (!recent_plan(d, q2.dtype(), q2.shape(), s.device.index)->has_value()) return std::nullopt;
   constexpr int kThreads = 256;
   const int64_t chunks = std::max(k_rows, v_rows) * (E / 8);
@@ -136,16 +139,9 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
       kernel, *image, {kq->packed, kq->scales, kq->biases, vq->packed, vq->scales, vq->biases},
       {wide(kq->packed.shape()), wide(vq->packed.shape())}, {mx::bfloat16, mx::bfloat16}, scalars,
       {blocks * kThreads, 1, 1}, {kThreads, 1, 1}, 0, std::nullopt, /* ensure_row_contiguous */ true, s);
-  const mx::array out = flash_attention(
+  return flash_attention_outputs(
       {q2, kv[0], kv[1], call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks},
-      true);
-  auto half = [&](int from) {
-    mx::Shape start(out.ndim(), 0), stop = out.shape();
-    start.back() = from;
-    stop.back() = from + E;
-    return mx::slice(out, start, stop, s);
-  };
-  return mx::add(half(0), half(E), s);
+      true, false, /* fold */ true)[0];
 }
 
 }  // namespace

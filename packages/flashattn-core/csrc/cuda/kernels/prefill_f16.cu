@@ -29,6 +29,7 @@
 
 #include "f16_shapes.h"
 #include "mma.cuh"
+#include "store_output.cuh"
 #include "unit.cuh"
 
 namespace fa {
@@ -251,8 +252,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 #pragma unroll
       for (int c = 0; c < 4; ++c) o[eb][c] *= 1.0f / kPScale;
   }
-  store_rows<TO, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
-                    lse_of(mask_kind, lse));
+  store_output<TO, NO, kF32>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
+                             mask_kind, lse_of(mask_kind, lse));
 }
 
 }  // namespace fa

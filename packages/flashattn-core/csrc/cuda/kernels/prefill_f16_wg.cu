@@ -34,6 +34,7 @@
 #include "unit.cuh"
 #include "pingpong.cuh"
 #include "key_split.cuh"
+#include "store_output.cuh"
 #include "tma.cuh"
 #include "wg_shapes.h"
 #include "wgmma.cuh"
@@ -526,8 +527,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
     }
     if (store) {
-      store_rows<TO, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
-                         lse_of(mask_kind, lse));
+      store_output<TO, NO, kF32>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
+                                 mask_kind, lse_of(mask_kind, lse));
     }
     FA_TIMELINE_MARK(5);
     it0 += n_tiles;
