@@ -33,7 +33,7 @@ struct PlanKey {
   mx::Shape q_shape;
   int H_kv, S, dtype, kind, mask_rs, mask_cs, quant_bits, quant_group;
   float scale_log2;
-  bool widen, lse, fold;
+  bool widen, lse, fold, two_terms;
   int device;
   bool operator==(const PlanKey&) const = default;
 };
@@ -54,14 +54,16 @@ std::shared_ptr<const std::optional<Planned>> recent_plan(const Dims& d, mx::Dty
   // A model repeats its calls (recent.h): each thread keeps its last few
   // plans, and that a call has none.
   const PlanKey key{q_shape, d.H_kv, d.S, static_cast<int>(dtype.val()), d.kind_arg, d.mask_rs, d.mask_cs,
-                    d.quant_bits, d.quant_group, d.scale_log2, d.widen, d.lse, d.fold, device_index};
+                    d.quant_bits, d.quant_group, d.scale_log2, d.widen, d.lse, d.fold, d.two_terms,
+                    device_index};
   thread_local Recent<PlanKey, std::optional<Planned>, 8> recent;
   std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
   if (!planned) planned = recent.put(key, plan_call(d, dtype, q_shape, device_index));
   return planned;
 }
 
-std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse, bool fold) {
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse, bool fold,
+                                               bool two_terms) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   // Widened prefill calls that neither the tensor-core decode nor the Hopper
@@ -77,6 +79,8 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
   Dims d = call_dims(call, m, widen);
   d.lse = lse;
   d.fold = fold;
+  d.two_terms = two_terms;
+  if (two_terms) d.E = k.shape(-1);
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
   if (head_elements * std::max(d.H_q, d.H_kv) > std::numeric_limits<int>::max()) {

@@ -85,13 +85,15 @@ constexpr int64_t kSplitMaxBytes = int64_t(256) << 20;
 
 // float32 attention over a bfloat16 model's quantized cache, prefill: each
 // key and value row as two bfloat16 terms side by side, [hi | lo]
-// (kernels/quant_split.cu, hi + lo within 2^-17 of the format's value), and
-// the queries twice, [q | q]. The float32 attention over 16-bit inputs (Q K^T
-// exact on the 16-bit tensor cores, P in two terms) at head dim 2E then
-// gives q . (hi + lo) as each score and P hi | P lo as the output, whose
-// halves the kernel adds as it stores them (kFold): an output E wide. The
-// 3xTF32 kernels that expand the codes in place take each product three
-// times, on TF32 tensor cores of half the rate.
+// (kernels/quant_split.cu, hi + lo within 2^-17 of the format's value). The
+// float32 attention over 16-bit inputs (Q K^T exact on the 16-bit tensor
+// cores, P in two terms) at head dim 2E then takes each query row twice,
+// so each score is q . (hi + lo), and adds P hi and P lo into an output E
+// wide: on Hopper the two-term wgmma units (fa_prefill_wg32t_) read the
+// queries twice themselves; elsewhere the queries go in as [q | q] and the
+// kernels add the output's halves as they store it (kFold). The 3xTF32
+// kernels that expand the codes in place take each product three times, on
+// TF32 tensor cores of half the rate.
 std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
   const mx::array& q = call.q;
   const KVQuantization& qz = call.quantization;
@@ -121,15 +123,20 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
     shape.back() = 2 * E;
     return shape;
   };
-  const mx::array q2 = mx::concatenate({q, q}, -1, s);
   // The plan first (the keys and values only by their shapes): the split's
-  // node is never made where it is not used.
-  const MaskArgs m = mask_args(q2, call.mask_kind, call.mask, call.sinks, call.window, s);
-  const AttentionCall probe{q2, call.k, call.v, call.scale, call.mask_kind, call.mask, s, call.window,
-                            nullptr, nullptr, {}, call.sinks};
-  Dims d = call_dims(probe, m, true);
-  d.fold = true;
-  if (!recent_plan(d, q2.dtype(), q2.shape(), s.device.index)->has_value()) return std::nullopt;
+  // node is never made where it is not used. Hopper's two-term units, else
+  // [q | q] with the halves added as stored.
+  auto planned = [&](const mx::array& queries, bool two_terms) {
+    const MaskArgs m = mask_args(queries, call.mask_kind, call.mask, call.sinks, call.window, s);
+    const AttentionCall probe{queries, call.k, call.v, call.scale, call.mask_kind, call.mask, s, call.window,
+                              nullptr, nullptr, {}, call.sinks};
+    Dims d = call_dims(probe, m, true);
+    d.E = 2 * E, d.fold = true, d.two_terms = two_terms;
+    return recent_plan(d, queries.dtype(), queries.shape(), s.device.index)->has_value();
+  };
+  const bool two_terms = planned(q, true);
+  const mx::array queries = two_terms ? q : mx::concatenate({q, q}, -1, s);
+  if (!two_terms && !planned(queries, false)) return std::nullopt;
   constexpr int kThreads = 256;
   const int64_t chunks = std::max(k_rows, v_rows) * (E / 8);
   const int blocks = static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 4096));
@@ -140,8 +147,8 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
       {wide(kq->packed.shape()), wide(vq->packed.shape())}, {mx::bfloat16, mx::bfloat16}, scalars,
       {blocks * kThreads, 1, 1}, {kThreads, 1, 1}, 0, std::nullopt, /* ensure_row_contiguous */ true, s);
   return flash_attention_outputs(
-      {q2, kv[0], kv[1], call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks},
-      true, false, /* fold */ true)[0];
+      {queries, kv[0], kv[1], call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks},
+      true, false, /* fold */ true, two_terms)[0];
 }
 
 }  // namespace

@@ -79,9 +79,9 @@ struct WhShape {
 
 constexpr int kWhBuffers = wg_shapes::kF16Buffers;
 
-template <typename T, int E, typename Shape>
+template <typename T, int E, typename Shape, int EQ = E>
 struct WhSmem {
-  T q[Shape::kBr * E];
+  T q[Shape::kBr * EQ];  // EQ: the queries' stored columns (kTT: half the keys')
   T k[kWhBuffers][Shape::kBc * E];  // tile j in buffer j % 3
   T v[kWhBuffers][Shape::kBc * E];
   uint64_t full[kWhBuffers];   // every thread's copies of the tile have landed
@@ -129,7 +129,13 @@ struct TileCopy {
 // two P V products a tile instead of one. A third bfloat16 term (24 bits)
 // took the output from ~2e-6 to ~5e-7 off float64, at 1.2-1.3x the time,
 // and left no registers for the overlap at E = 64 (docs/cuda.md).
-template <typename T, int E, typename Shape, bool kF32 = false, typename TO = std::conditional_t<kF32, float, T>>
+// kTT (with kF32; fa_prefill_wg32t_*): keys and values are a quantized
+// cache's rows as two bfloat16 terms, [hi | lo] (E = twice the head dim:
+// quant_split.cu), the queries E / 2 wide. Q K^T reads each query row twice,
+// once against each half, so the scores are q . (hi + lo); P V adds P hi and
+// P lo into one accumulator E / 2 wide, the output's.
+template <typename T, int E, typename Shape, bool kF32 = false, bool kTT = false,
+          typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, const void* mask_data,
                                            const int64_t* __restrict__ mask_base, TO* __restrict__ out,
@@ -145,11 +151,14 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // complete it).
   constexpr int kCopiers = 1;
   // EP: the head dim as stored (wg_shapes.h's f16_stored_e); the columns E..
-  // of Q, K and V are zero there. Q K^T takes E / 16 steps, P V has N = E.
-  constexpr int EP = wg_shapes::f16_stored_e(E);
-  constexpr int NB = kWhBc / 8, NO = E / 8;
-  static_assert(E == 64 || E == 80 || E == 96 || E == 128, "the units CMakeLists.txt builds");
-  using Smem = WhSmem<T, EP, Shape>;
+  // of Q, K and V are zero there. Q K^T takes E / 16 steps, P V has N = E
+  // (kTT: N = E / 2, twice).
+  // kTT: EQ the queries' stored columns (each read twice), EO the output's.
+  constexpr int EP = wg_shapes::f16_stored_e(E, kTT), EQ = kTT ? EP / 2 : EP, EO = kTT ? E / 2 : E;
+  constexpr int NB = kWhBc / 8, NO = EO / 8;
+  static_assert(kTT ? kF32 && (E == 128 || E == 256) : E == 64 || E == 80 || E == 96 || E == 128,
+                "the units CMakeLists.txt builds");
+  using Smem = WhSmem<T, EP, Shape, EQ>;
   // Descriptors (wgmma.cuh; offsets in 16-byte units). K-major (Q, K): 8-row
   // groups 1024 bytes apart (SBO); a step of 16 along the head dim moves 32
   // bytes within a column block, or to the next block (rows x 128 bytes on).
@@ -256,15 +265,16 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       if (n_tiles > 0) mbar_arrive(&sm.full[0]);
     }
     const int batch = units == 0 && !split ? int(gridDim.z) : slices / H_q;
-    auto fields = [&](const void* base, const Rows& r, uint32_t rows, uint32_t heads) {
+    auto fields = [&](const void* base, const Rows& r, uint32_t cols, uint32_t rows, uint32_t heads) {
       // A stride of 0 (an axis of size 1) as if the axis were packed.
-      const uint64_t sr = r.sr != 0 ? uint64_t(r.sr) * sizeof(T) : E * sizeof(T);
+      const uint64_t sr = r.sr != 0 ? uint64_t(r.sr) * sizeof(T) : cols * sizeof(T);
       const uint64_t sh = r.sh != 0 ? uint64_t(r.sh) * sizeof(T) : sr * rows;
       const uint64_t sb = r.sb != 0 ? uint64_t(r.sb) * sizeof(T) : sh * heads;
-      return MapFields{base, {uint32_t(E), rows, heads, uint32_t(batch)}, {sr, sh, sb}, 0};
+      return MapFields{base, {cols, rows, heads, uint32_t(batch)}, {sr, sh, sb}, 0};
     };
     unsigned char* staging = reinterpret_cast<unsigned char*>(sm.v[kWhBuffers - 1]);
-    MapFields f[3] = {fields(q, lay.q, L, H_q), fields(k, lay.k, S, H_kv), fields(v, lay.v, S, H_kv)};
+    MapFields f[3] = {fields(q, lay.q, kTT ? EQ : E, L, H_q), fields(k, lay.k, E, S, H_kv),
+                      fields(v, lay.v, E, S, H_kv)};
     f[0].box_rows = kWhBr;
     f[1].box_rows = f[2].box_rows = kWhBc;
     const unsigned char* maps =
@@ -276,7 +286,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     tma_prefetch_map(map_q);
     tma_prefetch_map(map_k);
     tma_prefetch_map(map_v);
-    constexpr uint32_t kQBytes = kWhBr * EP * sizeof(T), kKvBytes = 2 * kWhBc * EP * sizeof(T);
+    constexpr uint32_t kQBytes = kWhBr * EQ * sizeof(T), kKvBytes = 2 * kWhBc * EP * sizeof(T);
     for (int i = 0; i < n_items; ++i) {
       if (i > 0) {
         begin_item(i);
@@ -285,7 +295,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       if (i > 0) {
         mbar_arrive_expect_tx(&sm.q_full, kQBytes);
 #pragma unroll
-        for (int cb = 0; cb < EP / 64; ++cb)
+        for (int cb = 0; cb < EQ / 64; ++cb)
           tma_load_4d(sm.q + cb * kWhBr * 64, map_q, &sm.q_full, cb * 64, l0, blk.h, int(blk.b));
       }
       for (int j = i == 0 ? 1 : 0; j < n_tiles; ++j) {
@@ -304,7 +314,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   }
   setmaxnreg_inc<Shape::kConsumerRegs>();
   // The consumers copy item 0's Q and first tile while the producer makes the maps.
-  const TileCopy<T, EP, kWhBr, kConsumers, E> copy_q(tid);
+  const TileCopy<T, EQ, kWhBr, kConsumers, kTT ? EQ : E> copy_q(tid);
   copy_q(sm.q, q + lay.q.at(blk.b, blk.h, 0), lay.q.sr, l0, L - l0);
   if (n_tiles > 0) {
     const TileCopy<T, EP, kWhBc, kConsumers, E> copy_tile(tid);
@@ -353,12 +363,12 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // one over from ordinary registers (R2UR) right before its wgmma, which
   // the wgmma would wait on.
   auto buf_offset = [&](int j) { return uint32_t(__shfl_sync(0xffffffffu, buf(j) * kStepBuf, 0)); };
-  auto issue_qk = [&](int j) {  // s = Q K_j^T (over the E columns: the rest are zero)
+  auto issue_qk = [&](int j) {  // s = Q K_j^T (over the E columns: the rest are zero; kTT: Q twice)
     const uint32_t b_off = buf_offset(j);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < E / 16; ++kk)
-      wgmma16_ss<T, kWhBc>(s, d_q.at(step_e(kWhBr, kk)), d_k.at(b_off + step_e(kWhBc, kk)), kk > 0);
+      wgmma16_ss<T, kWhBc>(s, d_q.at(step_e(kWhBr, kk % (EQ / 16))), d_k.at(b_off + step_e(kWhBc, kk)), kk > 0);
   };
   auto issue_pv = [&](int j) {  // o += P V_j (kF32: o_tile = P V_j)
     const uint32_t b_off = buf_offset(j);
@@ -369,10 +379,15 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         for (int c = 0; c < 4; ++c) o_tile[eb][c] = 0.0f;
     }
     wgmma_fence();
+    // kTT: V's lo half starts EO / 64 column blocks on (kWhBc x 128 bytes each).
+    constexpr uint32_t kLoOffset = uint32_t(EO / 64 * kWhBc * 128) >> 4;
 #pragma unroll
     for (int term = 0; term < kTerms; ++term)
 #pragma unroll
-      for (int kk = 0; kk < NK; ++kk) wgmma16_rs_t<T, E>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys));
+      for (int kk = 0; kk < NK; ++kk) {
+        wgmma16_rs_t<T, EO>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys));
+        if constexpr (kTT) wgmma16_rs_t<T, EO>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys + kLoOffset));
+      }
   };
   // P's pairs (keys 2t, 2t + 1 of rows g, g + 8 in each 8-key block) as P V's
   // A operand; kF32: each term the rounding of what the ones before left.
@@ -396,8 +411,13 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // Its P V in plain float32 over visible keys only (mma.cuh).
   auto rare_pv = [&](int j) {
     const T* sv = sm.v[buf(j)];
-    fa::rare_pv<T>(o, p, [&](int c, int col) { return sv[sw_at<kWhBc>(c, col)]; }, mask, n, ra, L, S, key0(j), kWhBc,
-                   lane);
+    fa::rare_pv<T>(
+        o, p,
+        [&](int c, int col) {
+          if constexpr (kTT) return to_f(sv[sw_at<kWhBc>(c, col)]) + to_f(sv[sw_at<kWhBc>(c, col + EO)]);
+          else return sv[sw_at<kWhBc>(c, col)];
+        },
+        mask, n, ra, L, S, key0(j), kWhBc, lane);
   };
 
   // O += P_j V_j, finished before it returns (rare or not).
@@ -527,8 +547,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
     }
     if (store) {
-      store_output<TO, NO, kF32>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
-                                 mask_kind, lse_of(mask_kind, lse));
+      store_output<TO, NO, kF32 && !kTT>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, EO,
+                                         ra, t, mask_kind, lse_of(mask_kind, lse));
     }
     FA_TIMELINE_MARK(5);
     it0 += n_tiles;
@@ -559,6 +579,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #endif
 // -DFA_F32=1: fa_prefill_wg32_<dtype>_<E>, float32 attention over the 16-bit
 // inputs (kF32 above), a float32 output; the same arguments otherwise.
+// -DFA_TWO_TERMS=1 too: fa_prefill_wg32t_<dtype>_<E>, kTT above (E twice
+// the head dim; the grid of row tiles, slices and splits 0).
 // -DFA_NARROW=1: fa_prefill_wg2_<dtype>_64, two consumers at E = 64 (row
 // tiles of 128; wg_shapes.h's narrow).
 #if defined(FA_NARROW) && FA_NARROW
@@ -566,7 +588,16 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #else
 #define FA_WG_NARROW false
 #endif
-#if defined(FA_F32) && FA_F32
+#if defined(FA_TWO_TERMS) && FA_TWO_TERMS
+#define FA_WG_TT true
+#else
+#define FA_WG_TT false
+#endif
+#if defined(FA_F32) && FA_F32 && FA_WG_TT
+#define FA_WG_F32 true
+#define FA_WG_OUT float
+#define FA_WG_FAMILY fa_prefill_wg32t_
+#elif defined(FA_F32) && FA_F32
 #define FA_WG_F32 true
 #define FA_WG_OUT float
 #define FA_WG_FAMILY fa_prefill_wg32_
@@ -579,11 +610,12 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #define FA_WG_OUT FA_T
 #define FA_WG_FAMILY fa_prefill_wg_
 #endif
-using WhUnitShape = fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E),
-                                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32, FA_DTYPE == 2),
-                                fa::wg_shapes::f16_items(FA_E)>;
-static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E), WhUnitShape>) ==
-                  fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW),
+using WhUnitShape =
+    fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E, FA_WG_TT),
+                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32, FA_DTYPE == 2), fa::wg_shapes::f16_items(FA_E)>;
+static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E, FA_WG_TT), WhUnitShape,
+                                fa::wg_shapes::f16_stored_q(FA_E, FA_WG_TT)>) ==
+                  fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW, FA_WG_TT),
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(FA_WG_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
@@ -591,7 +623,7 @@ extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(F
     float scale_log2, int slices, int split_from, int splits, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi,
     FA_MAP_TEMPLATE_PARAMS) {
   const fa::MapTemplate templ = FA_MAP_TEMPLATE;
-  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32>(q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                                          scale_log2, slices, split_from, splits, FA_LAYOUT, &templ, map_slots,
-                                          fa::call_tag(tag_lo, tag_hi));
+  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32, FA_WG_TT>(
+      q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2, slices, split_from,
+      splits, FA_LAYOUT, &templ, map_slots, fa::call_tag(tag_lo, tag_hi));
 }

@@ -45,7 +45,10 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 #if defined(__CUDACC__)
 __host__ __device__
 #endif
-constexpr int f16_stored_e(int E) { return E <= 64 ? 64 : 128; }
+constexpr int f16_stored_e(int E, bool tt = false) { return tt ? E : E <= 64 ? 64 : 128; }
+// The queries' stored columns: the two-term units (prefill_f16_wg.cu's
+// kTT: keys and values [hi | lo], E twice the head dim) keep them once.
+constexpr int f16_stored_q(int E, bool tt = false) { return tt ? E / 2 : f16_stored_e(E); }
 constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // consumer warpgroups
   return f32 || narrow || E > 64 ? 2 : 3;
 }
@@ -62,7 +65,9 @@ constexpr int kF32Bf16Terms = 2;
 // consumers' products keep the tensor cores as busy either way), which
 // keeps the early wait.
 constexpr int kF16SoftmaxUnderPvMaxE = 64;  // E up to this
-constexpr int f16_bc(int) { return 128; }
+// Keys a tile: 64 for the two-term units at E = 256, whose three buffers of
+// 128-key tiles would not fit an SM's shared memory.
+constexpr int f16_bc(int E, bool tt = false) { return tt && E > 128 ? 64 : 128; }
 constexpr int f16_rows(int E, bool f32 = false, bool narrow = false) {
   return kRowsPerGroup * f16_groups(E, f32, narrow);
 }
@@ -107,8 +112,9 @@ constexpr long long split_state_floats(int E, int groups) { return (E / 8 * 4 + 
 constexpr long long split_scratch_bytes(long long tail, int splits, int E, int groups) {
   return split_ticket_bytes(tail) + tail * splits * split_state_floats(E, groups) * 4;
 }
-constexpr int f16_smem_bytes(int E, bool f32 = false, bool narrow = false) {
-  return (f16_rows(E, f32, narrow) + 2 * kF16Buffers * f16_bc(E)) * f16_stored_e(E) * 2 + (2 * kF16Buffers + 2) * 8;
+constexpr int f16_smem_bytes(int E, bool f32 = false, bool narrow = false, bool tt = false) {
+  return (f16_rows(E, f32, narrow) * f16_stored_q(E, tt) + 2 * kF16Buffers * f16_bc(E, tt) * f16_stored_e(E, tt)) * 2 +
+         (2 * kF16Buffers + 2) * 8;
 }
 
 }  // namespace fa::wg_shapes
