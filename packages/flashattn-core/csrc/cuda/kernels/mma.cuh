@@ -305,28 +305,30 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
     if (lse != nullptr && t == 0 && r < L) lse[n * (int64_t)L + r] = row_lse(seen, m, l_sum);
     T* dst = out + (n * (int64_t)L + r) * E;
     constexpr int kGrouped = sizeof(T) == 2 ? NO / 4 * 4 : 0;  // blocks stored 16 bytes a thread
+    if constexpr (kGrouped > 0) {  // (float outputs: pack2 has no float form)
 #pragma unroll
-    for (int eb0 = 0; eb0 < kGrouped; eb0 += 4) {
-      uint32_t v[4];  // v[i]: this thread's pair of block eb0 + i, then (below) thread i's of block eb0 + t
+      for (int eb0 = 0; eb0 < kGrouped; eb0 += 4) {
+        uint32_t v[4];  // v[i]: this thread's pair of block eb0 + i, then (below) thread i's of block eb0 + t
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = pack2<T>(o[eb0 + i][2 * rr] * inv, o[eb0 + i][2 * rr + 1] * inv);
-      // Stage b (lane bit b): the slots whose bit b differs from t's go to
-      // lane t ^ (1 << b), which sends back its slots of the same pattern.
-      // After both, slot i holds thread i's pair of block eb0 + t.
-      const bool t0 = t & 1, t1 = t & 2;
+        for (int i = 0; i < 4; ++i) v[i] = pack2<T>(o[eb0 + i][2 * rr] * inv, o[eb0 + i][2 * rr + 1] * inv);
+        // Stage b (lane bit b): the slots whose bit b differs from t's go to
+        // lane t ^ (1 << b), which sends back its slots of the same pattern.
+        // After both, slot i holds thread i's pair of block eb0 + t.
+        const bool t0 = t & 1, t1 = t & 2;
 #pragma unroll
-      for (int a = 0; a < 2; ++a) {  // slots 2a, 2a + 1: t0 gives 2a + 1 - t0
-        const uint32_t got = __shfl_xor_sync(0xffffffffu, t0 ? v[2 * a] : v[2 * a + 1], 1);
-        v[2 * a] = t0 ? got : v[2 * a];
-        v[2 * a + 1] = t0 ? v[2 * a + 1] : got;
+        for (int a = 0; a < 2; ++a) {  // slots 2a, 2a + 1: t0 gives 2a + 1 - t0
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, t0 ? v[2 * a] : v[2 * a + 1], 1);
+          v[2 * a] = t0 ? got : v[2 * a];
+          v[2 * a + 1] = t0 ? v[2 * a + 1] : got;
+        }
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {  // slots a, a + 2: t1 gives a + 2 (1 - t1)
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, t1 ? v[a] : v[a + 2], 2);
+          v[a] = t1 ? got : v[a];
+          v[a + 2] = t1 ? v[a + 2] : got;
+        }
+        if (r < L) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
       }
-#pragma unroll
-      for (int a = 0; a < 2; ++a) {  // slots a, a + 2: t1 gives a + 2 (1 - t1)
-        const uint32_t got = __shfl_xor_sync(0xffffffffu, t1 ? v[a] : v[a + 2], 2);
-        v[a] = t1 ? got : v[a];
-        v[a + 2] = t1 ? v[a + 2] : got;
-      }
-      if (r < L) *reinterpret_cast<uint4*>(dst + (eb0 + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
     }
     if (r >= L) continue;
     // The other blocks: columns 2t, 2t + 1 in one store (E is even and rows
