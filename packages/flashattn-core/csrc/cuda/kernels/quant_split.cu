@@ -3,11 +3,12 @@
 // side, each row [hi | lo] (2E elements): hi the format's value (scale *
 // code + bias, one float32 FMA) rounded to the dtype, lo what hi left,
 // rounded. hi + lo holds the value to 2^-17 of itself, so the float32
-// attention over 16-bit inputs (prefill_f16_wg.cu's kF32 and
-// prefill_f16.cu's) reads a quantized cache at float32 accuracy: queries
-// [q | q] against keys [hi | lo] give q . (hi + lo), values [hi | lo] give
-// the two halves of the output to add (cuda/quantized.cpp). Keys and values
-// in one launch; the inputs row-contiguous (MLX copies views first).
+// attention over 16-bit inputs reads a quantized cache at float32 accuracy:
+// each query row taken twice against keys [hi | lo] gives q . (hi + lo),
+// and P times values [hi | lo] gives P hi and P lo, added into the output
+// (prefill_f16_wg.cu's two-term units on Hopper, prefill_f16.cu's kFold
+// elsewhere: cuda/quantized.cpp). Keys and values in one launch; the inputs
+// row-contiguous (MLX copies views first).
 
 #include <cstdint>
 
