@@ -44,7 +44,6 @@ HOPPER_ONLY = (
     | {f"fa_prefill_{f}_{d}_{e}" for f in ("wg", "wg32") for d in ("float16", "bfloat16") for e in (64, 80, 96, 128)}
     | {f"fa_prefill_wg2_{d}_64" for d in ("float16", "bfloat16")}
     | {f"fa_prefill_wg32t_bfloat16_{e}" for e in (128, 256)}
-    | {"fa_prefill_wg32c_bfloat16_64", "fa_quant_codes_bfloat16"}
     | {f"fa_backward_{p}wg_{d}_{e}" for p in ("stats", "keys") for d in ("float16", "bfloat16") for e in (64, 128)}
     | {f"fa_backward_keyswg{k}_{d}_{e}" for k in ("n", "c") for d in ("float16", "bfloat16") for e in (64, 128)}
 )

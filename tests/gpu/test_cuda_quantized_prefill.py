@@ -7,10 +7,9 @@ cache lengths (prefill, chunks, fewer keys than rows), head dims, bits,
 group sizes, dtypes, masks (causal, windows, boolean arrays, sinks), batch
 and memory layouts; no full-precision copy of the cache. bfloat16 queries
 from 64 rows at E = 64 and 128 take the cache as two bfloat16 terms a row
-instead (cuda/quantized.cpp's split_terms), or on Hopper at E = 64 with a
-group a row as its codes (code_terms): the same checks on matrices of their
-own, and a transient copy of O(S), never L x S. Attention in the queries'
-16-bit dtype (a dequantized copy a call) over the same matrix."""
+instead (cuda/quantized.cpp's split_terms): the same checks on a matrix of
+their own, and a transient copy of O(S), never L x S. Attention in the
+queries' 16-bit dtype (a dequantized copy a call) over the same matrix."""
 
 import math
 import os
@@ -149,32 +148,22 @@ def test_reads_the_cache_in_place(monkeypatch):
     assert extra < out.nbytes + 2**20, f"{(extra - out.nbytes) / 2**20:.1f} MiB beyond the output"
 
 
-@pytest.mark.parametrize("heads, E, S, group", [((14, 2), 64, 16384, 64), ((14, 2), 64, 16384, 32),
-                                                ((32, 8), 128, 8192, 64)], ids=["qwen05b", "qwen05b-g32", "hd128"])
-def test_split_terms_hold_o_of_s(heads, E, S, group):
+@pytest.mark.parametrize("heads, E, S", [((14, 2), 64, 16384), ((32, 8), 128, 8192)], ids=["qwen05b", "hd128"])
+def test_split_terms_hold_o_of_s(heads, E, S):
     # A 2,048-row chunk through split_terms: at most the two terms of K and
     # V, the output (E wide: the kernel adds P hi and P lo) and MLX's
     # row-contiguous copies of the cache's views (the packed codes, scales
     # and biases); the queries again as [q | q] only on the kernels of GPUs
     # before Hopper (FLASHATTN_CUDA_IMAGE=ptx), whose two-term units read
-    # them twice. On Hopper at E = 64 with a group a row, code_terms: the
-    # codes (E wide, bfloat16) and 16 bytes of scales a key instead of the
-    # two terms, which the bounds tell apart (8 MiB less at qwen05b). O(L +
-    # S) however long the cache, never the 2,048 x S scores (1.7 GiB in
-    # float32 across qwen05b's heads at 16K keys).
+    # them twice. O(L + S) however long the cache, never the 2,048 x S
+    # scores (1.7 GiB in float32 across qwen05b's heads at 16K keys).
     L, (H, H_kv) = 2048, heads
-    q, kq, vq = quantized_case((1,), heads, L, S, E, 4, group, "bfloat16", "kv_cache", seed=5)
+    q, kq, vq = quantized_case((1,), heads, L, S, E, 4, 64, "bfloat16", "kv_cache", seed=5)
     extra, out = extra_memory(q, kq, vq)
     views = 2 * sum(x.nbytes for x in kq)
-    hopper = os.environ.get("FLASHATTN_CUDA_IMAGE") != "ptx"
-    if hopper and E == group == 64:
-        copy = 2 * H_kv * S * E * 2
-        bound = copy + H_kv * S * 16 + out.nbytes + views
-        assert out.nbytes + copy < extra <= bound + 2**20, (extra / 2**20, bound / 2**20)
-    else:
-        queries = 0 if hopper else H * L * 2 * E * 2
-        bound = 2 * H_kv * S * 2 * E * 2 + out.nbytes + views + queries
-        assert out.nbytes < extra <= bound + 2**20, (extra / 2**20, bound / 2**20)
+    queries = H * L * 2 * E * 2 if os.environ.get("FLASHATTN_CUDA_IMAGE") == "ptx" else 0
+    bound = 2 * H_kv * S * 2 * E * 2 + out.nbytes + views + queries
+    assert out.nbytes < extra <= bound + 2**20, (extra / 2**20, bound / 2**20)
     ref = attention_reference(q, dequantize(kq, E), dequantize(vq, E), mask=causal_mask(L, S))
     assert relative_error(out, ref) <= TOLERANCE["float32"]
 
@@ -213,38 +202,9 @@ def test_split_terms_match_float64(r, monkeypatch):
 
 
 
-CODES = [
-    row
-    for row in pairwise(
-        {
-            "heads": [(14, 2), (32, 8), (8, 1), (4, 4)],
-            "L": [64, 65, 200, 600, 1000],
-            "span": ["same", "chunk", "fewer"],
-            "bits": [4, 8],
-            "mask": ["none", "causal", "window", "bool", "sinks"],
-            "batch": [(), (2,)],
-            "layout": ["contiguous", "kv_cache", "transposed"],
-        },
-        accept=lambda r: math.prod(r["batch"]) * r["heads"][0] * r["L"] * keys_for(r["L"], r["span"]) <= 25_000_000,
-        candidates=300,
-    )
-]
-for r in CODES:
-    r.update(E=64, group_size=64, dtype="bfloat16")
-
-
-@pytest.mark.parametrize("r", CODES, ids=map(row_id, CODES))
-def test_codes_match_float64(r, monkeypatch):
-    # E = 64 with a group a row (code_terms on Hopper; elsewhere the two
-    # terms) against float64, and against the two-term path.
-    q, kq, vq, kwargs, ref = float32_call(r)
-    monkeypatch.setenv("FLASHATTN_CUDA_QUANT_CODES", "0")
-    two_terms = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
-    assert relative_error(two_terms, ref) <= TOLERANCE["float32"]
-
-
-def test_codes_of_keys_and_values_of_other_widths():
-    # 4-bit keys, 8-bit values (MLX's format allows it; code_terms takes them).
+def test_keys_and_values_of_other_widths():
+    # 4-bit keys, 8-bit values (MLX's format allows it; dequantized for the
+    # ordinary kernels).
     rng = np.random.default_rng(6)
     L, S, E = 256, 700, 64
     q = mx.array(rng.standard_normal((1, 14, L, E))).astype(mx.bfloat16)
@@ -255,13 +215,13 @@ def test_codes_of_keys_and_values_of_other_widths():
     assert relative_error(out, ref) <= TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("path", ["codes", "two_terms"])
+@pytest.mark.parametrize("path", ["split", "in_place"])
 def test_hidden_keys_never_reach_a_row(path, monkeypatch):
-    # The last 64 keys hold NaN, so do their scales and biases: under the
-    # causal mask the rows before them never see them and stay exact (P = 0
-    # times a NaN scale would leak them).
-    if path == "two_terms":
-        monkeypatch.setenv("FLASHATTN_CUDA_QUANT_CODES", "0")
+    # The last 64 keys hold NaN, so do their scales: under the causal mask
+    # the rows before them never see them and stay exact, through the two
+    # terms (a NaN hi and lo) and through the codes read in place.
+    if path == "in_place":
+        monkeypatch.setenv("FLASHATTN_CUDA_QUANT_SPLIT", "0")
     rng = np.random.default_rng(7)
     S, E, seen = 512, 64, 448
     q = mx.array(rng.standard_normal((1, 14, S, E))).astype(mx.bfloat16)

@@ -33,7 +33,7 @@ struct PlanKey {
   mx::Shape q_shape;
   int H_kv, S, dtype, kind, mask_rs, mask_cs, quant_bits, quant_group;
   float scale_log2;
-  bool widen, lse, fold, two_terms, codes;
+  bool widen, lse, fold, two_terms;
   int device;
   bool operator==(const PlanKey&) const = default;
 };
@@ -54,7 +54,7 @@ std::shared_ptr<const std::optional<Planned>> recent_plan(const Dims& d, mx::Dty
   // A model repeats its calls (recent.h): each thread keeps its last few
   // plans, and that a call has none.
   const PlanKey key{q_shape, d.H_kv, d.S, static_cast<int>(dtype.val()), d.kind_arg, d.mask_rs, d.mask_cs,
-                    d.quant_bits, d.quant_group, d.scale_log2, d.widen, d.lse, d.fold, d.two_terms, d.codes,
+                    d.quant_bits, d.quant_group, d.scale_log2, d.widen, d.lse, d.fold, d.two_terms,
                     device_index};
   thread_local Recent<PlanKey, std::optional<Planned>, 8> recent;
   std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
@@ -63,7 +63,7 @@ std::shared_ptr<const std::optional<Planned>> recent_plan(const Dims& d, mx::Dty
 }
 
 std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse, bool fold,
-                                               bool two_terms, const mx::array* code_scales) {
+                                               bool two_terms) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   // Widened prefill calls that neither the tensor-core decode nor the Hopper
@@ -80,7 +80,6 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
   d.lse = lse;
   d.fold = fold;
   d.two_terms = two_terms;
-  d.codes = code_scales != nullptr;
   if (two_terms) d.E = k.shape(-1);
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
@@ -94,13 +93,12 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
   // No plan: a widened call that is cast.
   const std::shared_ptr<const std::optional<Planned>> planned = recent_plan(d, q.dtype(), q.shape(), s.device.index);
   if (!planned->has_value()) {
-    if (fold || code_scales) throw std::logic_error("flash_attention: no CUDA plan for this call's quantized terms");
+    if (fold) throw std::logic_error("flash_attention: no CUDA plan adds the halves of this call's rows");
     return cast();
   }
   const Planned& plan = **planned;
   std::vector<mx::array> inputs = {q, k, v};
   if (m.inputs) inputs.insert(inputs.end(), {m.data, m.base});
-  if (code_scales) inputs.push_back(*code_scales);
   // The node shares the cached plan (an aliasing pointer into `planned`).
   auto node = std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &plan.plan));
   auto outputs = mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs);

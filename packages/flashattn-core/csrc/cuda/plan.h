@@ -39,9 +39,6 @@ struct Step {
   // output after the attention output (the primitive's second), written
   // where the mask_kind argument has kLse (kernels/mask_bits.h).
   bool lse_output = false;
-  // The codes units (fa_prefill_wg32c_*): the keys' scales and biases
-  // (quantized.cpp's code_terms) as one more input after the mask's.
-  bool scales_input = false;
 };
 
 // An attention kernel, and the merge when it split the keys (its partials

@@ -189,25 +189,6 @@ std::optional<Launches> two_term_launches(const Dims& d, mx::Dtype dtype, int de
   return Launches{attend, std::nullopt, 0, maps};
 }
 
-// quantized.cpp's codes on Hopper (fa_prefill_wg32c_: the keys' scales an
-// input more): a grid of row tiles, as the two-term units.
-std::optional<Launches> code_launches(const Dims& d, mx::Dtype dtype, int device_index) {
-  namespace ws = fa::wg_shapes;
-  const std::string kernel = "fa_prefill_wg32c_" + d.dt + "_" + std::to_string(d.E);
-  if (!d.widen || dtype != mx::bfloat16 || d.E != 64 || !find_image(kernel, device_index)) return std::nullopt;
-  const std::vector<int>& maps = map_template(dtype);
-  const int rows = ws::f16_rows(d.E, true), threads = ws::f16_threads(d.E, true);
-  const int smem = ws::f16_smem_bytes(d.E, true, false, false, true);
-  if (maps.empty() || smem > shared_memory_limit(device_index)) return std::nullopt;
-  const int tiles = (d.L + rows - 1) / rows;
-  const std::vector<Scalar> scalars = {d.H_q,     d.H_kv,    d.L, d.S, d.kind_arg | (d.lse ? fa::kLse : 0),
-                                       d.mask_rs, d.mask_cs, d.scale_log2, 0, 0, 0};
-  Step attend{kernel, scalars, {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1}, smem};
-  attend.lse_output = true;
-  attend.scales_input = true;
-  return Launches{attend, std::nullopt, 0, maps};
-}
-
 }  // namespace
 
 std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
@@ -216,7 +197,6 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   }
   if (d.quantized()) return quantized_prefill_launches(d, device_index);
   if (d.two_terms) return two_term_launches(d, dtype, device_index);
-  if (d.codes) return code_launches(d, dtype, device_index);
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
   int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
   if (smem > shared_memory_limit(device_index)) return std::nullopt;  // it would not launch: the generic kernel

@@ -42,9 +42,6 @@ struct Dims {
   // The same on Hopper's two-term units (fa_prefill_wg32t_): the queries
   // E / 2 wide, read twice (the keys and values [hi | lo], E wide).
   bool two_terms = false;
-  // Keys and values a quantized cache's codes, with their scales and biases
-  // as one more input (fa_prefill_wg32c_: quantized.cpp's code_terms).
-  bool codes = false;
   bool sinks() const { return (kind_arg & fa::kSinks) != 0; }
   // A causal mask's sliding window (carried in mask_cs: kernels/mask_bits.h), else 0.
   int window() const {

@@ -192,9 +192,6 @@ void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs,
 
 void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::Stream s = stream();
-  // The codes units' scales come last (dispatch.cpp): the launch takes them
-  // after the mask's inputs.
-  const bool scales_input = plan_->aligned.attend.scales_input;
   const Launches* chosen = &plan_->aligned;
   std::vector<Scalar> scalars;
   std::vector<mx::array> in;
@@ -205,7 +202,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     // inputs: q, k, v, and with an array mask or sinks the mask's data (read
     // row-contiguous) and base offsets (cuda/mask_args.h).
     std::array<std::optional<Rows>, 3> in_place;
-    const bool mask_inputs = inputs.size() - (scales_input ? 1 : 0) > 3;
+    const bool mask_inputs = inputs.size() > 3;
     copy = mask_inputs && !inputs[3].flags().row_contiguous;
     for (int i = 0; i < 3; ++i) {
       in_place[i] = rows_in_place(inputs[i]);
@@ -239,7 +236,6 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
       // sinks alone (cuda/mask_args.cpp).
       in.push_back(inputs[4]);
     }
-    if (scales_input) in.push_back(inputs.back());
   }
   const Launches& run = *chosen;
   if (run.fused || run.tma()) {

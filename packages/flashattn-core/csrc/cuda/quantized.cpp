@@ -12,9 +12,8 @@
 //    Hopper at E = 64, else fa_prefill_tf32q_ (kv_rows.cuh expands each key
 //    and value tile as it is stored to shared memory).
 // Except: a prefill of bfloat16 queries with float32 attention at E = 64 or
-// 128 (the patch's default on a bfloat16 model) reads the cache as its codes
-// (code_terms below: on Hopper at E = 64, a group a row) or as two bfloat16
-// terms a row (split_terms below), at 2E.
+// 128 (the patch's default on a bfloat16 model) reads the cache as two
+// bfloat16 terms a row (split_terms below), at 2E.
 // Every other call is dequantized (mx.dequantize, into the queries' dtype
 // or float32) and handed to the ordinary kernels: a transient
 // full-precision copy of the keys and values a layer reads, O(S), never an
@@ -37,7 +36,6 @@
 
 #include "cuda/call_plan.h"
 #include "cuda/kernel_images.h"
-#include "cuda/kernels/wg_shapes.h"
 #include "cuda/mask_args.h"
 #include "cuda/planner.h"
 #include "cuda/primitive.h"
@@ -153,74 +151,9 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
       true, false, /* fold */ true, two_terms)[0];
 }
 
-// The same calls on Hopper at E = 64 with a group a row (mlx-lm's default
-// group size at Qwen2's head dim): the codes as bfloat16 (exact), each key's
-// scales and biases in float32 (kernels/quant_codes.cu), read by
-// fa_prefill_wg32c_: the scores s (q . codes) + b sum(q) from one product at
-// E, where the two terms take two at 2E; P V as split_terms's, P x s over
-// the codes plus sum P b. Half split_terms's copy.
-std::optional<mx::array> code_terms(const AttentionCall& call, bool widen) {
-  const mx::array& q = call.q;
-  const KVQuantization& qz = call.quantization;
-  const QuantizedArray *kq = call.k_quantized, *vq = call.v_quantized;
-  const int E = q.shape(-1);
-  const mx::Stream s = call.stream;
-  auto bf16 = [](const mx::array& x) { return x.dtype() == mx::bfloat16; };
-  auto bits_ok = [](int b) { return b == 4 || b == 8; };
-  if (!widen || !bf16(q) || !kq || !vq || q.shape(-2) < kSplitMinRows || E != 64 || qz.k_group_size != E ||
-      qz.v_group_size != E || !bits_ok(qz.k_bits) || !bits_ok(qz.v_bits) || !bf16(kq->scales) ||
-      !bf16(kq->biases) || !bf16(vq->scales) || !bf16(vq->biases)) {
-    return std::nullopt;
-  }
-  // FLASHATTN_CUDA_QUANT_SPLIT=0: the codes read in place; FLASHATTN_CUDA_QUANT_CODES=0:
-  // the two terms (tests, comparisons).
-  for (const char* name : {"FLASHATTN_CUDA_QUANT_SPLIT", "FLASHATTN_CUDA_QUANT_CODES"}) {
-    if (const char* e = std::getenv(name); e && std::string(e) == "0") return std::nullopt;
-  }
-  const std::string kernel = "fa_quant_codes_bfloat16";
-  const std::string* image = find_image(kernel, s.device.index);
-  if (!image) return std::nullopt;
-  const int S = call.k.shape(-2);
-  const int64_t rows = kq->packed.size() / kq->packed.shape(-1);
-  constexpr int kTile = fa::wg_shapes::f16_bc(64);
-  const int64_t s_pad = (static_cast<int64_t>(S) + kTile - 1) / kTile * kTile;
-  const int64_t heads = S == 0 ? 0 : rows / S;
-  const int64_t head_elements = static_cast<int64_t>(std::max(q.shape(-2), S)) * E;
-  if (S == 0 || rows != vq->packed.size() / vq->packed.shape(-1) ||
-      head_elements * std::max(q.shape(-3), call.k.shape(-3)) > std::numeric_limits<int>::max() ||
-      std::max(rows * (E / 8), heads * s_pad * 4) > std::numeric_limits<int>::max() ||
-      2 * rows * E * 2 + heads * s_pad * 16 > kSplitMaxBytes) {
-    return std::nullopt;
-  }
-  {
-    const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
-    Dims d = call_dims(call, m, true);
-    d.codes = true;
-    if (!recent_plan(d, q.dtype(), q.shape(), s.device.index)->has_value()) return std::nullopt;
-  }
-  auto wide = [&](mx::Shape shape) {
-    shape.back() = E;
-    return shape;
-  };
-  constexpr int kThreads = 256;
-  const int64_t work = std::max(rows * (E / 8), heads * s_pad);
-  const int blocks = static_cast<int>(std::min<int64_t>((work + kThreads - 1) / kThreads, 4096));
-  const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(heads), S, static_cast<int>(s_pad), E,
-                                                     qz.k_bits, qz.v_bits};
-  const std::vector<mx::array> codes = mx::fast::precompiled_cuda_kernel(
-      kernel, *image, {kq->packed, kq->scales, kq->biases, vq->packed, vq->scales, vq->biases},
-      {wide(kq->packed.shape()), wide(vq->packed.shape()), {static_cast<int>(heads * s_pad * 4)}},
-      {mx::bfloat16, mx::bfloat16, mx::float32}, scalars, {blocks * kThreads, 1, 1}, {kThreads, 1, 1}, 0,
-      std::nullopt, /* ensure_row_contiguous */ true, s);
-  return flash_attention_outputs(
-      {q, codes[0], codes[1], call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks},
-      true, false, false, false, &codes[2])[0];
-}
-
 }  // namespace
 
 mx::array quantized_attention(const AttentionCall& call, bool widen) {
-  if (auto out = code_terms(call, widen)) return *out;
   if (auto out = split_terms(call, widen)) return *out;
   if (auto out = quantized_in_place(call, widen)) return *out;
   const KVQuantization& qz = call.quantization;

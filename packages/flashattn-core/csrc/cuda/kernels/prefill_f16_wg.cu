@@ -89,12 +89,6 @@ struct WhSmem {
   uint64_t q_full, q_empty;    // the same for Q (with a producer)
 };
 
-// The codes units (kQC below): each tile's keys' scales and biases beside it.
-template <typename T, int E, typename Shape, int EQ>
-struct WhSmemQc : WhSmem<T, E, Shape, EQ> {
-  float4 sc[kWhBuffers][Shape::kBc];  // key c of tile j: (K's scale, bias, V's scale, bias)
-};
-
 // Copies of ROWS x E tiles into the swizzled layout by THREADS threads,
 // the source rows ED <= E long (columns ED.. zero-filled),
 // asynchronously (cp.async). Neighbouring threads take neighbouring 16-byte
@@ -140,15 +134,7 @@ struct TileCopy {
 // quant_split.cu), the queries E / 2 wide. Q K^T reads each query row twice,
 // once against each half, so the scores are q . (hi + lo); P V adds P hi and
 // P lo into one accumulator E / 2 wide, the output's.
-// kQC (with kF32; fa_prefill_wg32c_*): keys and values are a quantized
-// cache's codes (exact in bfloat16: at most 255), a group a row, so that key
-// c is s_c x codes + b_c (quant_codes.cu); `qc` holds each key's scales and
-// biases as float32, (K's s, b, V's s, b), a (batch, KV head)'s keys padded
-// with zeros to a whole tile. The scores are s_c (q . codes_c) + b_c sum(q):
-// one product at E over the codes, float32-exact as over 16-bit inputs. P V
-// is sum_c (P_c s_c) codes_c + sum_c P_c b_c: P x s in P's two terms over the
-// codes, and the biases' sum per row on the CUDA cores, added at the end.
-template <typename T, int E, typename Shape, bool kF32 = false, bool kTT = false, bool kQC = false,
+template <typename T, int E, typename Shape, bool kF32 = false, bool kTT = false,
           typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, const void* mask_data,
@@ -158,8 +144,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
                                            int mask_cs, float scale_log2, int slices, int split_from,
                                            int splits, Layout lay,
                                            const MapTemplate* map_template = nullptr,
-                                           void* map_slots = nullptr, unsigned long long tag = 0,
-                                           const float4* __restrict__ qc = nullptr) {
+                                           void* map_slots = nullptr, unsigned long long tag = 0) {
   constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
   constexpr int kConsumers = kWhThreads - 128, G = kConsumers / 128;
   // Arrivals on a full barrier: the producer thread's expect_tx (the bytes
@@ -173,12 +158,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   constexpr int NB = kWhBc / 8, NO = EO / 8;
   static_assert(kTT ? kF32 && (E == 128 || E == 256) : E == 64 || E == 80 || E == 96 || E == 128,
                 "the units CMakeLists.txt builds");
-  static_assert(!kQC || (kF32 && !kTT && E == 64 && !Shape::kOverlap),
-                "the codes units: float32 attention, E = 64, the softmax after P V (registers)");
-  using Smem = std::conditional_t<kQC, WhSmemQc<T, EP, Shape, EQ>, WhSmem<T, EP, Shape, EQ>>;
-  // kQC: a tile's scales (qc's rows are 16 bytes; S padded to whole tiles).
-  constexpr uint32_t kScBytes = kQC ? kWhBc * 16 : 0;
-  const int64_t s_pad = (int64_t(S) + kWhBc - 1) / kWhBc * kWhBc;
+  using Smem = WhSmem<T, EP, Shape, EQ>;
   // Descriptors (wgmma.cuh; offsets in 16-byte units). K-major (Q, K): 8-row
   // groups 1024 bytes apart (SBO); a step of 16 along the head dim moves 32
   // bytes within a column block, or to the next block (rows x 128 bytes on).
@@ -241,7 +221,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   int64_t n;
   int l0, kv_end, kv0, n_tiles, row0, ra;
   const T *k_head, *v_head;
-  const float4* sc_head = nullptr;  // kQC: this item's (batch, KV head)'s keys' scales
   auto key0 = [&](int j) { return (kv0 + j) * kWhBc; };
   auto begin_item = [&](int i) {
     blk = item_block(i);
@@ -250,7 +229,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     n_tiles = end_tile(blk) - kv0;
     k_head = k + lay.k.at(blk.b, blk.g, 0);
     v_head = v + lay.v.at(blk.b, blk.g, 0);
-    if constexpr (kQC) sc_head = qc + (int64_t(blk.b) * H_kv + blk.g) * s_pad;
     row0 = l0 + wg * kWhRows;  // this warpgroup's first row
     ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
   };
@@ -323,13 +301,12 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       for (int j = i == 0 ? 1 : 0; j < n_tiles; ++j) {
         const int gj = it0 + j, b = gj % kWhBuffers;
         if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
-        mbar_arrive_expect_tx(&sm.full[b], kKvBytes + kScBytes);
+        mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
 #pragma unroll
         for (int cb = 0; cb < EP / 64; ++cb) {
           tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
           tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
         }
-        if constexpr (kQC) bulk_load(sm.sc[b], sc_head + key0(j), kScBytes, &sm.full[b]);
       }
       it0 += n_tiles;
     }
@@ -343,9 +320,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     const TileCopy<T, EP, kWhBc, kConsumers, E> copy_tile(tid);
     copy_tile(sm.k[0], k_head, lay.k.sr, key0(0), S - key0(0));
     copy_tile(sm.v[0], v_head, lay.v.sr, key0(0), S - key0(0));
-    if constexpr (kQC) {
-      if (tid < kWhBc) cp_async16(&sm.sc[0][tid], sc_head + key0(0) + tid, true);
-    }
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -422,7 +396,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // Rare: a tile where some key is hidden from some row of the block and
   // some value is not finite (block-wide: every thread must ask).
   auto rare = [&](int j) {
-    if constexpr (kQC) return false;  // codes are finite; hidden keys' scales meet P = 0 in dequant_p
     if (!mask.tile_hides(key0(j), kWhBc, l0, kWhBr, S)) return false;
     // 16 bytes a load, the exponent bits tested as integers: this runs on
     // every causal diagonal tile, where a scalar load and conversion per
@@ -445,75 +418,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           else return sv[sw_at<kWhBc>(c, col)];
         },
         mask, n, ra, L, S, key0(j), kWhBc, lane);
-  };
-
-  // kQC: the sum of q over each of the thread's two rows (its quad's four
-  // threads a quarter each), and each row's sum of P b^V over this thread's
-  // keys (the quad's summed at the end).
-  float q_sum[2] = {0.0f, 0.0f}, p_bias[2] = {0.0f, 0.0f};
-  auto sum_queries = [&] {
-    if constexpr (kQC) {
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int r = wg * kWhRows + w * 16 + g + 8 * rr;
-        float x = 0.0f;
-#pragma unroll
-        for (int c = 0; c < E / 4; ++c) x += to_f(sm.q[sw_at<kWhBr>(r, t * (E / 4) + c)]);
-        x += __shfl_xor_sync(0xffffffffu, x, 1);
-        q_sum[rr] = x + __shfl_xor_sync(0xffffffffu, x, 2);
-        p_bias[rr] = 0.0f;
-      }
-    }
-  };
-  // kQC: the scores over the codes as the keys' scores: s_c x + b_c sum(q).
-  auto dequant_scores = [&](int j) {
-    if constexpr (kQC) {
-      const float4* sc = sm.sc[buf(j)];
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float2 x = reinterpret_cast<const float2*>(sc + nb * 8 + 2 * t + h)[0];
-          s[nb][h] = fmaf(s[nb][h], x.x, x.y * q_sum[0]);
-          s[nb][2 + h] = fmaf(s[nb][2 + h], x.x, x.y * q_sum[1]);
-        }
-    }
-  };
-  // kQC: P's rows' b^V sums rescaled and taken on, and P x s^V in its place.
-  // Where a key is hidden (masked), P = 0 takes nothing: its scale or bias may be
-  // infinite or NaN, which 0 x would leak.
-  auto dequant_p = [&](int j, bool masked, const float (&alpha)[2]) {
-    if constexpr (kQC) {
-      const float4* sc = sm.sc[buf(j)];
-      p_bias[0] *= alpha[0], p_bias[1] *= alpha[1];
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float2 x = reinterpret_cast<const float2*>(sc + nb * 8 + 2 * t + h)[1];
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            float& pr = s[nb][2 * rr + h];
-            const bool keep = !masked || pr != 0.0f;
-            p_bias[rr] = keep ? fmaf(pr, x.y, p_bias[rr]) : p_bias[rr];
-            pr = keep ? pr * x.x : 0.0f;
-          }
-        }
-    }
-  };
-  // kQC: the rows' bias sums into o (the quad's, then each element's row).
-  auto add_bias = [&] {
-    if constexpr (kQC) {
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        p_bias[rr] += __shfl_xor_sync(0xffffffffu, p_bias[rr], 1);
-        p_bias[rr] += __shfl_xor_sync(0xffffffffu, p_bias[rr], 2);
-      }
-#pragma unroll
-      for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o[eb][c] += p_bias[c >> 1];
-    }
   };
 
   // O += P_j V_j, finished before it returns (rare or not).
@@ -545,7 +449,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     kv0 = __shfl_sync(0xffffffffu, kv0, 0);
     n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
     mbar_wait(&sm.q_full, i & 1);  // the item's Q has landed
-    sum_queries();
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)
 #pragma unroll
@@ -577,9 +480,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         }
         fence_fragments(s);
         if constexpr (PREV == 2) rare_pv(j - 1);
-        const bool masked = need_mask(j);
         float alpha[2];
-        softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, masked, lane);
+        softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
         if constexpr (PREV == 1) {
           // ptxas schedules this wait at the top of the softmax's basic
           // block, before the exponentials, unless a branch ends the block
@@ -623,16 +525,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         turns.pass(done + j, total);
         wgmma_wait_all();
         fence_fragments(s);
-        if constexpr (kQC) {
-          dequant_scores(j);
-          const bool masked = need_mask(j);
-          float alpha[2];
-          softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, masked, lane);
-          rescale_rows(o, alpha);
-          dequant_p(j, masked, alpha);
-        } else {
-          softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
-        }
+        softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
         pack_p();
         pv_now(j);
         mbar_arrive(&sm.empty[buf(j)]);  // this thread's products have read the tile
@@ -646,7 +539,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #pragma unroll
         for (int c = 0; c < 4; ++c) o[eb][c] *= 1.0f / kPScale;
     }
-    add_bias();
     // A piece: the last of its row tile's pieces to finish stores the rows.
     bool store = true;
     if (piece >= 0) {
@@ -689,9 +581,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 // inputs (kF32 above), a float32 output; the same arguments otherwise.
 // -DFA_TWO_TERMS=1 too: fa_prefill_wg32t_<dtype>_<E>, kTT above (E twice
 // the head dim; the grid of row tiles, slices and splits 0).
-// -DFA_CODES=1 too (instead): fa_prefill_wg32c_<dtype>_64, kQC above (the
-// grid of row tiles, slices and splits 0), the keys' scales (qc) as one more
-// input after the mask's.
 // -DFA_NARROW=1: fa_prefill_wg2_<dtype>_64, two consumers at E = 64 (row
 // tiles of 128; wg_shapes.h's narrow).
 #if defined(FA_NARROW) && FA_NARROW
@@ -704,16 +593,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #else
 #define FA_WG_TT false
 #endif
-#if defined(FA_CODES) && FA_CODES
-#define FA_WG_QC true
-#else
-#define FA_WG_QC false
-#endif
-#if defined(FA_F32) && FA_F32 && FA_WG_QC
-#define FA_WG_F32 true
-#define FA_WG_OUT float
-#define FA_WG_FAMILY fa_prefill_wg32c_
-#elif defined(FA_F32) && FA_F32 && FA_WG_TT
+#if defined(FA_F32) && FA_F32 && FA_WG_TT
 #define FA_WG_F32 true
 #define FA_WG_OUT float
 #define FA_WG_FAMILY fa_prefill_wg32t_
@@ -732,29 +612,18 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #endif
 using WhUnitShape =
     fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E, FA_WG_TT),
-                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32, FA_DTYPE == 2, FA_WG_QC), fa::wg_shapes::f16_items(FA_E)>;
-using WhUnitSmem = std::conditional_t<
-    FA_WG_QC,
-    fa::WhSmemQc<FA_T, fa::wg_shapes::f16_stored_e(FA_E, FA_WG_TT), WhUnitShape,
-                 fa::wg_shapes::f16_stored_q(FA_E, FA_WG_TT)>,
-    fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E, FA_WG_TT), WhUnitShape,
-               fa::wg_shapes::f16_stored_q(FA_E, FA_WG_TT)>>;
-static_assert(sizeof(WhUnitSmem) == fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW, FA_WG_TT, FA_WG_QC),
+                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32, FA_DTYPE == 2), fa::wg_shapes::f16_items(FA_E)>;
+static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E, FA_WG_TT), WhUnitShape,
+                                fa::wg_shapes::f16_stored_q(FA_E, FA_WG_TT)>) ==
+                  fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW, FA_WG_TT),
               "the planner's shared memory");
-#if FA_WG_QC
-#define FA_WG_QC_PARAM , const float4* qc
-#define FA_WG_QC_ARG , qc
-#else
-#define FA_WG_QC_PARAM
-#define FA_WG_QC_ARG
-#endif
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(FA_WG_FAMILY, FA_TNAME, _, FA_E, )(
-    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base FA_WG_QC_PARAM,
+    const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,
     FA_WG_OUT* out, float* lse, void* map_slots, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, int slices, int split_from, int splits, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi,
     FA_MAP_TEMPLATE_PARAMS) {
   const fa::MapTemplate templ = FA_MAP_TEMPLATE;
-  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32, FA_WG_TT, FA_WG_QC>(
+  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32, FA_WG_TT>(
       q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2, slices, split_from,
-      splits, FA_LAYOUT, &templ, map_slots, fa::call_tag(tag_lo, tag_hi) FA_WG_QC_ARG);
+      splits, FA_LAYOUT, &templ, map_slots, fa::call_tag(tag_lo, tag_hi));
 }

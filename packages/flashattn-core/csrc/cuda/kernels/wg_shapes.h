@@ -54,9 +54,7 @@ constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // con
 }
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
-constexpr bool f16_overlap(int E, bool f32 = false, bool bf16 = false, bool qc = false) {
-  return !f32 || (bf16 && E <= 64 && !qc);
-}
+constexpr bool f16_overlap(int E, bool f32 = false, bool bf16 = false) { return !f32 || (bf16 && E <= 64); }
 // f32 over bfloat16: P's terms (mma.cuh's PSplit).
 constexpr int kF32Bf16Terms = 2;
 // Whether the softmax of tile j really runs while P_{j-1} V_{j-1} is in
@@ -114,11 +112,9 @@ constexpr long long split_state_floats(int E, int groups) { return (E / 8 * 4 + 
 constexpr long long split_scratch_bytes(long long tail, int splits, int E, int groups) {
   return split_ticket_bytes(tail) + tail * splits * split_state_floats(E, groups) * 4;
 }
-// qc: the codes units' scales too, 16 bytes a key of each buffer
-// (prefill_f16_wg.cu's kQC).
-constexpr int f16_smem_bytes(int E, bool f32 = false, bool narrow = false, bool tt = false, bool qc = false) {
+constexpr int f16_smem_bytes(int E, bool f32 = false, bool narrow = false, bool tt = false) {
   return (f16_rows(E, f32, narrow) * f16_stored_q(E, tt) + 2 * kF16Buffers * f16_bc(E, tt) * f16_stored_e(E, tt)) * 2 +
-         (2 * kF16Buffers + 2) * 8 + (qc ? kF16Buffers * f16_bc(E, tt) * 16 : 0);
+         (2 * kF16Buffers + 2) * 8;
 }
 
 }  // namespace fa::wg_shapes
