@@ -132,8 +132,10 @@ struct TileCopy {
 // kTT (with kF32; fa_prefill_wg32t_*): keys and values are a quantized
 // cache's rows as two bfloat16 terms, [hi | lo] (E = twice the head dim:
 // quant_split.cu), the queries E / 2 wide. Q K^T reads each query row twice,
-// once against each half, so the scores are q . (hi + lo); P V adds P hi and
-// P lo into one accumulator E / 2 wide, the output's.
+// once against each half, so the scores are q . (hi + lo); P V adds P hi x
+// hi, P hi x lo and P lo x hi into one accumulator E / 2 wide, the
+// output's. P lo x lo is left out: each lo is within 2^-9 of its hi, so the
+// product is within 2^-18 of P x V, under the terms' own 2^-17.
 template <typename T, int E, typename Shape, bool kF32 = false, bool kTT = false,
           typename TO = std::conditional_t<kF32, float, T>>
 __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
@@ -386,7 +388,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #pragma unroll
       for (int kk = 0; kk < NK; ++kk) {
         wgmma16_rs_t<T, EO>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys));
-        if constexpr (kTT) wgmma16_rs_t<T, EO>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys + kLoOffset));
+        if constexpr (kTT) {
+          if (term == 0) wgmma16_rs_t<T, EO>(o_pv, p[term][kk], d_v.at(b_off + kk * kStepKeys + kLoOffset));
+        }
       }
   };
   // P's pairs (keys 2t, 2t + 1 of rows g, g + 8 in each 8-key block) as P V's
@@ -487,7 +491,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           // block, before the exponentials, unless a branch ends the block
           // here: this one is never taken (l is a sum of exponentials).
           // wg_shapes.h says where that pays.
-          if constexpr (E <= wg_shapes::kF16SoftmaxUnderPvMaxE) {
+          if constexpr (EO <= wg_shapes::kF16SoftmaxUnderPvMaxE) {
             if (l_i[0] < 0.0f) __trap();
           }
           wgmma_wait<0>();
@@ -612,7 +616,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #endif
 using WhUnitShape =
     fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E, FA_WG_TT),
-                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32, FA_DTYPE == 2), fa::wg_shapes::f16_items(FA_E)>;
+                fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32, FA_DTYPE == 2, FA_WG_TT), fa::wg_shapes::f16_items(FA_E)>;
 static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E, FA_WG_TT), WhUnitShape,
                                 fa::wg_shapes::f16_stored_q(FA_E, FA_WG_TT)>) ==
                   fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW, FA_WG_TT),
