@@ -23,4 +23,10 @@ Dims call_dims(const AttentionCall& call, const MaskArgs& m, bool widen);
 std::shared_ptr<const std::optional<Planned>> recent_plan(const Dims& d, mx::Dtype dtype, const mx::Shape& q_shape,
                                                           int device_index);
 
+// The call's node for a plan found (`planned` holds one): its outputs, the
+// second each row's log-sum-exp where the plan keeps it. m: the call's mask
+// arguments, as the plan was made with them.
+std::vector<mx::array> attention_node(const AttentionCall& call, const MaskArgs& m,
+                                      const std::shared_ptr<const std::optional<Planned>>& planned);
+
 }  // namespace flashattn::cuda

@@ -62,8 +62,19 @@ std::shared_ptr<const std::optional<Planned>> recent_plan(const Dims& d, mx::Dty
   return planned;
 }
 
-std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse, bool fold,
-                                               bool two_terms) {
+std::vector<mx::array> attention_node(const AttentionCall& call, const MaskArgs& m,
+                                      const std::shared_ptr<const std::optional<Planned>>& planned) {
+  const Planned& plan = **planned;
+  std::vector<mx::array> inputs = {call.q, call.k, call.v};
+  if (m.inputs) inputs.insert(inputs.end(), {m.data, m.base});
+  // The node shares the cached plan (an aliasing pointer into `planned`).
+  auto node = std::make_shared<Attention>(call.stream, std::shared_ptr<const Plan>(planned, &plan.plan));
+  auto outputs = mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs);
+  if (plan.lse) return {outputs[0], outputs[1]};
+  return {outputs[0]};
+}
+
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   // Widened prefill calls that neither the tensor-core decode nor the Hopper
@@ -78,9 +89,6 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
   const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
   Dims d = call_dims(call, m, widen);
   d.lse = lse;
-  d.fold = fold;
-  d.two_terms = two_terms;
-  if (two_terms) d.E = k.shape(-1);
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
   if (head_elements * std::max(d.H_q, d.H_kv) > std::numeric_limits<int>::max()) {
@@ -92,18 +100,8 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
 
   // No plan: a widened call that is cast.
   const std::shared_ptr<const std::optional<Planned>> planned = recent_plan(d, q.dtype(), q.shape(), s.device.index);
-  if (!planned->has_value()) {
-    if (fold) throw std::logic_error("flash_attention: no CUDA plan adds the halves of this call's rows");
-    return cast();
-  }
-  const Planned& plan = **planned;
-  std::vector<mx::array> inputs = {q, k, v};
-  if (m.inputs) inputs.insert(inputs.end(), {m.data, m.base});
-  // The node shares the cached plan (an aliasing pointer into `planned`).
-  auto node = std::make_shared<Attention>(s, std::shared_ptr<const Plan>(planned, &plan.plan));
-  auto outputs = mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs);
-  if (plan.lse) return {outputs[0], outputs[1]};
-  return {outputs[0]};
+  if (!planned->has_value()) return cast();
+  return attention_node(call, m, planned);
 }
 
 mx::array flash_attention(const AttentionCall& call, bool widen) {

@@ -23,12 +23,8 @@ mx::array flash_attention(const AttentionCall& call, bool widen = false);
 // The same, and where lse (a gradient may be taken) and the planned kernels
 // keep it, each row's log-sum-exp as a second array (q's shape but E;
 // log2 domain, the sink in it, +inf for a row that sees no key); the
-// decodes keep none. fold (widened prefill, q, k and v 2E wide): each row's
-// two halves added, an output E wide (quantized.cpp's two terms); with
-// two_terms q is E wide, read twice (Hopper's units). Where the caller has
-// found a plan for it (recent_plan with Dims::fold and two_terms).
-std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse, bool fold = false,
-                                               bool two_terms = false);
+// decodes keep none.
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse);
 
 // Quantized keys and values (quantized.cpp: dequantized for the ordinary
 // kernels): call.k_quantized / v_quantized hold them, call.k / v

@@ -125,18 +125,23 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
   };
   // The plan first (the keys and values only by their shapes): the split's
   // node is never made where it is not used. Hopper's two-term units, else
-  // [q | q] with the halves added as stored.
-  auto planned = [&](const mx::array& queries, bool two_terms) {
-    const MaskArgs m = mask_args(queries, call.mask_kind, call.mask, call.sinks, call.window, s);
-    const AttentionCall probe{queries, call.k, call.v, call.scale, call.mask_kind, call.mask, s, call.window,
-                              nullptr, nullptr, {}, call.sinks};
-    Dims d = call_dims(probe, m, true);
+  // [q | q] with the halves added as stored. The mask's arguments depend on
+  // the queries' shape alone, which [q | q] keeps but for E.
+  const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
+  auto plan_for = [&](const mx::Shape& q_shape, bool two_terms) {
+    Dims d = call_dims(call, m, true);
     d.E = 2 * E, d.fold = true, d.two_terms = two_terms;
-    return recent_plan(d, queries.dtype(), queries.shape(), s.device.index)->has_value();
+    return recent_plan(d, q.dtype(), q_shape, s.device.index);
   };
-  const bool two_terms = planned(q, true);
+  auto planned = plan_for(q.shape(), true);
+  const bool two_terms = planned->has_value();
+  if (!two_terms) {
+    mx::Shape doubled = q.shape();
+    doubled.back() = 2 * E;
+    planned = plan_for(doubled, false);
+    if (!planned->has_value()) return std::nullopt;
+  }
   const mx::array queries = two_terms ? q : mx::concatenate({q, q}, -1, s);
-  if (!two_terms && !planned(queries, false)) return std::nullopt;
   constexpr int kThreads = 256;
   const int64_t chunks = std::max(k_rows, v_rows) * (E / 8);
   const int blocks = static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 4096));
@@ -146,9 +151,9 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
       kernel, *image, {kq->packed, kq->scales, kq->biases, vq->packed, vq->scales, vq->biases},
       {wide(kq->packed.shape()), wide(vq->packed.shape())}, {mx::bfloat16, mx::bfloat16}, scalars,
       {blocks * kThreads, 1, 1}, {kThreads, 1, 1}, 0, std::nullopt, /* ensure_row_contiguous */ true, s);
-  return flash_attention_outputs(
-      {queries, kv[0], kv[1], call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks},
-      true, false, /* fold */ true, two_terms)[0];
+  return attention_node(
+      {queries, kv[0], kv[1], call.scale, call.mask_kind, call.mask, s, call.window, nullptr, nullptr, {}, call.sinks}, m,
+      planned)[0];
 }
 
 }  // namespace
