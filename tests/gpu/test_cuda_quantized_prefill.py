@@ -201,7 +201,6 @@ def test_split_terms_match_float64(r, monkeypatch):
     assert relative_error(in_place, ref) <= TOLERANCE["float32"]
 
 
-
 def test_keys_and_values_of_other_widths():
     # 4-bit keys, 8-bit values (MLX's format allows it; dequantized for the
     # ordinary kernels).

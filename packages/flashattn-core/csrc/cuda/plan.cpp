@@ -66,7 +66,7 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   if (d.quantized() && !decode && !prefill) return std::nullopt;
   // Rows' halves added (quantized.cpp's two terms): the widened 16-bit
   // prefills alone (kernels/mma.cuh's store_output).
-  if ((d.fold || d.two_terms) && (decode || !prefill || !d.widen || dtype == mx::float32 || d.E % 16 != 0)) {
+  if (d.fold && (decode || !prefill || !d.widen || dtype == mx::float32 || d.E % 16 != 0)) {
     return std::nullopt;
   }
   // A widened decode that no tensor-core decode takes (other head dims, an
@@ -88,7 +88,7 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   // The same splits: the partials (outputs of the primitive) have one shape.
   // The quantized decode reads rows anywhere (it is its own fallback); a
   // folded call's inputs are fresh row-contiguous arrays (quantized.cpp).
-  plan.any = d.quantized() || d.fold || d.two_terms ? plan.aligned : generic_launches(d, splits);
+  plan.any = d.quantized() || d.fold ? plan.aligned : generic_launches(d, splits);
   const int rows = static_cast<int>(d.batch * d.H_q * d.L);
   std::vector<mx::Shape>& shapes = out.shapes;
   std::vector<mx::Dtype>& dtypes = out.dtypes;

@@ -39,7 +39,7 @@ struct Dims {
   // Widened 16-bit prefill: the output E / 2 wide, each row's two halves
   // added (kernels/mask_bits.h's kFold; quantized.cpp's two terms).
   bool fold = false;
-  // The same on Hopper's two-term units (fa_prefill_wg32t_): the queries
+  // With fold, on Hopper's two-term units (fa_prefill_wg32t_): the queries
   // E / 2 wide, read twice (the keys and values [hi | lo], E wide).
   bool two_terms = false;
   bool sinks() const { return (kind_arg & fa::kSinks) != 0; }
