@@ -209,13 +209,15 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
     }
   }
   // Hopper: the wgmma kernels (only sm_90a images exist: find_image finds none elsewhere).
-  // Widened, the 16-bit one's float32 variant (fa_prefill_wg32_) or none.
+  // Widened, the 16-bit one's float32 variant (fa_prefill_wg32_) or none. A
+  // folded call ([q | q], quantized.cpp's route where the two-term units are
+  // missing) takes the mma.sync float32 variant, the only one that folds.
   namespace ws = fa::wg_shapes;
   const std::string wg_kernel = (d.widen ? "fa_prefill_wg32_" : "fa_prefill_wg_") + d.dt + "_" + std::to_string(d.E);
   // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
   const bool needs_maps = dtype != mx::float32;
   const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
-  const bool wg = (!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index);
+  const bool wg = !d.fold && (!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index);
   WgLaunch wg_launch;
   std::optional<std::tuple<int, int, int>> grid;
   int schedule_slices = 0;

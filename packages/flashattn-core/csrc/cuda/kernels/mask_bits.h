@@ -10,9 +10,10 @@
 // kLse: the prefill kernels also write each row's log-sum-exp into their
 // lse output (a gradient will be taken); the backward's statistics passes
 // then read it from their lse input instead of taking it again.
-// kFold: the float32 prefills over 16-bit inputs add each row's two halves,
-// columns c and c + E / 2, into an output E / 2 wide (a quantized cache's
-// keys and values as two bfloat16 terms a row: cuda/quantized.cpp).
+// kFold: the mma.sync float32 prefills over 16-bit inputs (prefill_f16.cu)
+// add each row's two halves, columns c and c + E / 2, into an output E / 2
+// wide (a quantized cache's keys and values as two bfloat16 terms a row:
+// cuda/quantized.cpp).
 
 #pragma once
 

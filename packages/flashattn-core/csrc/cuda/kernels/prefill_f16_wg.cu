@@ -551,7 +551,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
     }
     if (store) {
-      store_output<TO, NO, kF32 && !kTT>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, EO,
+      store_output<TO, NO, false>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, EO,
                                          ra, t, mask_kind, lse_of(mask_kind, lse));
     }
     FA_TIMELINE_MARK(5);

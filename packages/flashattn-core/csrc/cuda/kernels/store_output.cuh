@@ -1,8 +1,10 @@
 // The 16-bit prefills' output (prefill_f16.cu, prefill_f16_wg.cu):
 // store_rows (mma.cuh), or with kFold (mask_bits.h) the sum of o's two
 // halves, E / 2 columns, where the P V products of each key and value row's
-// two bfloat16 terms [hi | lo] land (cuda/quantized.cpp). FOLDABLE: the
-// float32 variants (kF32), the only ones whose launches set kFold.
+// two bfloat16 terms [hi | lo] land (cuda/quantized.cpp). FOLDABLE:
+// prefill_f16.cu's float32 variants (kF32), the only kernels whose launches
+// set kFold (on Hopper the two-term units read the queries twice instead,
+// and a folded call never takes the wgmma kernels: plan_prefill.cpp).
 
 #pragma once
 
