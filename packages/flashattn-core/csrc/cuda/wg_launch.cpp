@@ -29,16 +29,17 @@ namespace ws = fa::wg_shapes;
 
 // Cycles, from H200 block timelines (benchmarks/cuda-probes/prefill-timeline.cu):
 // a key tile of a row tile of 192 rows (three consumers at E = 64), 128 rows
-// (two), 128 rows at E = 128, and (H100) of the widened kernel at E = 64
-// (float32 over 16-bit inputs, two consumers, P in two terms); and a
-// block's fixed part (E = 128 blocks spent ~11,000 cycles outside their
-// tile loop).
+// (two), 128 rows at E = 128, and (H100) of the widened kernels (float32
+// over 16-bit inputs, P in two terms): 192 rows at E = 64, 128 at E = 128;
+// and a block's fixed part (E = 128 blocks spent ~11,000 cycles outside
+// their tile loop; the widened E = 64 ones ~15,000, fitted over a causal
+// 8K launch's blocks).
 double cycles_per_tile(const WgProblem& p, bool narrow) {
-  if (p.widen) return 3185;
+  if (p.widen) return p.E > 64 ? 3185 : 4215;
   if (p.E > 64) return 2900;
   return narrow ? 2491 : 2979;
 }
-double fixed_cycles(const WgProblem& p) { return p.E > 64 ? 11000 : 3000; }
+double fixed_cycles(const WgProblem& p) { return p.E > 64 ? 11000 : p.widen ? 15000 : 3000; }
 // A piece's state out and its ticket; the last piece's merge of the others
 // (each ~55-70 KB from L2 through one SM).
 constexpr double kPieceCycles = 1500, kMergeCyclesPerPiece = 900, kMergeCycles = 1000;

@@ -25,14 +25,15 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // consumers: with two the overlap fits at E = 128, which four warpgroups of
 // 128 registers could not.
 // f32: the float32 attention over 16-bit inputs (fa_prefill_wg32_*), whose P
-// is 2 or 3 A operands (mma.cuh's PSplit) instead of one and whose every
-// tile's P V goes into a fresh accumulator (prefill_f16_wg.cu: accuracy):
-// two consumers, where ptxas spills least (three spilled hundreds of bytes
-// to kilobytes). bfloat16's P takes two terms (16 bits; kF32Bf16Terms),
-// which at E = 64 leaves the overlap room: 1.5-2.5% less time (H100,
-// prefill-timeline.cu f32). float16's two terms left it room too, but there
-// the overlap took 1.08-1.10x the time (wg32-probe.py float16), so float16
-// keeps the early wait; at E = 128 the overlap spilled ~14 KB either way.
+// is two A operands (mma.cuh's PSplit) instead of one and whose every tile's
+// P V goes into a fresh accumulator (prefill_f16_wg.cu: accuracy). At E = 64
+// three consumers without the overlap: each consumer's chain (Q K^T's wait,
+// the softmax, P's split) bounds the step, not the products, so a third
+// warp a scheduler pays more than the overlap (which three have no
+// registers for): a key tile 0.925x the cycles a row of two consumers with
+// it, `qwen05b` chunk 2K of 16K 0.90-0.92x the time with the launch model's
+// key splits (H100, prefill-timeline.cu; docs/cuda.md). At E = 128 two, the
+// overlap off (it spilled ~14 KB).
 // narrow: two consumers at E = 64 as well (fa_prefill_wg2_*, row tiles of
 // 128), which the planner takes where three leave SMs idle (plan_prefill.cpp,
 // wg_launch.cpp's launch model).
@@ -49,16 +50,17 @@ constexpr int f16_stored_e(int E, bool tt = false) { return tt ? E : E <= 64 ? 6
 // The queries' stored columns: the two-term units (prefill_f16_wg.cu's
 // kTT: keys and values [hi | lo], E twice the head dim) keep them once.
 constexpr int f16_stored_q(int E, bool tt = false) { return tt ? E / 2 : f16_stored_e(E); }
-constexpr int f16_groups(int E, bool f32 = false, bool narrow = false) {  // consumer warpgroups
-  return f32 || narrow || E > 64 ? 2 : 3;
+// (f32 no longer changes the count: the widened units take the 16-bit ones'.)
+constexpr int f16_groups(int E, bool /* f32 */ = false, bool narrow = false) {  // consumer warpgroups
+  return narrow || E > 64 ? 2 : 3;
 }
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
 // and runs the softmax while that P V is in flight (prefill_f16_wg.cu).
-// tt: the two-term units, whose output (and P V) is E / 2 wide: at E = 128
-// they take it as E = 64 does, 0.4-2.6% less time though ptxas spills 224
+// f32: only the two-term units (tt), whose output (and P V) is E / 2 wide,
+// with two consumers at E = 128: 0.4-2.6% less time though ptxas spills 224
 // bytes (H100, against the same unit without it).
 constexpr bool f16_overlap(int E, bool f32 = false, bool bf16 = false, bool tt = false) {
-  return !f32 || (bf16 && (tt ? E / 2 : E) <= 64);
+  return !f32 || (tt && bf16 && E / 2 <= 64);
 }
 // f32 over bfloat16: P's terms (mma.cuh's PSplit).
 constexpr int kF32Bf16Terms = 2;
