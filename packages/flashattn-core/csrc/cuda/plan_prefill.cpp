@@ -178,8 +178,8 @@ std::optional<Launches> two_term_launches(const Dims& d, mx::Dtype dtype, int de
   const std::string kernel = "fa_prefill_wg32t_" + d.dt + "_" + std::to_string(d.E);
   if (!d.widen || dtype != mx::bfloat16 || !find_image(kernel, device_index)) return std::nullopt;
   const std::vector<int>& maps = map_template(dtype);
-  const int rows = ws::f16_rows(d.E, true), threads = ws::f16_threads(d.E, true);
-  const int smem = ws::f16_smem_bytes(d.E, true, false, true);
+  const int rows = ws::f16_rows(d.E), threads = ws::f16_threads(d.E);
+  const int smem = ws::f16_smem_bytes(d.E, false, true);
   if (maps.empty() || smem > shared_memory_limit(device_index)) return std::nullopt;
   const int tiles = (d.L + rows - 1) / rows;
   const std::vector<Scalar> scalars = {d.H_q,     d.H_kv,    d.L, d.S, d.kind_arg | (d.lse ? fa::kLse : 0),
@@ -230,7 +230,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
       const std::string wg2_kernel = "fa_prefill_wg2_" + d.dt + "_64";
       const int sms = multiprocessors(device_index);
       const int64_t slices = d.batch * d.H_q;
-      const int wide_rows = ws::f16_rows(d.E, d.widen);
+      const int wide_rows = ws::f16_rows(d.E);
       const int64_t wide_units = slices * ((d.L + wide_rows - 1) / wide_rows);
       // Scheduled (prefill_f16_wg.cu, E = 128): one block per SM takes a
       // share of all row tiles, when there are enough of them; otherwise a
@@ -244,8 +244,8 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
                                    forced_splits());
       }
       if (wg_launch.narrow) kernel = wg2_kernel;
-      rows = ws::f16_rows(d.E, d.widen, wg_launch.narrow), threads = ws::f16_threads(d.E, d.widen, wg_launch.narrow),
-      smem = ws::f16_smem_bytes(d.E, d.widen, wg_launch.narrow);
+      rows = ws::f16_rows(d.E, wg_launch.narrow), threads = ws::f16_threads(d.E, wg_launch.narrow),
+      smem = ws::f16_smem_bytes(d.E, wg_launch.narrow);
       const int64_t units = slices * ((d.L + rows - 1) / rows);
       if (scheduled) {
         schedule_slices = static_cast<int>(slices);
@@ -254,7 +254,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
         schedule_slices = static_cast<int>(slices);
         grid = {static_cast<int>(wg_launch.blocks) * threads, 1, 1};
         split_bytes = ws::split_scratch_bytes(units - wg_launch.split_from, wg_launch.splits, d.E,
-                                              ws::f16_groups(d.E, d.widen, wg_launch.narrow));
+                                              ws::f16_groups(d.E, wg_launch.narrow));
       }
     }
   } else if (dtype != mx::float32) {

@@ -54,7 +54,7 @@ struct Shape {
 };
 
 Shape shape_of(const WgProblem& p, bool narrow) {
-  const int rows = ws::f16_rows(p.E, p.widen, narrow), tiles = (p.L + rows - 1) / rows;
+  const int rows = ws::f16_rows(p.E, narrow), tiles = (p.L + rows - 1) / rows;
   return {rows, tiles, p.slices * tiles};
 }
 
@@ -123,7 +123,7 @@ WgLaunch plan_wg_launch(const WgProblem& p, int sms, bool narrow_ok, int forced_
     }
     if (forced_splits == 0 || forced_splits == 1) continue;
     const Shape s = shape_of(p, narrow);
-    const int64_t state_bytes = ws::split_state_floats(p.E, ws::f16_groups(p.E, p.widen, narrow)) * 4;
+    const int64_t state_bytes = ws::split_state_floats(p.E, ws::f16_groups(p.E, narrow)) * 4;
     // Tails: the last partial wave, or it and one whole wave, or everything.
     const int64_t rest = s.units % sms;
     for (int64_t tail : {rest, rest + sms, s.units}) {

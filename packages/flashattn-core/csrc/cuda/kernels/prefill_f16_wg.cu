@@ -615,11 +615,11 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #define FA_WG_FAMILY fa_prefill_wg_
 #endif
 using WhUnitShape =
-    fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_F32, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E, FA_WG_TT),
+    fa::WhShape<fa::wg_shapes::f16_groups(FA_E, FA_WG_NARROW), fa::wg_shapes::f16_bc(FA_E, FA_WG_TT),
                 fa::wg_shapes::f16_overlap(FA_E, FA_WG_F32, FA_DTYPE == 2, FA_WG_TT), fa::wg_shapes::f16_items(FA_E)>;
 static_assert(sizeof(fa::WhSmem<FA_T, fa::wg_shapes::f16_stored_e(FA_E, FA_WG_TT), WhUnitShape,
                                 fa::wg_shapes::f16_stored_q(FA_E, FA_WG_TT)>) ==
-                  fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_F32, FA_WG_NARROW, FA_WG_TT),
+                  fa::wg_shapes::f16_smem_bytes(FA_E, FA_WG_NARROW, FA_WG_TT),
               "the planner's shared memory");
 extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(FA_WG_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const void* mask, const int64_t* mask_base,

@@ -30,7 +30,7 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // three consumers without the overlap: each consumer's chain (Q K^T's wait,
 // the softmax, P's split) bounds the step, not the products, so a third
 // warp a scheduler pays more than the overlap (which three have no
-// registers for): a key tile 0.925x the cycles a row of two consumers with
+// registers for): a key tile 0.93x the cycles a row of two consumers with
 // it, `qwen05b` chunk 2K of 16K 0.90-0.92x the time with the launch model's
 // key splits (H100, prefill-timeline.cu; docs/cuda.md). At E = 128 two, the
 // overlap off (it spilled ~14 KB).
@@ -50,8 +50,8 @@ constexpr int f16_stored_e(int E, bool tt = false) { return tt ? E : E <= 64 ? 6
 // The queries' stored columns: the two-term units (prefill_f16_wg.cu's
 // kTT: keys and values [hi | lo], E twice the head dim) keep them once.
 constexpr int f16_stored_q(int E, bool tt = false) { return tt ? E / 2 : f16_stored_e(E); }
-// (f32 no longer changes the count: the widened units take the 16-bit ones'.)
-constexpr int f16_groups(int E, bool /* f32 */ = false, bool narrow = false) {  // consumer warpgroups
+// The widened units (f32 above) take the 16-bit ones' count.
+constexpr int f16_groups(int E, bool narrow = false) {  // consumer warpgroups
   return narrow || E > 64 ? 2 : 3;
 }
 // Whether a warpgroup issues each tile's Q K^T with the previous tile's P V
@@ -75,13 +75,13 @@ constexpr int kF16SoftmaxUnderPvMaxE = 64;  // E up to this
 // Keys a tile: 64 for the two-term units at E = 256, whose three buffers of
 // 128-key tiles would not fit an SM's shared memory.
 constexpr int f16_bc(int E, bool tt = false) { return tt && E > 128 ? 64 : 128; }
-constexpr int f16_rows(int E, bool f32 = false, bool narrow = false) {
-  return kRowsPerGroup * f16_groups(E, f32, narrow);
+constexpr int f16_rows(int E, bool narrow = false) {
+  return kRowsPerGroup * f16_groups(E, narrow);
 }
 // The consumers and the producer warpgroup, which copies every tile with the
 // Tensor Memory Accelerator (tma.cuh).
-constexpr int f16_threads(int E, bool f32 = false, bool narrow = false) {
-  return 128 * (f16_groups(E, f32, narrow) + 1);
+constexpr int f16_threads(int E, bool narrow = false) {
+  return 128 * (f16_groups(E, narrow) + 1);
 }
 constexpr int kF16Buffers = 3;
 // Row tiles per block (prefill_f16_wg.cu's ITEMS): 2 lets a block take
@@ -119,8 +119,8 @@ constexpr long long split_state_floats(int E, int groups) { return (E / 8 * 4 + 
 constexpr long long split_scratch_bytes(long long tail, int splits, int E, int groups) {
   return split_ticket_bytes(tail) + tail * splits * split_state_floats(E, groups) * 4;
 }
-constexpr int f16_smem_bytes(int E, bool f32 = false, bool narrow = false, bool tt = false) {
-  return (f16_rows(E, f32, narrow) * f16_stored_q(E, tt) + 2 * kF16Buffers * f16_bc(E, tt) * f16_stored_e(E, tt)) * 2 +
+constexpr int f16_smem_bytes(int E, bool narrow = false, bool tt = false) {
+  return (f16_rows(E, narrow) * f16_stored_q(E, tt) + 2 * kF16Buffers * f16_bc(E, tt) * f16_stored_e(E, tt)) * 2 +
          (2 * kF16Buffers + 2) * 8;
 }
 
