@@ -7,7 +7,8 @@ in float32 and store a float32 output); on CUDA too: the decode cases in the
 tensor-core decode's float32 variant or the generic kernel's split form, the
 prefill cases in the wgmma prefill's float32 variant on Hopper and the
 mma.sync one's on the PTX images (tests/gpu has more of each, and the cast
-path). The Metal kernels' own cases: tests/metal."""
+path). out_dtype, the inputs' dtype for the result, is the float32 result
+rounded once. The Metal kernels' own cases: tests/metal."""
 
 from dataclasses import replace
 
@@ -136,11 +137,63 @@ def test_other_dtypes_are_refused(inputs, dtype):
         flash_attention(q, k, v, dtype=dtype)
 
 
+@pytest.mark.parametrize("case", list(widened_cases()), ids=str)
+def test_out_dtype_is_the_float32_result_rounded_once(case):
+    # out_dtype = the inputs' dtype: what the patch asks for; equal, bit for
+    # bit, to casting the float32 result (on CUDA the prefills store it
+    # themselves: tests/gpu covers their launch shapes).
+    q, k, v, mask = make_inputs(case)
+    out = flash_attention(q, k, v, mask=mask, dtype=mx.float32, out_dtype=q.dtype)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert mx.array_equal(out, flash_attention(q, k, v, mask=mask, dtype=mx.float32).astype(q.dtype))
+
+
+def test_out_dtype_default_and_same_dtype():
+    case = Case(batch=(1,), heads=(4, 2), L=5, S=40, E=16, mask="causal", dtype="bfloat16")
+    q, k, v, mask = make_inputs(case)
+    widened = flash_attention(q, k, v, mask=mask, dtype=mx.float32)
+    assert mx.array_equal(flash_attention(q, k, v, mask=mask, dtype=mx.float32, out_dtype=mx.float32), widened)
+    native = flash_attention(q, k, v, mask=mask, out_dtype=mx.bfloat16)
+    assert native.dtype == mx.bfloat16 and mx.array_equal(native, flash_attention(q, k, v, mask=mask))
+    q32, k32, v32 = (x.astype(mx.float32) for x in (q, k, v))
+    out = flash_attention(q32, k32, v32, mask=mask, dtype=mx.float32, out_dtype=mx.float32)
+    assert mx.array_equal(out, flash_attention(q32, k32, v32, mask=mask))
+
+
+@pytest.mark.parametrize("inputs, dtype, out_dtype", [
+    ("bfloat16", mx.float32, mx.float16),  # neither the inputs' dtype nor dtype
+    ("bfloat16", None, mx.float32),        # no float32 attention to keep
+    ("float32", None, mx.bfloat16),        # float32 inputs: no 16-bit result
+    ("float16", mx.float32, mx.int32),
+])
+def test_other_out_dtypes_are_refused(inputs, dtype, out_dtype):
+    q = k = v = mx.zeros((1, 2, 3, 8), dtype=getattr(mx, inputs))
+    with pytest.raises(ValueError, match="out_dtype must be None, the inputs' dtype") as info:
+        flash_attention(q, k, v, dtype=dtype, out_dtype=out_dtype)
+    assert info.value.reason == "unsupported_dtype"
+
+
+def test_out_dtype_gradients_are_those_of_the_cast():
+    case = Case(batch=(1,), heads=(4, 2), L=20, S=300, E=64, mask="causal", dtype="bfloat16")
+    q, k, v, mask = make_inputs(case)
+
+    def rounded(q, k, v):
+        return flash_attention(q, k, v, mask=mask, dtype=mx.float32, out_dtype=mx.bfloat16).astype(mx.float32).sum()
+
+    def cast(q, k, v):
+        return flash_attention(q, k, v, mask=mask, dtype=mx.float32).astype(mx.bfloat16).astype(mx.float32).sum()
+
+    for a, b in zip(mx.grad(rounded, argnums=(0, 1, 2))(q, k, v), mx.grad(cast, argnums=(0, 1, 2))(q, k, v)):
+        assert a.dtype == mx.bfloat16 and mx.array_equal(a, b)
+
+
 def test_empty_keys_give_float32_zeros():
     q = mx.ones((1, 2, 3, 8), dtype=mx.bfloat16)
     k = v = mx.zeros((1, 2, 0, 8), dtype=mx.bfloat16)
     out = flash_attention(q, k, v, dtype=mx.float32)
     assert out.dtype == mx.float32 and not out.any().item()
+    out = flash_attention(q, k, v, dtype=mx.float32, out_dtype=mx.bfloat16)
+    assert out.dtype == mx.bfloat16 and not out.any().item()
 
 
 def test_gradients_are_those_of_the_cast_path():

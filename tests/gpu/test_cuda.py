@@ -470,6 +470,49 @@ def test_float32_prefill_over_16_bit_inputs_long(E, dtype, mask):
     assert sampled_error(q, k, v, out, m, rows=40) <= TOLERANCE["float32"]
 
 
+OUT16_CASES = [
+    # the wgmma prefills' float32 variants (Hopper; mma.sync on the PTX
+    # images): E = 64 and 128, a chunk of 2,048 rows over 16K keys (key
+    # splits of the last row tiles), 4,096 rows at E = 128 (the scheduled
+    # launch), with sinks; the mma.sync variant at E = 256; a decode (its
+    # float32 output cast by flash_attention)
+    (dict(heads=(14, 2), L=300, S=333, E=64, mask="causal", layout="kv_cache"), False),
+    (dict(heads=(32, 8), L=300, S=333, E=128, mask="bool_LS"), False),
+    (dict(heads=(14, 2), L=2048, S=16384, E=64, mask="causal", layout="kv_cache"), False),
+    (dict(heads=(32, 8), L=4096, S=4096, E=128, mask="causal"), True),
+    (dict(heads=(8, 4), L=300, S=333, E=256, mask="none"), False),
+    (dict(heads=(14, 2), L=1, S=5000, E=64, mask="none", layout="kv_cache"), False),
+]
+
+
+@pytest.mark.parametrize("shape, sinks", OUT16_CASES, ids=lambda x: str(x) if isinstance(x, dict) else f"sinks={x}")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float32_attention_with_a_16_bit_out_dtype(shape, sinks, dtype):
+    # out_dtype = the inputs' dtype (the patch's default): the prefills store
+    # the float32 result rounded, bit for bit the cast of their float32
+    # output; the float32 output itself is held to float64 above.
+    q, k, v, m = make_inputs(Case(batch=(1,), dtype=dtype, **shape))
+    kw = dict(mask=m, dtype=mx.float32)
+    if sinks:
+        kw["sinks"] = mx.array(np.linspace(-1.0, 3.0, q.shape[-3]), dtype=mx.float32)
+    out = flash_attention(q, k, v, out_dtype=q.dtype, **kw)
+    assert out.dtype == q.dtype
+    assert mx.array_equal(out, flash_attention(q, k, v, **kw).astype(q.dtype))
+
+
+@pytest.mark.parametrize("L,S", [(1, 300), (200, 333)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float32_attention_with_a_16_bit_out_dtype_over_misaligned_rows(L, S, dtype):
+    # The generic kernel's split form, its merge writing the 16-bit output.
+    q = _misaligned((2, 8, L, 64), dtype, 1)
+    k = _misaligned((2, 2, S, 64), dtype, 2)
+    v = _misaligned((2, 2, S, 64), dtype, 3)
+    mask = "causal" if L > 1 else None
+    out = flash_attention(q, k, v, mask=mask, dtype=mx.float32, out_dtype=q.dtype)
+    assert out.dtype == q.dtype
+    assert mx.array_equal(out, flash_attention(q, k, v, mask=mask, dtype=mx.float32).astype(q.dtype))
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_float32_prefill_keeps_small_weights(dtype):
     # Most keys far below the best one of each row: their weights (down to

@@ -154,10 +154,11 @@ NB_MODULE(_ext, m) {
          std::optional<mx::array> sinks,
          std::optional<int> group_size,
          std::optional<int> bits,
+         std::optional<mx::Dtype> out_dtype,
          mx::StreamOrDevice stream) {
         auto [mode, mask_arr] = split_mask(mask);
         return flashattn::flash_attention(queries, keys_or_values(keys), keys_or_values(values), scale, mode,
-                                          mask_arr, stream, dtype, sinks, window, group_size, bits);
+                                          mask_arr, stream, dtype, sinks, window, group_size, bits, out_dtype);
       },
       "queries"_a,
       "keys"_a,
@@ -170,6 +171,7 @@ NB_MODULE(_ext, m) {
       "sinks"_a = nb::none(),
       "group_size"_a = nb::none(),
       "bits"_a = nb::none(),
+      "out_dtype"_a = nb::none(),
       "stream"_a = nb::none(),
       nb::sig(
           "def flash_attention(queries: mlx.core.array, "
@@ -181,6 +183,7 @@ NB_MODULE(_ext, m) {
           "dtype: mlx.core.Dtype | None = None, "
           "sinks: mlx.core.array | None = None, "
           "group_size: int | None = None, bits: int | None = None, "
+          "out_dtype: mlx.core.Dtype | None = None, "
           "stream: mlx.core.Stream | mlx.core.Device | None = None) "
           "-> mlx.core.array"),
       R"(FlashAttention-2: softmax(scale * Q K^T + mask) V without the L x S matrix.
@@ -215,11 +218,16 @@ Args:
     group_size (int, optional), bits (int, optional): of quantized keys
         and values; when given, checked against their shapes (which define
         them).
+    out_dtype (Dtype, optional): the result's dtype: ``None`` (``dtype``'s)
+        or, with ``dtype=float32``, the inputs' dtype: float32 attention
+        rounded once to 16 bits, equal to casting the float32 result (on
+        Hopper GPUs the prefill kernels store it so, without the float32
+        copy).
     stream (Stream or Device, optional): where to run.
 
 Returns:
-    array: ``(B..., H_q, L, E)`` in ``dtype``, by default the dtype of
-    ``queries``. Rows that see no key are zeros.)");
+    array: ``(B..., H_q, L, E)`` in ``out_dtype`` (by default ``dtype``,
+    else the dtype of ``queries``). Rows that see no key are zeros.)");
 
   // For tests: the Metal kernels' sources and the emulated path
   // (tests/metal_emulator builds the emulator and passes its entry point).

@@ -87,9 +87,13 @@ struct KVQuantization {
  * the inputs had been cast to float32 first (on CUDA the 16-bit decode does
  * it without the casts' copies). sinks: one logit per query head (H_q,) that
  * joins every row's softmax denominator and adds no value (MLX's SDPA
- * `sinks`), differentiable on every backend. keys and values may each be quantized (on the CPU):
- * the kernels dequantize them tile by tile; group_size and bits, when
- * given, must agree with their shapes. Bad input throws Unsupported.
+ * `sinks`), differentiable on every backend. out_dtype: the result's dtype,
+ * unset (dtype's) or the inputs' dtype where dtype is float32 (float32
+ * attention rounded to 16 bits once, as a cast of the float32 result: on
+ * Hopper GPUs the prefill kernels store it so, without the float32 copy). keys
+ * and values may each be quantized (on the CPU): the kernels dequantize them
+ * tile by tile; group_size and bits, when given, must agree with their
+ * shapes. Bad input throws Unsupported.
  */
 mx::array flash_attention(
     const mx::array& queries,
@@ -103,7 +107,8 @@ mx::array flash_attention(
     std::optional<mx::array> sinks = std::nullopt,
     std::optional<int> window = std::nullopt,
     std::optional<int> group_size = std::nullopt,
-    std::optional<int> bits = std::nullopt);
+    std::optional<int> bits = std::nullopt,
+    std::optional<mx::Dtype> out_dtype = std::nullopt);
 
 // The causal rule (with a sliding window of `window` keys when > 0) as a
 // boolean (L, S) array, True where a row sees a key.

@@ -431,9 +431,22 @@ mx::array quantized_gpu_attention(
   return mx::custom_vjp(forward, refuse)({queries})[0];
 }
 
-} // namespace
+// The result's dtype: out_dtype, or by default the attention's (float32
+// where widen, else the inputs'); only the inputs' dtype may replace float32.
+mx::Dtype result_dtype(const mx::array& queries, bool widen, std::optional<mx::Dtype> out_dtype) {
+  const mx::Dtype computed = widen ? mx::float32 : queries.dtype();
+  if (!out_dtype || *out_dtype == computed) return computed;
+  if (!widen || *out_dtype != queries.dtype()) {
+    fail(Reason::dtype, "out_dtype must be None, the inputs' dtype (" + dtype_str(queries.dtype()) + ") or dtype (" +
+         dtype_str(computed) + "); got " + dtype_str(*out_dtype));
+  }
+  return *out_dtype;
+}
 
-mx::array flash_attention(
+// flash_attention in the attention's dtype, except where out16 (float32
+// attention, a 16-bit result asked for) and a CUDA prefill stores that
+// directly; flash_attention casts what remains.
+mx::array attention(
     const mx::array& queries,
     const KeysOrValues& keys_arg,
     const KeysOrValues& values_arg,
@@ -445,12 +458,14 @@ mx::array flash_attention(
     std::optional<mx::array> sinks,
     std::optional<int> window_arg,
     std::optional<int> group_size,
-    std::optional<int> bits) {
+    std::optional<int> bits,
+    std::optional<mx::Dtype> out_dtype) {
   const KeysValues kv =
       unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, mx::default_stream(mx::Device::cpu));
   const mx::array &keys = kv.k, &values = kv.v;
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   const bool widen = widens(queries, dtype);
+  const bool out16 = result_dtype(queries, widen, out_dtype) != (widen ? mx::float32 : queries.dtype());
   const int window = check_window(window_arg, c.mask_kind);
   Backend backend = backend_for(requested_device(s));
   if (sinks) check_sinks(*sinks, queries);
@@ -484,7 +499,7 @@ mx::array flash_attention(
       };
       std::optional<int> rest = window < S - first ? std::optional<int>(window) : std::nullopt;
       return flash_attention(queries, keys_from(keys_arg), keys_from(values_arg), softmax_scale, mask_mode, mask_arr,
-                             s, dtype, sinks, rest, group_size, bits);
+                             s, dtype, sinks, rest, group_size, bits, out_dtype);
     }
   }
   if (kv.quantization.any() && backend == Backend::cuda) {
@@ -498,7 +513,8 @@ mx::array flash_attention(
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = mask_arr;
     return cuda::flash_attention(
-        {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, widen);
+        {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, widen,
+        out16);
   }
   if (kv.quantization.any() && backend == Backend::metal) {
     auto run = [stream](const AttentionCall& call) {
@@ -576,6 +592,28 @@ mx::array flash_attention(
   }
 
   return cpu_attention(queries, kv, c, window, sinks, stream);
+}
+
+} // namespace
+
+mx::array flash_attention(
+    const mx::array& queries,
+    const KeysOrValues& keys,
+    const KeysOrValues& values,
+    std::optional<float> scale,
+    const std::string& mask_mode,
+    std::optional<mx::array> mask_arr,
+    mx::StreamOrDevice s,
+    std::optional<mx::Dtype> dtype,
+    std::optional<mx::array> sinks,
+    std::optional<int> window,
+    std::optional<int> group_size,
+    std::optional<int> bits,
+    std::optional<mx::Dtype> out_dtype) {
+  mx::array out = attention(queries, keys, values, scale, mask_mode, mask_arr, s, dtype, sinks, window, group_size,
+                            bits, out_dtype);
+  const mx::Dtype want = result_dtype(queries, widens(queries, dtype), out_dtype);
+  return out.dtype() == want ? out : mx::astype(out, want, mx::to_stream(s));
 }
 
 mx::array flash_attention_metal_emulated(

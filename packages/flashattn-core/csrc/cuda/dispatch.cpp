@@ -33,7 +33,7 @@ struct PlanKey {
   mx::Shape q_shape;
   int H_kv, S, dtype, kind, mask_rs, mask_cs, quant_bits, quant_group;
   float scale_log2;
-  bool widen, lse, fold, two_terms;
+  bool widen, lse, fold, two_terms, out16;
   int device;
   bool operator==(const PlanKey&) const = default;
 };
@@ -54,7 +54,7 @@ std::shared_ptr<const std::optional<Planned>> recent_plan(const Dims& d, mx::Dty
   // A model repeats its calls (recent.h): each thread keeps its last few
   // plans, and that a call has none.
   const PlanKey key{q_shape, d.H_kv, d.S, static_cast<int>(dtype.val()), d.kind_arg, d.mask_rs, d.mask_cs,
-                    d.quant_bits, d.quant_group, d.scale_log2, d.widen, d.lse, d.fold, d.two_terms,
+                    d.quant_bits, d.quant_group, d.scale_log2, d.widen, d.lse, d.fold, d.two_terms, d.out16,
                     device_index};
   thread_local Recent<PlanKey, std::optional<Planned>, 8> recent;
   std::shared_ptr<const std::optional<Planned>> planned = recent.find(key);
@@ -74,7 +74,7 @@ std::vector<mx::array> attention_node(const AttentionCall& call, const MaskArgs&
   return {outputs[0]};
 }
 
-std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse) {
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse, bool out16) {
   const mx::array &q = call.q, &k = call.k, &v = call.v;
   const mx::Stream s = call.stream;
   // Widened prefill calls that neither the tensor-core decode nor the Hopper
@@ -89,6 +89,7 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
   const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
   Dims d = call_dims(call, m, widen);
   d.lse = lse;
+  d.out16 = widen && out16;
   // Strides reach the kernels as 32-bit launch arguments.
   const int64_t head_elements = static_cast<int64_t>(std::max(d.L, d.S)) * d.E;
   if (head_elements * std::max(d.H_q, d.H_kv) > std::numeric_limits<int>::max()) {
@@ -104,8 +105,8 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
   return attention_node(call, m, planned);
 }
 
-mx::array flash_attention(const AttentionCall& call, bool widen) {
-  return flash_attention_outputs(call, widen, false)[0];
+mx::array flash_attention(const AttentionCall& call, bool widen, bool out16) {
+  return flash_attention_outputs(call, widen, false, out16)[0];
 }
 
 }  // namespace flashattn::cuda

@@ -17,14 +17,16 @@ bool kernels_available();
 
 // widen: float32 attention over float16 / bfloat16 inputs, a float32 result
 // (the kernels that plan.cpp lists read the 16-bit inputs in place; other
-// calls run the float32 kernels on cast inputs).
-mx::array flash_attention(const AttentionCall& call, bool widen = false);
+// calls run the float32 kernels on cast inputs). out16 (with widen): the
+// inputs' dtype is wanted instead; the result is in it where the planned
+// kernels store it so (plan.cpp), else float32, and the caller casts.
+mx::array flash_attention(const AttentionCall& call, bool widen = false, bool out16 = false);
 
 // The same, and where lse (a gradient may be taken) and the planned kernels
 // keep it, each row's log-sum-exp as a second array (q's shape but E;
 // log2 domain, the sink in it, +inf for a row that sees no key); the
 // decodes keep none.
-std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse);
+std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool widen, bool lse, bool out16 = false);
 
 // Quantized keys and values (quantized.cpp: dequantized for the ordinary
 // kernels): call.k_quantized / v_quantized hold them, call.k / v

@@ -61,6 +61,11 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   // The decodes keep no log-sum-exp (a gradient's backward takes it again).
   if (decode) d.lse = false;
   auto prefill = decode ? std::nullopt : prefill_launches(d, dtype, device_index);
+  // A 16-bit output from the wgmma prefill's fa_prefill_wg32h_ (and, for
+  // rows it cannot read, the generic kernel's merge) only; elsewhere the
+  // caller casts (a decode's rows are few, and the other prefills are not
+  // the patch's path on Hopper).
+  if (!prefill || !prefill->out16) d.out16 = false;
   // Quantized keys and values: the quantized decode or prefill, or nothing
   // (the caller dequantizes them for the other kernels).
   if (d.quantized() && !decode && !prefill) return std::nullopt;
@@ -94,7 +99,7 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   std::vector<mx::Dtype>& dtypes = out.dtypes;
   shapes = {q_shape};
   if (d.fold && !d.two_terms) shapes[0].back() /= 2;  // two terms: q is E / 2 wide already
-  dtypes = {d.widen ? mx::float32 : dtype};
+  dtypes = {d.widen && !d.out16 ? mx::float32 : dtype};
   // The rows' log-sum-exp (q's shape but E), or the prefill kernels'
   // placeholder for it (never written).
   out.lse = d.lse;

@@ -24,9 +24,10 @@ constexpr int kMinKeysPerSplit = 64;
 constexpr int kMaxSplits = fa::merge_shapes::kMaxSplits;  // what a merge takes
 
 // Widened, the merge writes float32 (its partials are float32 for every
-// dtype); for a gradient, fa_merge_lse_ also each row's log-sum-exp.
+// dtype), or the inputs' dtype where a 16-bit output is asked for (out16); for a
+// gradient, fa_merge_lse_ also each row's log-sum-exp.
 Step merge_step(const Dims& d, int rows, int splits) {
-  Step merge{(d.lse ? "fa_merge_lse_" : "fa_merge_") + (d.widen ? std::string("float32") : d.dt),
+  Step merge{(d.lse ? "fa_merge_lse_" : "fa_merge_") + (d.widen && !d.out16 ? std::string("float32") : d.dt),
              {rows, d.E, splits}, {rows * kMergeThreads, 1, 1}, {kMergeThreads, 1, 1}, 0};
   merge.lse_output = d.lse;
   return merge;

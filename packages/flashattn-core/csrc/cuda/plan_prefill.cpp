@@ -213,7 +213,11 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   // folded call ([q | q], quantized.cpp's route where the two-term units are
   // missing) takes the mma.sync float32 variant, the only one that folds.
   namespace ws = fa::wg_shapes;
-  const std::string wg_kernel = (d.widen ? "fa_prefill_wg32_" : "fa_prefill_wg_") + d.dt + "_" + std::to_string(d.E);
+  const std::string wg_suffix = d.dt + "_" + std::to_string(d.E);
+  std::string wg_kernel = (d.widen ? "fa_prefill_wg32_" : "fa_prefill_wg_") + wg_suffix;
+  // A 16-bit output asked for: the unit that stores it, where built.
+  const bool out16 = d.out16 && find_image("fa_prefill_wg32h_" + wg_suffix, device_index);
+  if (out16) wg_kernel = "fa_prefill_wg32h_" + wg_suffix;
   // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
   const bool needs_maps = dtype != mx::float32;
   const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
@@ -290,6 +294,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   attend.lse_output = true;
   Launches out{attend, std::nullopt, 0, wg ? maps : std::vector<int>{}};
   out.split_bytes = split_bytes;
+  out.out16 = wg && out16;
   return out;
 }
 

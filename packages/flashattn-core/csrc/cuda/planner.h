@@ -42,6 +42,11 @@ struct Dims {
   // With fold, on Hopper's two-term units (fa_prefill_wg32t_): the queries
   // E / 2 wide, read twice (the keys and values [hi | lo], E wide).
   bool two_terms = false;
+  // Widened, a 16-bit output asked for (flash_attention's out_dtype): the
+  // wgmma prefill's fa_prefill_wg32h_ stores it, and the generic kernel's
+  // merge for rows that prefill cannot read; plan_call clears it where the
+  // planned kernels write float32 (the caller then casts).
+  bool out16 = false;
   bool sinks() const { return (kind_arg & fa::kSinks) != 0; }
   // A causal mask's sliding window (carried in mask_cs: kernels/mask_bits.h), else 0.
   int window() const {

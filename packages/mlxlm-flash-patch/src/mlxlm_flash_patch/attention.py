@@ -23,8 +23,9 @@ def make_attention(original, precision: str):
     queries, keys and values go to flash_attention with dtype=float32, which
     is float32 attention on cast inputs (the kernels read the 16-bit keys
     and values without casting them, and on CUDA a gradient comes from the
-    16-bit backward); "native" hands flash_attention the model's own
-    dtype.
+    16-bit backward), and out_dtype the queries' dtype (a Hopper GPU's prefill
+    then stores the rounded result itself, without a float32 copy to cast);
+    "native" hands flash_attention the model's own dtype.
     """
     dtype = mx.float32 if precision == "float32" else None
 
@@ -38,7 +39,7 @@ def make_attention(original, precision: str):
         try:
             # Sinks (gpt-oss) run on every backend, under a gradient too.
             out = flash_attention(queries, keys, values, scale=scale, mask=flash_mask, window=window, dtype=dtype,
-                                  sinks=sinks, **quantized)
+                                  out_dtype=out_dtype if dtype is not None else None, sinks=sinks, **quantized)
         except (ValueError, TypeError) as error:
             # Validation happens before anything is computed: nothing is lost.
             # The check that refused the call names the reason; a wrong Python

@@ -4,9 +4,10 @@
 // 132 SMs). The planner (wg_launch.cpp's launch model) then cuts each of the
 // last row tiles' keys into `splits` pieces, one block each, launched after
 // the whole tiles. A piece leaves its online-softmax state (o, m, l) in
-// scratch; the piece that finds the others done merges them all and stores
-// the rows. Nothing waits on another block, so blocks that are not all
-// resident cannot hang.
+// scratch; the piece that finds the others done merges them all, in piece
+// order whichever it is (a call's result does not depend on which piece
+// ends last), and stores the rows. Nothing waits on another block, so
+// blocks that are not all resident cannot hang.
 //
 // Scratch, past the tensor maps' slots (wg_shapes.h): a ticket word per split
 // row tile (8 bytes, tagged with the call as the maps' slots are: scratch
@@ -46,9 +47,9 @@ struct KeySplit {
   }
 
   // Stores this piece's state; true in the piece that finds every other one
-  // stored, whose o, m_i and l_i then hold the whole row tile's state (the
-  // others' merged in). Called by every consumer thread (tid < kThreads),
-  // which meet at named barrier `bar`.
+  // stored, whose o, m_i and l_i then hold the whole row tile's state (every
+  // piece's, merged in piece order from what they stored). Called by every
+  // consumer thread (tid < kThreads), which meet at named barrier `bar`.
   __device__ bool finish(float (&o)[NO][4], float* m_i, float* l_i, unsigned long long tag, int tid,
                          int bar) const {
     float* mine = states + piece * kPieceFloats + tid;
@@ -67,8 +68,17 @@ struct KeySplit {
     if (tid == 0) last = take_unarmed_ticket(ticket, tag) == splits;
     if (!named_or(bar, kThreads, last)) return false;
     __threadfence();  // the other pieces' states, as their tickets published them
-    for (int p = 0; p < splits; ++p) {
-      if (p == piece) continue;
+    const float* first = states + tid;  // piece 0's (this thread's own writes, or another piece's)
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[eb][c] = __ldcg(first + (eb * 4 + c) * kThreads);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      m_i[rr] = __ldcg(first + (NO * 4 + rr) * kThreads);
+      l_i[rr] = __ldcg(first + (NO * 4 + 2 + rr) * kThreads);
+    }
+    for (int p = 1; p < splits; ++p) {
       const float* other = states + p * kPieceFloats + tid;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {

@@ -583,6 +583,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #endif
 // -DFA_F32=1: fa_prefill_wg32_<dtype>_<E>, float32 attention over the 16-bit
 // inputs (kF32 above), a float32 output; the same arguments otherwise.
+// -DFA_OUT16=1 too: fa_prefill_wg32h_<dtype>_<E>, the same storing its
+// output in the inputs' dtype (each value the float32 result rounded once,
+// as a cast of fa_prefill_wg32_'s output would round it).
 // -DFA_TWO_TERMS=1 too: fa_prefill_wg32t_<dtype>_<E>, kTT above (E twice
 // the head dim; the grid of row tiles, slices and splits 0).
 // -DFA_NARROW=1: fa_prefill_wg2_<dtype>_64, two consumers at E = 64 (row
@@ -601,6 +604,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #define FA_WG_F32 true
 #define FA_WG_OUT float
 #define FA_WG_FAMILY fa_prefill_wg32t_
+#elif defined(FA_F32) && FA_F32 && defined(FA_OUT16) && FA_OUT16
+#define FA_WG_F32 true
+#define FA_WG_OUT FA_T
+#define FA_WG_FAMILY fa_prefill_wg32h_
 #elif defined(FA_F32) && FA_F32
 #define FA_WG_F32 true
 #define FA_WG_OUT float
@@ -627,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(F
     float scale_log2, int slices, int split_from, int splits, FA_LAYOUT_PARAMS, int tag_lo, int tag_hi,
     FA_MAP_TEMPLATE_PARAMS) {
   const fa::MapTemplate templ = FA_MAP_TEMPLATE;
-  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32, FA_WG_TT>(
+  fa::prefill_wg<FA_T, FA_E, WhUnitShape, FA_WG_F32, FA_WG_TT, FA_WG_OUT>(
       q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2, slices, split_from,
       splits, FA_LAYOUT, &templ, map_slots, fa::call_tag(tag_lo, tag_hi));
 }
