@@ -148,6 +148,21 @@ def test_out_dtype_is_the_float32_result_rounded_once(case):
     assert mx.array_equal(out, flash_attention(q, k, v, mask=mask, dtype=mx.float32).astype(q.dtype))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("L", [1, 70])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_out_dtype_over_quantized_keys_and_values_and_sinks(dtype, L, sinks):
+    # On the CPU the 16-bit kernels' own output where there are no sinks
+    # (their factor is applied after the kernel), the cast otherwise.
+    q, kq, vq = quantized_case((1,), (8, 2), L, 600, 64, 4, 32, dtype, "kv_cache", seed=5)
+    kw = dict(mask="causal", group_size=32, bits=4, dtype=mx.float32)
+    if sinks:
+        kw["sinks"] = mx.array(np.linspace(-1.0, 2.0, 8), dtype=mx.float32)
+    out = flash_attention(q, kq, vq, out_dtype=q.dtype, **kw)
+    assert out.dtype == q.dtype
+    assert mx.array_equal(out, flash_attention(q, kq, vq, **kw).astype(q.dtype))
+
+
 def test_out_dtype_default_and_same_dtype():
     case = Case(batch=(1,), heads=(4, 2), L=5, S=40, E=16, mask="causal", dtype="bfloat16")
     q, k, v, mask = make_inputs(case)

@@ -529,8 +529,10 @@ mx::array attention(
     // No gradient can be asked for: the 16-bit kernels read the inputs in
     // place (quantized ones too) and store a float32 output. The cast path
     // below copied every key and value to float32 first: 3-4.6x the time of
-    // a decode over 8K-32K bfloat16 keys.
-    return cpu_attention(queries, kv, c, window, sinks, stream, true);
+    // a decode over 8K-32K bfloat16 keys. A 16-bit result asked for: their
+    // own 16-bit output is the float32 one rounded once (they compute in
+    // float32), but with sinks, whose factor MLX operations apply after it.
+    return cpu_attention(queries, kv, c, window, sinks, stream, !out16 || sinks.has_value());
   }
   if (widen && backend == Backend::metal && !traced) {
     // The same on Apple GPUs: the 16-bit kernels compute in float32 and the
