@@ -444,8 +444,9 @@ mx::Dtype result_dtype(const mx::array& queries, bool widen, std::optional<mx::D
 }
 
 // flash_attention in the attention's dtype, except where out16 (float32
-// attention, a 16-bit result asked for) and a CUDA prefill stores that
-// directly; flash_attention casts what remains.
+// attention, a 16-bit result asked for) and a kernel stores that directly
+// (a Hopper prefill, the CPU's without sinks); flash_attention casts what
+// remains.
 mx::array attention(
     const mx::array& queries,
     const KeysOrValues& keys_arg,

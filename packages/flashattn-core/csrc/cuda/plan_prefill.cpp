@@ -216,8 +216,9 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   const std::string wg_suffix = d.dt + "_" + std::to_string(d.E);
   std::string wg_kernel = (d.widen ? "fa_prefill_wg32_" : "fa_prefill_wg_") + wg_suffix;
   // A 16-bit output asked for: the unit that stores it, where built.
-  const bool out16 = d.out16 && find_image("fa_prefill_wg32h_" + wg_suffix, device_index);
-  if (out16) wg_kernel = "fa_prefill_wg32h_" + wg_suffix;
+  const std::string out16_kernel = "fa_prefill_wg32h_" + wg_suffix;
+  const bool out16 = d.out16 && find_image(out16_kernel, device_index);
+  if (out16) wg_kernel = out16_kernel;
   // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
   const bool needs_maps = dtype != mx::float32;
   const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};

@@ -39,7 +39,7 @@ def make_attention(original, precision: str):
         try:
             # Sinks (gpt-oss) run on every backend, under a gradient too.
             out = flash_attention(queries, keys, values, scale=scale, mask=flash_mask, window=window, dtype=dtype,
-                                  out_dtype=out_dtype if dtype is not None else None, sinks=sinks, **quantized)
+                                  out_dtype=out_dtype, sinks=sinks, **quantized)
         except (ValueError, TypeError) as error:
             # Validation happens before anything is computed: nothing is lost.
             # The check that refused the call names the reason; a wrong Python
@@ -48,7 +48,7 @@ def make_attention(original, precision: str):
             count_fallback(reason, str(error))
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         count_flash_call(windowed=window is not None)
-        return out.astype(out_dtype) if out.dtype != out_dtype else out
+        return out
 
     scaled_dot_product_attention.__doc__ = original.__doc__
     scaled_dot_product_attention.__wrapped__ = original
