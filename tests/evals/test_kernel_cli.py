@@ -318,7 +318,7 @@ def test_quantized_cases_against_mlx_lm_quantized_attention(bits):
 @pytest.mark.parametrize("pass_", ["forward", "both"])
 def test_float32_attention_over_16_bit_inputs_beside_the_others(pass_):
     # flash-f32 is the patch's default call on a 16-bit model, dtype=float32
-    # and the result cast back: timed on the bfloat16 case against MLX (its
+    # with out_dtype the inputs' dtype: timed on the bfloat16 case against MLX (its
     # ratios leave flash's own out), skipped on the float32 one, where it is
     # flash's call; its output (or dQ) is the inputs' dtype, so its error is
     # bfloat16's rounding against the float64 reference.
@@ -333,7 +333,7 @@ def test_float32_attention_over_16_bit_inputs_beside_the_others(pass_):
     assert widened["max_abs_error"] <= 1e-2
     assert set(widened["speedup"]) == {"mlx"}
     assert set(rows["bfloat16", "flash"]["speedup"]) == {"flash-f32", "mlx"}
-    assert "dtype=mx.float32" in data["machine"]["impls"]["flash-f32"]
+    assert "dtype=mx.float32, out_dtype=" in data["machine"]["impls"]["flash-f32"]
 
 
 def test_cases_with_sinks_against_mlx_sdpa_with_sinks():

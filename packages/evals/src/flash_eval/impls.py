@@ -139,15 +139,15 @@ def flash_impl(inp: Inputs) -> Impl:
 
 
 def widened(inp: Inputs) -> Callable:
-    """flash_attention(..., dtype=mx.float32) cast back to the inputs' dtype:
-    float32 attention as mlxlm-flash-patch runs it by default on a 16-bit
-    model."""
+    """flash_attention(..., dtype=mx.float32, out_dtype=<the inputs' dtype>):
+    float32 attention rounded once to the inputs' dtype, the call
+    mlxlm-flash-patch makes by default on a 16-bit model."""
     dtype = inp.q.dtype
-    return lambda q, k, v, **kw: flash_attention(q, k, v, dtype=mx.float32, **kw).astype(dtype)
+    return lambda q, k, v, **kw: flash_attention(q, k, v, dtype=mx.float32, out_dtype=dtype, **kw)
 
 
-WIDENED_TEXT = ("flashattn_core.flash_attention(..., dtype=mx.float32) over the 16-bit inputs, cast back "
-                "(mlxlm-flash-patch's default)")
+WIDENED_TEXT = ("flashattn_core.flash_attention(..., dtype=mx.float32, out_dtype=<the inputs' dtype>) over the "
+                "16-bit inputs (mlxlm-flash-patch's default)")
 
 
 def flash_f32_impl(inp: Inputs) -> Impl:

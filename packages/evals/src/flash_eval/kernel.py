@@ -119,8 +119,8 @@ def total_memory_bytes() -> int:
 @click.option("--impl", "impls", default="flash,mlx,torch", show_default=True,
               callback=comma_list(["flash", "flash-f32", "flash-dense", "flash-plain", "mlx", "torch"]),
               help="Implementations; torch is skipped when PyTorch is not installed. flash-f32: "
-                   "flash_attention(..., dtype=mx.float32) over float16 / bfloat16 inputs, cast back (the "
-                   "patch's default on a 16-bit model; float32 cases skip it). flash-dense (with --window): "
+                   "flash_attention(..., dtype=mx.float32, out_dtype=<their dtype>) over float16 / bfloat16 "
+                   "inputs (the patch's default on a 16-bit model; float32 cases skip it). flash-dense (with --window): "
                    "flash_attention given the window as a dense boolean mask. flash-plain (with --kv-bits): "
                    "flash_attention on the unquantized keys and values.")
 @click.option("-n", "--repeats", default=5, show_default=True, type=click.IntRange(1, 1000),
