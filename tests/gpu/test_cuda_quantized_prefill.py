@@ -124,16 +124,17 @@ def test_values_at_the_codes_extremes(E):
         assert relative_error(out, ref) <= TOLERANCE["float32"]
 
 
-def extra_memory(q, kq, vq):
+def extra_memory(q, kq, vq, out_dtype=None):
     """(peak memory a float32-attention chunk call adds, its output)."""
     mx.eval(q, kq, vq)
-    out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)  # the modules loaded
+    kw = dict(mask="causal", dtype=mx.float32, out_dtype=out_dtype, stream=mx.gpu)
+    out = flash_attention(q, kq, vq, **kw)  # the modules loaded
     mx.eval(out)
     del out
     mx.synchronize()
     mx.reset_peak_memory()
     before = mx.get_active_memory()
-    out = flash_attention(q, kq, vq, mask="causal", dtype=mx.float32, stream=mx.gpu)
+    out = flash_attention(q, kq, vq, **kw)
     mx.eval(out)
     return mx.get_peak_memory() - before, out
 
@@ -148,24 +149,30 @@ def test_reads_the_cache_in_place(monkeypatch):
     assert extra < out.nbytes + 2**20, f"{(extra - out.nbytes) / 2**20:.1f} MiB beyond the output"
 
 
+@pytest.mark.parametrize("out_dtype", [None, mx.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("heads, E, S", [((14, 2), 64, 16384), ((32, 8), 128, 8192)], ids=["qwen05b", "hd128"])
-def test_split_terms_hold_o_of_s(heads, E, S):
+def test_split_terms_hold_o_of_s(heads, E, S, out_dtype):
     # A 2,048-row chunk through split_terms: at most the two terms of K and
     # V, the output (E wide: the kernel adds P hi and P lo) and MLX's
     # row-contiguous copies of the cache's views (the packed codes, scales
     # and biases); the queries again as [q | q] only on the kernels of GPUs
     # before Hopper (FLASHATTN_CUDA_IMAGE=ptx), whose two-term units read
     # them twice. O(L + S) however long the cache, never the 2,048 x S
-    # scores (1.7 GiB in float32 across qwen05b's heads at 16K keys).
+    # scores (1.7 GiB in float32 across qwen05b's heads at 16K keys). A
+    # bfloat16 out_dtype (the patch's call) is stored by Hopper's two-term
+    # units: no float32 output beside it; elsewhere one, cast.
     L, (H, H_kv) = 2048, heads
+    ptx = os.environ.get("FLASHATTN_CUDA_IMAGE") == "ptx"
     q, kq, vq = quantized_case((1,), heads, L, S, E, 4, 64, "bfloat16", "kv_cache", seed=5)
-    extra, out = extra_memory(q, kq, vq)
+    extra, out = extra_memory(q, kq, vq, out_dtype)
+    assert out.dtype == (out_dtype or mx.float32)
     views = 2 * sum(x.nbytes for x in kq)
-    queries = H * L * 2 * E * 2 if os.environ.get("FLASHATTN_CUDA_IMAGE") == "ptx" else 0
-    bound = 2 * H_kv * S * 2 * E * 2 + out.nbytes + views + queries
+    queries = H * L * 2 * E * 2 if ptx else 0
+    float32_out = out.size * 4 if out_dtype is not None and ptx else 0
+    bound = 2 * H_kv * S * 2 * E * 2 + out.nbytes + float32_out + views + queries
     assert out.nbytes < extra <= bound + 2**20, (extra / 2**20, bound / 2**20)
     ref = attention_reference(q, dequantize(kq, E), dequantize(vq, E), mask=causal_mask(L, S))
-    assert relative_error(out, ref) <= TOLERANCE["float32"]
+    assert relative_error(out, ref) <= (TOLERANCE["float32"] if out_dtype is None else TOLERANCE["bfloat16"])
 
 
 SPLIT = [
@@ -196,6 +203,11 @@ def test_split_terms_match_float64(r, monkeypatch):
     # The two-term path against float64, and against the kernels that read
     # the codes in place.
     q, kq, vq, kwargs, ref = float32_call(r)
+    # out_dtype (the patch's call): the float32 result rounded once, bit for
+    # bit (on Hopper the two-term units store it themselves).
+    out = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
+    out16 = flash_attention(q, kq, vq, dtype=mx.float32, out_dtype=q.dtype, stream=mx.gpu, **kwargs)
+    assert out16.dtype == q.dtype and mx.array_equal(out16, out.astype(q.dtype))
     monkeypatch.setenv("FLASHATTN_CUDA_QUANT_SPLIT", "0")
     in_place = flash_attention(q, kq, vq, dtype=mx.float32, stream=mx.gpu, **kwargs)
     assert relative_error(in_place, ref) <= TOLERANCE["float32"]

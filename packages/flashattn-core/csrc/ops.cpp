@@ -504,7 +504,7 @@ mx::array attention(
     }
   }
   if (kv.quantization.any() && backend == Backend::cuda) {
-    auto run = [widen](const AttentionCall& call) { return cuda::quantized_attention(call, widen); };
+    auto run = [widen, out16](const AttentionCall& call) { return cuda::quantized_attention(call, widen, out16); };
     return quantized_gpu_attention(queries, keys_arg, values_arg, kv, c, window, sinks, run, stream);
   }
   if (backend == Backend::cuda &&

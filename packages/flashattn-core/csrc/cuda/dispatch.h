@@ -30,8 +30,9 @@ std::vector<mx::array> flash_attention_outputs(const AttentionCall& call, bool w
 
 // Quantized keys and values (quantized.cpp: dequantized for the ordinary
 // kernels): call.k_quantized / v_quantized hold them, call.k / v
-// placeholders of their logical shape.
-mx::array quantized_attention(const AttentionCall& call, bool widen = false);
+// placeholders of their logical shape. out16 as above: the two-term prefill
+// on Hopper stores it (quantized.cpp's split_terms), else float32.
+mx::array quantized_attention(const AttentionCall& call, bool widen = false, bool out16 = false);
 
 // The fused backward (backward.cpp): dQ, dK and dV of `call` from its
 // output and the output's cotangent, never an L x S array; with sinks also

@@ -61,7 +61,8 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   // The decodes keep no log-sum-exp (a gradient's backward takes it again).
   if (decode) d.lse = false;
   auto prefill = decode ? std::nullopt : prefill_launches(d, dtype, device_index);
-  // A 16-bit output from the wgmma prefill's fa_prefill_wg32h_ (and, for
+  // A 16-bit output from the wgmma prefills' fa_prefill_wg32h_ and
+  // fa_prefill_wg32th_ (and, for
   // rows it cannot read, the generic kernel's merge) only; elsewhere the
   // caller casts (a decode's rows are few, and the other prefills are not
   // the patch's path on Hopper).

@@ -63,7 +63,7 @@ struct Launches {
   std::vector<int> map_template;
   int64_t split_bytes = 0;
   // The attention output is in the inputs' 16-bit dtype though the call is
-  // widened (Dims' out16, taken by fa_prefill_wg32h_).
+  // widened (Dims' out16, taken by fa_prefill_wg32h_ and fa_prefill_wg32th_).
   bool out16 = false;
   bool tma() const { return !map_template.empty(); }
 };

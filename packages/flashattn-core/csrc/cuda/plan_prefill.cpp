@@ -172,10 +172,13 @@ std::optional<Launches> quantized_prefill_launches(const Dims& d, int device_ind
 }
 
 // quantized.cpp's two terms on Hopper (fa_prefill_wg32t_: E twice the
-// queries' width): a grid of row tiles, no schedule and no key splits.
+// queries' width; fa_prefill_wg32th_ storing a bfloat16 output): a grid of
+// row tiles, no schedule and no key splits.
 std::optional<Launches> two_term_launches(const Dims& d, mx::Dtype dtype, int device_index) {
   namespace ws = fa::wg_shapes;
-  const std::string kernel = "fa_prefill_wg32t_" + d.dt + "_" + std::to_string(d.E);
+  const std::string suffix = d.dt + "_" + std::to_string(d.E), out16_kernel = "fa_prefill_wg32th_" + suffix;
+  const bool out16 = d.out16 && find_image(out16_kernel, device_index);
+  const std::string kernel = out16 ? out16_kernel : "fa_prefill_wg32t_" + suffix;
   if (!d.widen || dtype != mx::bfloat16 || !find_image(kernel, device_index)) return std::nullopt;
   const std::vector<int>& maps = map_template(dtype);
   const int rows = ws::f16_rows(d.E), threads = ws::f16_threads(d.E);
@@ -186,7 +189,9 @@ std::optional<Launches> two_term_launches(const Dims& d, mx::Dtype dtype, int de
                                        d.mask_rs, d.mask_cs, d.scale_log2, 0, 0, 0};
   Step attend{kernel, scalars, {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1}, smem};
   attend.lse_output = true;
-  return Launches{attend, std::nullopt, 0, maps};
+  Launches out{attend, std::nullopt, 0, maps};
+  out.out16 = out16;
+  return out;
 }
 
 }  // namespace

@@ -43,7 +43,8 @@ struct Dims {
   // E / 2 wide, read twice (the keys and values [hi | lo], E wide).
   bool two_terms = false;
   // Widened, a 16-bit output asked for (flash_attention's out_dtype): the
-  // wgmma prefill's fa_prefill_wg32h_ stores it, and the generic kernel's
+  // wgmma prefill's fa_prefill_wg32h_ stores it (fa_prefill_wg32th_ over
+  // two terms), and the generic kernel's
   // merge for rows that prefill cannot read; plan_call clears it where the
   // planned kernels write float32 (the caller then casts).
   bool out16 = false;

@@ -94,7 +94,7 @@ constexpr int64_t kSplitMaxBytes = int64_t(256) << 20;
 // kernels add the output's halves as they store it (kFold). The 3xTF32
 // kernels that expand the codes in place take each product three times, on
 // TF32 tensor cores of half the rate.
-std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
+std::optional<mx::array> split_terms(const AttentionCall& call, bool widen, bool out16) {
   const mx::array& q = call.q;
   const KVQuantization& qz = call.quantization;
   const QuantizedArray *kq = call.k_quantized, *vq = call.v_quantized;
@@ -130,7 +130,7 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
   const MaskArgs m = mask_args(q, call.mask_kind, call.mask, call.sinks, call.window, s);
   auto plan_for = [&](const mx::Shape& q_shape, bool two_terms) {
     Dims d = call_dims(call, m, true);
-    d.E = 2 * E, d.fold = true, d.two_terms = two_terms;
+    d.E = 2 * E, d.fold = true, d.two_terms = two_terms, d.out16 = out16;
     return recent_plan(d, q.dtype(), q_shape, s.device.index);
   };
   auto planned = plan_for(q.shape(), true);
@@ -158,8 +158,8 @@ std::optional<mx::array> split_terms(const AttentionCall& call, bool widen) {
 
 }  // namespace
 
-mx::array quantized_attention(const AttentionCall& call, bool widen) {
-  if (auto out = split_terms(call, widen)) return *out;
+mx::array quantized_attention(const AttentionCall& call, bool widen, bool out16) {
+  if (auto out = split_terms(call, widen, out16)) return *out;
   if (auto out = quantized_in_place(call, widen)) return *out;
   const KVQuantization& qz = call.quantization;
   // float32 attention dequantizes into float32 (exactly the format's values)

@@ -587,7 +587,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 // output in the inputs' dtype (each value the float32 result rounded once,
 // as a cast of fa_prefill_wg32_'s output would round it).
 // -DFA_TWO_TERMS=1 too: fa_prefill_wg32t_<dtype>_<E>, kTT above (E twice
-// the head dim; the grid of row tiles, slices and splits 0).
+// the head dim; the grid of row tiles, slices and splits 0); with
+// -DFA_OUT16=1 as well, fa_prefill_wg32th_<dtype>_<E>, its output stored in
+// the inputs' dtype.
 // -DFA_NARROW=1: fa_prefill_wg2_<dtype>_64, two consumers at E = 64 (row
 // tiles of 128; wg_shapes.h's narrow).
 #if defined(FA_NARROW) && FA_NARROW
@@ -600,7 +602,11 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 #else
 #define FA_WG_TT false
 #endif
-#if defined(FA_F32) && FA_F32 && FA_WG_TT
+#if defined(FA_F32) && FA_F32 && FA_WG_TT && defined(FA_OUT16) && FA_OUT16
+#define FA_WG_F32 true
+#define FA_WG_OUT FA_T
+#define FA_WG_FAMILY fa_prefill_wg32th_
+#elif defined(FA_F32) && FA_F32 && FA_WG_TT
 #define FA_WG_F32 true
 #define FA_WG_OUT float
 #define FA_WG_FAMILY fa_prefill_wg32t_
