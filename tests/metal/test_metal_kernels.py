@@ -78,6 +78,11 @@ def test_float32_attention_over_16_bit_inputs(emulator, case, run):
     # As if the inputs had been cast (the kernels compute in float32 either way).
     cast = emulator.attention(*(x.astype(mx.float32) for x in (q, k, v)), **kw)
     assert np.array_equal(got, np.array(cast))
+    # out_dtype the inputs' (the patch's call): the 16-bit kernels' own
+    # output, the same float32 values rounded once, bit for bit the cast.
+    rounded = emulator.attention(q, k, v, dtype=mx.float32, out_dtype=q.dtype, **kw)
+    assert rounded.dtype == q.dtype
+    assert mx.array_equal(rounded, out.astype(q.dtype))
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
@@ -198,6 +203,20 @@ def test_quantized_keys_and_values(emulator, c, kernel):
     mask = mx.array(np.random.default_rng(2).random((L, S)) < 0.7) if mask_kind == "bool" else mask_kind
     out = emulator.attention(q, kq, vq, mask=mask, kernel=kernel, splits=3, bits=bits)
     check(out, q, dequantize(kq, E), dequantize(vq, E), mask, dtype)
+
+
+def test_float32_attention_over_a_quantized_cache(emulator):
+    # dtype=float32 over a bfloat16 model's quantized cache (the patch's
+    # default): the queries cast, the keys and values dequantized into
+    # float32 tiles; out_dtype bfloat16 is that result rounded once.
+    q, kq, vq = quantized_inputs((4, 2), 33, 300, 128, 8, 32, "bfloat16")
+    kw = dict(mask="causal", bits=8, group_size=32)
+    out = emulator.attention(q, kq, vq, dtype=mx.float32, **kw)
+    assert out.dtype == mx.float32
+    ref = attention_reference(q, dequantize(kq, 128), dequantize(vq, 128), mask="causal")
+    assert relative_error(out, ref) <= TOLERANCE["float32"]
+    rounded = emulator.attention(q, kq, vq, dtype=mx.float32, out_dtype=q.dtype, **kw)
+    assert rounded.dtype == q.dtype and mx.array_equal(rounded, out.astype(q.dtype))
 
 
 def test_quantized_keys_beside_plain_values(emulator):

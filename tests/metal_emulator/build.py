@@ -281,14 +281,14 @@ class Emulator:
         return arrays[len(inputs):]
 
     def attention(self, q, k, v, *, scale=None, mask=None, window=None, kernel="auto", splits=0, order="shuffled",
-                  seed=0, group_size=None, bits=None, sinks=None, dtype=None):
+                  seed=0, group_size=None, bits=None, sinks=None, dtype=None, out_dtype=None):
         from flashattn_core import _ext
 
         lane_order = {"forward": 0, "reverse": 1, "shuffled": 2}[order]
         return _ext._metal_emulated(
             q, k, v, scale=scale, mask=mask, emulator=self.address, kernel=kernel, splits=splits,
             lane_order=lane_order, seed=seed, window=window, group_size=group_size, bits=bits, sinks=sinks,
-            dtype=dtype,
+            dtype=dtype, out_dtype=out_dtype,
         )
 
 

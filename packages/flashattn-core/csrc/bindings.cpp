@@ -285,13 +285,14 @@ Returns:
          std::optional<int> group_size,
          std::optional<int> bits,
          std::optional<mx::array> sinks,
-         std::optional<mx::Dtype> dtype) {
+         std::optional<mx::Dtype> dtype,
+         std::optional<mx::Dtype> out_dtype) {
         auto [mode, mask_arr] = split_mask(mask);
         flashattn::metal::Emulation emulation{
             reinterpret_cast<FaEmuRun>(emulator), lane_order, seed};
         return flashattn::flash_attention_metal_emulated(
             queries, keys_or_values(keys), keys_or_values(values), scale, mode, mask_arr, emulation,
-            {variant_named(kernel), splits}, window, group_size, bits, sinks, dtype);
+            {variant_named(kernel), splits}, window, group_size, bits, sinks, dtype, out_dtype);
       },
       "queries"_a,
       "keys"_a,
@@ -309,6 +310,7 @@ Returns:
       "bits"_a = nb::none(),
       "sinks"_a = nb::none(),
       "dtype"_a = nb::none(),
+      "out_dtype"_a = nb::none(),
       "flash_attention through the Metal dispatch and kernels, run by the "
       "emulator whose entry point address is `emulator` (tests only).");
 }

@@ -445,8 +445,8 @@ mx::Dtype result_dtype(const mx::array& queries, bool widen, std::optional<mx::D
 
 // flash_attention in the attention's dtype, except where out16 (float32
 // attention, a 16-bit result asked for) and a kernel stores that directly
-// (a Hopper prefill, the CPU's without sinks); flash_attention casts what
-// remains.
+// (a Hopper prefill, the CPU's without sinks, Metal's over plain keys and
+// values); flash_attention casts what remains.
 mx::array attention(
     const mx::array& queries,
     const KeysOrValues& keys_arg,
@@ -538,13 +538,14 @@ mx::array attention(
   if (widen && backend == Backend::metal && !traced) {
     // The same on Apple GPUs: the 16-bit kernels compute in float32 and the
     // *_f32 ones store a float32 output (quantized keys and values went
-    // above, with float32 queries).
+    // above, with float32 queries). A 16-bit result asked for: the 16-bit
+    // kernels' own, the same float32 values rounded once as they store them.
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = mask_arr;
     auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
     return metal::flash_attention(
         {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, launch, {},
-        true);
+        !out16);
   }
   if (kv.quantization.any()) {
     if (!widen) return cpu_attention(queries, kv, c, window, sinks, stream);
@@ -632,30 +633,31 @@ mx::array flash_attention_metal_emulated(
     std::optional<int> group_size,
     std::optional<int> bits,
     std::optional<mx::array> sinks,
-    std::optional<mx::Dtype> dtype) {
+    std::optional<mx::Dtype> dtype,
+    std::optional<mx::Dtype> out_dtype) {
   const mx::Stream stream = mx::default_stream(mx::Device::cpu);
   const KeysValues kv = unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, stream);
   const mx::array &keys = kv.k, &values = kv.v;
   const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
   const bool widen = widens(queries, dtype);
+  const mx::Dtype want = result_dtype(queries, widen, out_dtype);
   const int window = check_window(window_arg, c.mask_kind);
   if (sinks) check_sinks(*sinks, queries);
-  if (queries.size() == 0 || keys.shape(-2) == 0) {
-    return mx::zeros(queries.shape(), widen ? mx::float32 : queries.dtype(), stream);
-  }
+  if (queries.size() == 0 || keys.shape(-2) == 0) return mx::zeros(queries.shape(), want, stream);
   if (kv.quantization.any()) {
     auto run = [=](const AttentionCall& call) {
       return metal::flash_attention(call, metal::emulated_launcher(emulation, stream), choice);
     };
-    return quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg, values_arg,
-                                   kv, c, window, sinks, run, stream);
+    const mx::array out = quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg,
+                                                  values_arg, kv, c, window, sinks, run, stream);
+    return out.dtype() == want ? out : mx::astype(out, want, stream);
   }
   if (widen) {  // as flash_attention on a Metal stream: no gradient through this path here
     std::optional<mx::array> m;
     if (has_mask_array(c.mask_kind)) m = c.mask;
     return metal::flash_attention(
         {queries, keys, values, c.scale, c.mask_kind, m, stream, window, nullptr, nullptr, {}, sinks},
-        metal::emulated_launcher(emulation, stream), choice, true);
+        metal::emulated_launcher(emulation, stream), choice, want == mx::float32);
   }
   auto forward = [=](const std::vector<mx::array>& in) {
     std::optional<mx::array> m, sk;

@@ -26,7 +26,7 @@ namespace flashattn {
 // flash_attention with the same validation, through the Metal dispatch and
 // kernels, run by the emulator on the CPU stream (ops.cpp); dtype float32
 // over 16-bit inputs runs the *_f32 kernels, as on a Metal stream without a
-// gradient.
+// gradient, and with out_dtype the inputs' dtype the 16-bit ones.
 mx::array flash_attention_metal_emulated(
     const mx::array& queries,
     const KeysOrValues& keys,
@@ -40,6 +40,7 @@ mx::array flash_attention_metal_emulated(
     std::optional<int> group_size = std::nullopt,
     std::optional<int> bits = std::nullopt,
     std::optional<mx::array> sinks = std::nullopt,
-    std::optional<mx::Dtype> dtype = std::nullopt);
+    std::optional<mx::Dtype> dtype = std::nullopt,
+    std::optional<mx::Dtype> out_dtype = std::nullopt);
 
 }  // namespace flashattn
