@@ -133,3 +133,31 @@ def test_this_environment_runs_on_an_optimised_blas(tmp_path):
     report = json.loads(r.stdout[r.stdout.index("{"):])
     assert report["blas"].startswith(expected.name) and "preloaded by flash-eval" in report["blas"]
     assert "slow" not in report["blas"]
+
+
+@pytest.mark.parametrize(
+    "info, openblas, mkl, expected",
+    [
+        ({"name": "MKL", "path": MKL, "slow": False}, None, MKL, "MKL"),
+        ({"name": "reference BLAS bundled with mlx-cpu", "path": "/v/mlx/lib/libblas.so.3", "slow": True}, None, MKL,
+         f"reference BLAS bundled with mlx-cpu, which sets MLX's float32 times (an optimised one: LD_PRELOAD={MKL} "
+         "flash-eval kernel ...)"),
+        ({"name": "reference BLAS bundled with mlx-cpu", "path": "/v/mlx/lib/libblas.so.3", "slow": True}, OPENBLAS,
+         MKL, f"reference BLAS bundled with mlx-cpu, which sets MLX's float32 times (an optimised one: "
+              f"LD_PRELOAD={OPENBLAS} flash-eval kernel ...)"),
+    ],
+)
+def test_kernel_note(monkeypatch, info, openblas, mkl, expected):
+    # flash-eval kernel preloads nothing: it names MLX's BLAS, and on the
+    # reference one says how to run on an optimised one.
+    monkeypatch.setattr(blas, "describe", lambda: info)
+    monkeypatch.setattr(blas, "find_openblas", lambda: openblas)
+    monkeypatch.setattr(blas, "find_mkl", lambda: mkl)
+    assert blas.kernel_note() == expected
+
+
+def test_kernel_note_without_an_optimised_blas(monkeypatch):
+    monkeypatch.setattr(blas, "describe", lambda: {"name": "reference BLAS bundled with mlx-cpu", "slow": True})
+    monkeypatch.setattr(blas, "find_openblas", lambda: None)
+    monkeypatch.setattr(blas, "find_mkl", lambda: None)
+    assert "pip install 'flashattn-evals[mkl]'" in blas.kernel_note()

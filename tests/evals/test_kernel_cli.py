@@ -6,6 +6,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
+from flash_eval import blas
 from flash_eval.cli import main
 
 TINY = ["kernel", "--shape", "qwen05b", "--prefill", "64", "--decode", "128", "-n", "1"]
@@ -34,6 +35,8 @@ def test_kernel_json_has_every_case_and_impl():
     assert all("mlx" in r["speedup"] for r in flash)
     assert data["machine"]["flashattn_cpu"]["threads"] >= 1
     assert data["machine"]["copy_bandwidth_GBps"] > 0
+    # MLX's BLAS named (its float32 times depend on it), as this process maps it.
+    assert data["machine"]["blas"].startswith(blas.describe()["name"])
     # On the CPU each decode case's flash timing has a copy of its own moment.
     assert all(("copy_GBps" in r) == (r["kind"] == "decode" and r["impl"] == "flash") for r in rows)
     assert all(r["copy_GBps"] > 0 for r in rows if "copy_GBps" in r)

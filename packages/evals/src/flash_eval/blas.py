@@ -184,6 +184,19 @@ def describe(maps: list[str] | None = None, system: str | None = None) -> dict:
     return {"name": "unknown", "path": None, "slow": False}
 
 
+def kernel_note() -> str:
+    """The BLAS MLX's CPU products run on in this process, for `flash-eval
+    kernel`, which compares against MLX as installed and preloads nothing:
+    with the mlx-cpu wheel's reference BLAS (which sets MLX's float32
+    times), how to run it on an optimised one instead."""
+    info = describe()
+    if not info["slow"]:
+        return info["name"]
+    found = find_openblas() or find_mkl()
+    how = f"LD_PRELOAD={found} flash-eval kernel ..." if found else FIX.split("; ")[0]
+    return f"{info['name']}, which sets MLX's float32 times (an optimised one: {how})"
+
+
 def summary() -> str:
     info = describe()
     text = info["name"]

@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_limits
 import flashattn_core
 from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask
 
-from . import report
+from . import blas, report
 from .impls import (Inputs, cotangent, flash_dense_grad_impl, flash_dense_impl, flash_f32_grad_impl, flash_f32_impl,
                     flash_grad_impl, flash_impl, flash_plain_impl, make_inputs, mlx_grad_impl, mlx_impl, torch_impls)
 from .measure import MAX_BATCH, copy_bandwidth, device_copy_bandwidth, measure, measure_host, page_setting
@@ -198,9 +198,11 @@ def kernel(shapes, prefill, chunk, chunk_rows, decode, dtypes, window, kv_bits, 
         machine["copy_bandwidth_GBps"] = device_copy_bandwidth() / 1e9
         machine["calls"] = calls
         machine["kv_sets"] = kv_sets or "auto"
-    elif any(c.kind == "decode" for c in cases):
-        machine["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
-        machine["pages"] = page_setting()
+    else:
+        machine["blas"] = blas.kernel_note()
+        if any(c.kind == "decode" for c in cases):
+            machine["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
+            machine["pages"] = page_setting()
     machine["pass"] = pass_
 
     results = []

@@ -52,6 +52,8 @@ def machine_lines(machine: dict) -> list[str]:
         f"MLX {machine['mlx']} on {machine['device']}; flashattn CPU kernels: "
         f"{cpu.get('isa')}, {cpu.get('threads')} threads",
     ]
+    if machine.get("blas"):
+        lines.append(f"MLX's BLAS: {machine['blas']}")
     if "copy_bandwidth_GBps" in machine:
         lines.append(f"memory: copy on all cores {machine['copy_bandwidth_GBps']:.1f} GB/s (read + write)")
     if machine.get("pages"):
