@@ -49,10 +49,11 @@ REEXEC_MARK = "FLASH_EVAL_BLAS_REEXEC"  # set in the restarted process: the libr
 # 127.6 s with MKL and 122.6 s with Debian's OpenBLAS (medians of 3; 1.04x).
 MKL_DEFAULTS: dict[str, str] = {}
 
-FIX = (
+INSTALL = (
     "`uv sync` in the workspace (or `pip install 'flashattn-evals[mkl]'`) installs Intel's MKL, "
-    "or `apt-get install libopenblas0-pthread` Debian's OpenBLAS; flash-eval then preloads it by itself"
+    "or `apt-get install libopenblas0-pthread` Debian's OpenBLAS"
 )
+FIX = f"{INSTALL}; flash-eval then preloads it by itself"
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def kernel_note() -> str:
     if not info["slow"]:
         return info["name"]
     found = find_openblas() or find_mkl()
-    how = f"LD_PRELOAD={found} flash-eval kernel ..." if found else FIX.split("; ")[0]
+    how = f"LD_PRELOAD={found} flash-eval kernel ..." if found else INSTALL
     return f"{info['name']}, which sets MLX's float32 times (an optimised one: {how})"
 
 

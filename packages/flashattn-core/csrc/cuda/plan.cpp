@@ -62,10 +62,9 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   if (decode) d.lse = false;
   auto prefill = decode ? std::nullopt : prefill_launches(d, dtype, device_index);
   // A 16-bit output from the wgmma prefills' fa_prefill_wg32h_ and
-  // fa_prefill_wg32th_ (and, for
-  // rows it cannot read, the generic kernel's merge) only; elsewhere the
-  // caller casts (a decode's rows are few, and the other prefills are not
-  // the patch's path on Hopper).
+  // fa_prefill_wg32th_ (and, for rows they cannot read, the generic kernel's
+  // merge) only; elsewhere the caller casts (a decode's rows are few, and
+  // the other prefills are not the patch's path on Hopper).
   if (!prefill || !prefill->out16) d.out16 = false;
   // Quantized keys and values: the quantized decode or prefill, or nothing
   // (the caller dequantizes them for the other kernels).
