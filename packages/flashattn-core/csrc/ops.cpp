@@ -443,30 +443,41 @@ mx::Dtype result_dtype(const mx::array& queries, bool widen, std::optional<mx::D
   return *out_dtype;
 }
 
+// A flash_attention call's arguments, as the public function takes them.
+struct Request {
+  mx::array queries;
+  KeysOrValues keys, values;
+  std::optional<float> scale;
+  std::string mask_mode;
+  std::optional<mx::array> mask;
+  mx::StreamOrDevice s;
+  std::optional<mx::Dtype> dtype;
+  std::optional<mx::array> sinks;
+  std::optional<int> window, group_size, bits;
+  std::optional<mx::Dtype> out_dtype;
+};
+
+mx::array as_asked(const Request& r);
+
 // flash_attention in the attention's dtype, except where out16 (float32
 // attention, a 16-bit result asked for) and a kernel stores that directly
 // (a Hopper prefill, the CPU's without sinks, Metal's over plain keys and
-// values); flash_attention casts what remains.
-mx::array attention(
-    const mx::array& queries,
-    const KeysOrValues& keys_arg,
-    const KeysOrValues& values_arg,
-    std::optional<float> scale,
-    const std::string& mask_mode,
-    std::optional<mx::array> mask_arr,
-    mx::StreamOrDevice s,
-    std::optional<mx::Dtype> dtype,
-    std::optional<mx::array> sinks,
-    std::optional<int> window_arg,
-    std::optional<int> group_size,
-    std::optional<int> bits,
-    std::optional<mx::Dtype> out_dtype) {
+// values); as_asked casts what remains.
+mx::array attention(const Request& r) {
+  const mx::array& queries = r.queries;
+  const KeysOrValues &keys_arg = r.keys, &values_arg = r.values;
+  const std::optional<mx::array>& mask_arr = r.mask;
+  const std::optional<mx::array>& sinks = r.sinks;
+  const std::string& mask_mode = r.mask_mode;
+  const mx::StreamOrDevice& s = r.s;
+  const std::optional<mx::Dtype> dtype = r.dtype;
+  const std::optional<int> window_arg = r.window, group_size = r.group_size, bits = r.bits;
   const KeysValues kv =
       unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, mx::default_stream(mx::Device::cpu));
   const mx::array &keys = kv.k, &values = kv.v;
-  const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
+  const Checked c = check_call(queries, keys, values, r.scale, mask_mode, mask_arr);
   const bool widen = widens(queries, dtype);
-  const bool out16 = result_dtype(queries, widen, out_dtype) != (widen ? mx::float32 : queries.dtype());
+  const bool out16 = result_dtype(queries, widen, r.out_dtype) != (widen ? mx::float32 : queries.dtype());
   const int window = check_window(window_arg, c.mask_kind);
   Backend backend = backend_for(requested_device(s));
   if (sinks) check_sinks(*sinks, queries);
@@ -498,9 +509,12 @@ mx::array attention(
         }
         return tail(std::get<mx::array>(x));
       };
-      std::optional<int> rest = window < S - first ? std::optional<int>(window) : std::nullopt;
-      return flash_attention(queries, keys_from(keys_arg), keys_from(values_arg), softmax_scale, mask_mode, mask_arr,
-                             s, dtype, sinks, rest, group_size, bits, out_dtype);
+      Request rest = r;
+      rest.keys = keys_from(keys_arg);
+      rest.values = keys_from(values_arg);
+      rest.scale = softmax_scale;
+      rest.window = window < S - first ? std::optional<int>(window) : std::nullopt;
+      return as_asked(rest);
     }
   }
   if (kv.quantization.any() && backend == Backend::cuda) {
@@ -563,8 +577,8 @@ mx::array attention(
     // Otherwise (a gradient may be taken) float32 attention over 16-bit
     // inputs off CUDA is the float32 path on cast inputs.
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, stream); };
-    return flash_attention(f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s, std::nullopt,
-                           sinks, window_arg);
+    return as_asked({f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s, std::nullopt, sinks,
+                     window_arg, std::nullopt, std::nullopt, std::nullopt});
   }
   if (backend != Backend::cpu) {
     auto forward = [=](const std::vector<mx::array>& in) {
@@ -598,6 +612,13 @@ mx::array attention(
   return cpu_attention(queries, kv, c, window, sinks, stream);
 }
 
+// The call's result in the dtype asked for.
+mx::array as_asked(const Request& r) {
+  mx::array out = attention(r);
+  const mx::Dtype want = result_dtype(r.queries, widens(r.queries, r.dtype), r.out_dtype);
+  return out.dtype() == want ? out : mx::astype(out, want, mx::to_stream(r.s));
+}
+
 } // namespace
 
 mx::array flash_attention(
@@ -614,10 +635,8 @@ mx::array flash_attention(
     std::optional<int> group_size,
     std::optional<int> bits,
     std::optional<mx::Dtype> out_dtype) {
-  mx::array out = attention(queries, keys, values, scale, mask_mode, mask_arr, s, dtype, sinks, window, group_size,
-                            bits, out_dtype);
-  const mx::Dtype want = result_dtype(queries, widens(queries, dtype), out_dtype);
-  return out.dtype() == want ? out : mx::astype(out, want, mx::to_stream(s));
+  return as_asked({queries, keys, values, scale, mask_mode, mask_arr, s, dtype, sinks, window, group_size, bits,
+                   out_dtype});
 }
 
 mx::array flash_attention_metal_emulated(
