@@ -443,6 +443,11 @@ mx::Dtype result_dtype(const mx::array& queries, bool widen, std::optional<mx::D
   return *out_dtype;
 }
 
+// out in dtype want: itself where it already is (no copy in the graph).
+mx::array cast_to(const mx::array& out, mx::Dtype want, const mx::Stream& s) {
+  return out.dtype() == want ? out : mx::astype(out, want, s);
+}
+
 // A flash_attention call's arguments, as the public function takes them.
 struct Request {
   mx::array queries;
@@ -614,9 +619,8 @@ mx::array attention(const Request& r) {
 
 // The call's result in the dtype asked for.
 mx::array as_asked(const Request& r) {
-  mx::array out = attention(r);
-  const mx::Dtype want = result_dtype(r.queries, widens(r.queries, r.dtype), r.out_dtype);
-  return out.dtype() == want ? out : mx::astype(out, want, mx::to_stream(r.s));
+  return cast_to(attention(r), result_dtype(r.queries, widens(r.queries, r.dtype), r.out_dtype),
+                 mx::to_stream(r.s));
 }
 
 } // namespace
@@ -669,7 +673,7 @@ mx::array flash_attention_metal_emulated(
     };
     const mx::array out = quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg,
                                                   values_arg, kv, c, window, sinks, run, stream);
-    return out.dtype() == want ? out : mx::astype(out, want, stream);
+    return cast_to(out, want, stream);
   }
   if (widen) {  // as flash_attention on a Metal stream: no gradient through this path here
     std::optional<mx::array> m;

@@ -176,10 +176,15 @@ std::optional<Launches> quantized_prefill_launches(const Dims& d, int device_ind
 // row tiles, no schedule and no key splits.
 std::optional<Launches> two_term_launches(const Dims& d, mx::Dtype dtype, int device_index) {
   namespace ws = fa::wg_shapes;
-  const std::string suffix = d.dt + "_" + std::to_string(d.E), out16_kernel = "fa_prefill_wg32th_" + suffix;
-  const bool out16 = d.out16 && find_image(out16_kernel, device_index);
-  const std::string kernel = out16 ? out16_kernel : "fa_prefill_wg32t_" + suffix;
-  if (!d.widen || dtype != mx::bfloat16 || !find_image(kernel, device_index)) return std::nullopt;
+  if (!d.widen || dtype != mx::bfloat16) return std::nullopt;
+  const std::string suffix = d.dt + "_" + std::to_string(d.E);
+  // The bfloat16-output unit where it is asked for and built, else the float32 one.
+  std::string kernel = "fa_prefill_wg32th_" + suffix;
+  const bool out16 = d.out16 && find_image(kernel, device_index);
+  if (!out16) {
+    kernel = "fa_prefill_wg32t_" + suffix;
+    if (!find_image(kernel, device_index)) return std::nullopt;
+  }
   const std::vector<int>& maps = map_template(dtype);
   const int rows = ws::f16_rows(d.E), threads = ws::f16_threads(d.E);
   const int smem = ws::f16_smem_bytes(d.E, false, true);
