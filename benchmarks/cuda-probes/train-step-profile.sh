@@ -12,6 +12,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 for patch in off on; do
   STEPS="$steps" python3 "$here/train-step-probe.py" /tmp/qwen2-train "$patch" "$precision" "$length" \
     "$OUT/kern-$precision-$patch.tsv" > "$OUT/probe-$patch.log" 2>&1 || { tail -5 "$OUT/probe-$patch.log"; exit 1; }
+  grep -E "wall|busy" "$OUT/probe-$patch.log"
 done
 python3 - "$OUT" "$precision" <<'PY'
 import sys
