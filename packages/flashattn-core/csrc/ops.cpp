@@ -619,8 +619,10 @@ mx::array attention(const Request& r) {
 
 // The call's result in the dtype asked for.
 mx::array as_asked(const Request& r) {
-  return cast_to(attention(r), result_dtype(r.queries, widens(r.queries, r.dtype), r.out_dtype),
-                 mx::to_stream(r.s));
+  // attention() first: it names a stream this build cannot serve before
+  // to_stream would (MLX's own error names no argument).
+  mx::array out = attention(r);
+  return cast_to(out, result_dtype(r.queries, widens(r.queries, r.dtype), r.out_dtype), mx::to_stream(r.s));
 }
 
 } // namespace
