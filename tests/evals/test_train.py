@@ -147,3 +147,23 @@ def test_random_weights_bad_source(tmp_path, text_file, make, message):
     r = invoke(f"random:{source}", text_file, "-l", "16", "--steps", "1")
     assert r.exit_code != 0
     assert message in " ".join(r.output.split())
+
+
+def test_the_step_compiled_as_mlx_lm_lora_compiles_it(model_dir, text_file):
+    # The default compiles the step with its state, as mlx_lm.lora's trainer
+    # does; --no-compile runs it eagerly. Both train to the same losses, and
+    # only the eager step calls attention again at every step (2 blocks, 3
+    # steps), the compiled one replaying its trace.
+    reps = {}
+    for flag in ("--compile", "--no-compile"):
+        r = invoke(model_dir, text_file, "-l", "24", "--steps", "3", "--json", flag)
+        assert r.exit_code == 0, r.output
+        reps[flag] = json.loads(r.output)
+    assert reps["--compile"]["protocol"]["compiled"] is True
+    assert reps["--no-compile"]["protocol"]["compiled"] is False
+    for compiled, eager in zip(reps["--compile"]["results"], reps["--no-compile"]["results"]):
+        assert compiled["patch"] == eager["patch"]
+        assert compiled["losses"] == pytest.approx(eager["losses"], rel=1e-5)
+    eager_on, compiled_on = reps["--no-compile"]["results"][1], reps["--compile"]["results"][1]
+    assert eager_on["flash_calls"] == eager_on["gradients"]["fused"] == 2 * 3
+    assert 0 < compiled_on["flash_calls"] < eager_on["flash_calls"]

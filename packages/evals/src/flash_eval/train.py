@@ -7,15 +7,20 @@ length + 1 tokens; step i of every setting trains on the same `--batch-size`
 windows (inputs the first `length` tokens, targets the next token of each).
 LoRA (`mlx_lm.tuner`, the default) or full fine-tuning with Adam. The LoRA
 adapters are made once, from `--seed`, and every setting starts from the same
-weights and a fresh optimizer. The first step of each setting carries
-one-time costs (kernel loading, compilation, the allocator's first buffers):
-step time and tokens/s are medians over the steps after it.
+weights and a fresh optimizer. The step (forward, backward and the
+optimizer's update) is `mx.compile`d with the model's and optimizer's state,
+as `mlx_lm.lora`'s trainer does, unless `--no-compile`: compiled, it is traced
+once a setting and length, so the patch's counts are of the traced graph's
+calls. The first step of each setting carries one-time costs (tracing, kernel
+loading, the allocator's first buffers): step time and tokens/s are medians
+over the steps after it.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import click
 import mlx.core as mx
@@ -65,12 +70,30 @@ def prepare(model, fine_tune: str, lora_layers: int, seed: int):
     mx.eval(model.parameters())
 
 
+def make_step(model, optimizer, compiled: bool):
+    """One training step: the loss, with the update applied. Compiled, as
+    mlx_lm.lora's trainer compiles its step (the state it updates in place
+    named), it is built per setting, so that a trace never outlives the
+    patch setting it was made under."""
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+
+    def step(batch):
+        loss, grads = loss_and_grad(model, batch)
+        optimizer.update(model, grads)
+        return loss
+
+    if not compiled:
+        return step
+    state = [model.state, optimizer.state, mx.random.state]
+    return partial(mx.compile, inputs=state, outputs=state)(step)
+
+
 def run_setting(model, initial, data: list[mx.array], patch: str, precision: str, learning_rate: float,
-                advance) -> dict:
+                advance, compiled: bool = True) -> dict:
     """Training steps from the initial weights with a fresh Adam."""
     model.update(initial)
     optimizer = optim.Adam(learning_rate=learning_rate)
-    step = nn.value_and_grad(model, loss_fn)
+    step = make_step(model, optimizer, compiled)
     losses, seconds, peaks = [], [], []
     mlxlm_flash_patch.reset_stats()
     with patch_setting(patch, precision):
@@ -78,8 +101,7 @@ def run_setting(model, initial, data: list[mx.array], patch: str, precision: str
             mx.synchronize()
             mx.reset_peak_memory()
             start = time.perf_counter()
-            loss, grads = step(model, batch)
-            optimizer.update(model, grads)
+            loss = step(batch)
             mx.eval(loss, model.trainable_parameters(), optimizer.state)
             mx.synchronize()
             seconds.append(time.perf_counter() - start)
@@ -153,11 +175,13 @@ def compare(rows: list[dict]) -> None:
               help="Run the settings in alternation this many times a length (each from the same weights): "
                    "step times pooled, so that a ratio does not meet one state of a drifting machine.")
 @click.option("--seed", default=0, show_default=True, help="Seeds the LoRA adapters.")
+@click.option("--compile/--no-compile", "compiled", default=True, show_default=True,
+              help="mx.compile the step, as mlx_lm.lora does (the patch's counts are then the traced graph's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every step) instead of a table.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True),
               help="Write a PNG chart here: the losses step by step, time and memory per length.")
 def train(model_spec, dtype, lengths, steps, batch_size, fine_tune, lora_layers, learning_rate, dataset, patches,
-          precision, rounds, seed, as_json, plot):
+          precision, rounds, seed, compiled, as_json, plot):
     """Fine-tuning steps with the patch off and on: loss, step time, tokens/s
     and peak memory, on the same model, data and seed."""
     if not lengths:
@@ -180,7 +204,8 @@ def train(model_spec, dtype, lengths, steps, batch_size, fine_tune, lora_layers,
             runs = {p: [] for p in patches}
             for _ in range(rounds):
                 for p in patches:
-                    runs[p].append(run_setting(lm.model, initial, data[n], p, precision, learning_rate, advance))
+                    runs[p].append(run_setting(lm.model, initial, data[n], p, precision, learning_rate, advance,
+                                               compiled))
             rows = [pool_rounds(runs[p]) for p in patches]
             for r in rows:
                 r["length"] = n
@@ -191,7 +216,7 @@ def train(model_spec, dtype, lengths, steps, batch_size, fine_tune, lora_layers,
         "text": {"name": text.name, "note": text.note, "tokens": int(len(tokens))},
         "protocol": {"fine_tune": fine_tune, "lora": LORA | {"layers": lora_layers} if fine_tune == "lora" else None,
                      "optimizer": "Adam", "learning_rate": learning_rate, "steps": steps, "batch_size": batch_size,
-                     "seed": seed, "rounds": rounds,
+                     "seed": seed, "rounds": rounds, "compiled": compiled,
                      "timing": "step time and tokens/s: medians of the steps after the first"
                                + (f", over {rounds} rounds of the settings in alternation" if rounds > 1 else "")},
         "device": str(mx.default_device()),
@@ -216,7 +241,8 @@ def _print(report: dict) -> None:
     m, p = report["model"], report["protocol"]
     how = f"LoRA rank {p['lora']['rank']} on {p['lora']['layers']} blocks" if p["lora"] else "full fine-tune"
     console.print(f"model: {m['name']} ({m['parameters'] / 1e6:,.0f}M parameters, {m['trainable']:,} trained: {how})")
-    console.print(f"text: {report['text']['name']}; {p['steps']} Adam steps (lr {p['learning_rate']:g}) of "
+    console.print(f"text: {report['text']['name']}; {p['steps']} {'compiled' if p['compiled'] else 'eager'} Adam steps "
+                  f"(lr {p['learning_rate']:g}) of "
                   f"{p['batch_size']} sequence(s) a length, the same for every setting; {p['timing']}")
     if report["text"]["note"]:
         console.print(f"[yellow]note: {report['text']['note']}[/yellow]")
