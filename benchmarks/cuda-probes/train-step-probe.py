@@ -1,4 +1,4 @@
-"""LoRA steps of flash-eval train's protocol, patch off or on, under
+"""LoRA steps of flash-eval train's protocol, eager (`--no-compile`), patch off or on, under
 PyTorch's profiler (CUPTI: every kernel of the process, MLX's too), to
 compare where a step's GPU time goes (train-step-profile.sh):
 
