@@ -1,4 +1,4 @@
-"""LoRA steps of flash-eval train's protocol, eager (`--no-compile`), patch off or on, under
+"""LoRA steps of flash-eval train's protocol (eager; COMPILE=1: compiled, its default), patch off or on, under
 PyTorch's profiler (CUPTI: every kernel of the process, MLX's too), to
 compare where a step's GPU time goes (train-step-profile.sh):
 
@@ -16,25 +16,23 @@ import sys
 import time
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 
 from flash_eval.models import load_model
 from flash_eval.setting import patch_setting
-from flash_eval.train import loss_fn, prepare
+from flash_eval.train import make_step, prepare
 
 model_dir, patch, precision, length = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 lm = load_model(model_dir, "bfloat16", quiet=True)
 prepare(lm.model, "lora", 16, 0)
 batch = mx.random.randint(0, 1000, (1, length + 1))
 optimizer = optim.Adam(learning_rate=1e-5)
-step = nn.value_and_grad(lm.model, loss_fn)
+step = make_step(lm.model, optimizer, compiled=os.environ.get("COMPILE") == "1")
 
 
 def one_step():
     start = time.perf_counter()
-    loss, grads = step(lm.model, batch)
-    optimizer.update(lm.model, grads)
+    loss = step(batch)
     built = time.perf_counter()
     mx.eval(loss, lm.model.trainable_parameters(), optimizer.state)
     mx.synchronize()

@@ -3,7 +3,8 @@
 # profiler, train-step-probe.py): kernel time a step by kernel, both settings side by
 # side, largest differences first. After `scripts/cuda-check none` (the
 # build) with .gpu2 carried:
-#   bash benchmarks/cuda-probes/train-step-profile.sh [native|float32] [length]
+#   [COMPILE=1] bash benchmarks/cuda-probes/train-step-profile.sh [native|float32] [length]
+# (COMPILE=1: the step compiled, as flash-eval train and mlx_lm.lora run it)
 set -uo pipefail
 precision="${1:-native}"; length="${2:-8192}"; steps="${STEPS:-3}"
 OUT="${OUT:-/tmp/train-profile}"; mkdir -p "$OUT"
