@@ -1,5 +1,5 @@
-"""LoRA steps of flash-eval train's protocol (eager; COMPILE=1: compiled, its default), patch off or on, under
-PyTorch's profiler (CUPTI: every kernel of the process, MLX's too), to
+"""LoRA steps of flash-eval train's protocol (eager; COMPILE=1 compiled, as
+flash-eval train runs them by default), patch off or on, under PyTorch's profiler (CUPTI: every kernel of the process, MLX's too), to
 compare where a step's GPU time goes (train-step-profile.sh):
 
     python3 train-step-probe.py MODEL off|on native|float32 LENGTH OUT.tsv

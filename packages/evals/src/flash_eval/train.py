@@ -71,10 +71,10 @@ def prepare(model, fine_tune: str, lora_layers: int, seed: int):
 
 
 def make_step(model, optimizer, compiled: bool):
-    """One training step: the loss, with the update applied. Compiled, as
-    mlx_lm.lora's trainer compiles its step (the state it updates in place
-    named), it is built per setting, so that a trace never outlives the
-    patch setting it was made under."""
+    """One training step: returns the loss, the update applied. compiled:
+    mx.compile'd with the state it updates, as mlx_lm.lora's trainer does.
+    Made anew for every setting, so that no trace outlives the patch setting
+    it was made under."""
     loss_and_grad = nn.value_and_grad(model, loss_fn)
 
     def step(batch):
