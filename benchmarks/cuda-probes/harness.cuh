@@ -67,20 +67,21 @@ std::vector<T> randn(size_t n, uint64_t seed) {
 
 template <typename T>
 using Kernel = void (*)(const T*, const T*, const T*, const void*, const int64_t*, T*, int, int, int, int, int,
-                        int, int, float, int, int, int, int, int, int, int, int, int);
+                        int, int, float, int, int, int, int, int, int, int, int, int, int, int, int);
 
 // The 16-bit wgmma kernels take one more argument (`slices`: 0 for one row
 // tile a block, or batch x H_q for one block per SM, prefill_f16_wg.cu).
 template <typename T>
 using KernelS = void (*)(const T*, const T*, const T*, const void*, const int64_t*, T*, int, int, int, int, int,
-                         int, int, float, int, int, int, int, int, int, int, int, int, int);
+                         int, int, float, int, int, int, int, int, int, int, int, int, int, int, int, int);
 
 // The 16-bit wgmma kernels with TMA copies (prefill_f16_wg.cu's TMA) take
 // three more: the tensor-map template (device memory), the maps' scratch and
 // the call's tag (a new one every launch, as the host gives).
 template <typename T>
 using KernelT = void (*)(const T*, const T*, const T*, const void*, const int64_t*, T*, int, int, int, int, int,
-                         int, int, float, int, int, int, int, int, int, int, int, int, int, const void*, void*,
+                         int, int, float, int, int, int, int, int, int, int, int, int, int, int, int, int,
+                         const void*, void*,
                          unsigned long long);
 
 template <typename T>
@@ -232,16 +233,17 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
       if (ln.fn_t != nullptr) {
         ln.fn_t<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, mask_cs,
                                                scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, q_sh, q_sr,
-                                               c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E, maps,
-                                               maps + 128, ++tag);
+                                               c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E,
+                                               c.H_q * c.L * E, c.L * E, E, maps, maps + 128, ++tag);
       } else if (ln.fn_s != nullptr) {
         ln.fn_s<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, mask_cs,
                                                scale_log2, ln.scheduled ? c.H_q : 0, c.H_q * c.L * E, q_sh, q_sr,
-                                               c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E);
+                                               c.H_kv * c.S * E, c.S * E, E, c.H_kv * c.S * E, c.S * E, E,
+                                               c.H_q * c.L * E, c.L * E, E);
       } else {
         ln.fn<<<grid, ln.threads, ln.smem>>>(dq, dk, dv, dq, nullptr, dout, c.H_q, c.H_kv, c.L, c.S, c.kind, 0, mask_cs,
                                              scale_log2, c.H_q * c.L * E, q_sh, q_sr, c.H_kv * c.S * E, c.S * E, E,
-                                             c.H_kv * c.S * E, c.S * E, E);
+                                             c.H_kv * c.S * E, c.S * E, E, c.H_q * c.L * E, c.L * E, E);
       }
     };
     CHECK(cudaMemset(dout, 0xff, nq * b));  // NaN: rows never written show

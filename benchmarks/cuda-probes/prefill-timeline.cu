@@ -137,7 +137,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
                                                     causal ? fa::kNoWindow : 0, scale_log2,
                                                     ITEMS == 2 || split ? H_q : 0, split_from, splits,
                                                     H_q * L * E, L * E, E, H_kv * S * E, S * E, E, H_kv * S * E,
-                                                    S * E, E, templ, scratch, tag++);
+                                                    S * E, E, H_q * L * E, L * E, E, templ, scratch, tag++);
       },
       reps);
   std::vector<Record> rec(blocks);  // the last launch's

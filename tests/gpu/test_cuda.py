@@ -649,6 +649,47 @@ def test_strided_views_in_the_tensor_core_prefill(E, layout):
     assert relative_error(out, attention_reference(q, k, v, mask="causal")) <= TOLERANCE["bfloat16"]
 
 
+def _transposed(B, L, heads, E, dtype, seed):
+    """mlx-lm's layout: (B, L, H, E) projections viewed as (B, H, L, E)."""
+    rng = np.random.default_rng(seed)
+    return tuple(mx.swapaxes(mx.array(rng.standard_normal((B, L, h, E)), dtype=getattr(mx, dtype)), 1, 2)
+                 for h in heads)
+
+
+@pytest.mark.parametrize("dtype, E, kw", [
+    ("bfloat16", 64, {}), ("bfloat16", 128, {}), ("float16", 80, {}), ("float16", 256, {}),
+    ("bfloat16", 64, {"dtype": mx.float32}), ("bfloat16", 128, {"dtype": mx.float32, "out_dtype": mx.bfloat16}),
+    ("float32", 64, {}), ("float32", 128, {}),
+], ids=str)
+@pytest.mark.parametrize("mask", ["causal", None])
+def test_prefill_output_in_the_queries_layout(dtype, E, kw, mask):
+    """The prefills store the output as the queries lie (as MLX's attention
+    allocates its own), each kernel family through its own store."""
+    q, k, v = _transposed(2, 300, (8, 2, 2), E, dtype, E)
+    out = flash_attention(q, k, v, mask=mask, **kw)
+    widened = "dtype" in kw
+    ref = attention_reference(q, k, v, mask=mask)
+    assert relative_error(out, ref) <= TOLERANCE["float32" if widened and "out_dtype" not in kw else dtype]
+
+
+@pytest.mark.parametrize("kw", [{}, {"dtype": mx.float32, "out_dtype": mx.bfloat16}], ids=str)
+def test_mlx_lm_transpose_of_the_output_copies_nothing(kw):
+    # mlx-lm's attention output goes back to (B, L, H E) by a transpose and
+    # a reshape, which copy the output unless it lies as the queries do.
+    B, L, H, E = 1, 4096, 16, 128
+    q, k, v = _transposed(B, L, (H, 4, 4), E, "bfloat16", 3)
+    mx.eval(q, k, v)
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    y = mx.swapaxes(flash_attention(q, k, v, mask="causal", **kw), 1, 2).reshape(B, L, H * E)
+    mx.eval(y)
+    out_bytes = B * L * H * E * 2
+    assert mx.get_peak_memory() - before < 1.5 * out_bytes
+    assert relative_error(y.reshape(B, L, H, E).swapaxes(1, 2), attention_reference(q, k, v, mask="causal")) <= (
+        TOLERANCE["bfloat16"])
+
+
 @pytest.mark.parametrize("L", [1, 512])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_kv_cache_views_are_not_copied(L, transposed):

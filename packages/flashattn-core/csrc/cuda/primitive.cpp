@@ -1,4 +1,5 @@
-// The flash_attention node on a CUDA stream: reads the inputs' strides, then
+// The flash_attention node on a CUDA stream: reads the inputs' strides (and
+// lays a prefill's output out as the queries lie), then
 // runs the planned launches through MLX's custom-kernel primitive (which
 // allocates the outputs on MLX's stream-ordered allocator and orders the
 // launches in MLX's CUDA graph, as a launch of our own could not).
@@ -17,6 +18,7 @@
 #include <set>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "cuda/kernel_images.h"
 #include "cuda/module_cache.h"
@@ -45,14 +47,12 @@ bool fits_int(int64_t x) {
   return std::abs(x) <= std::numeric_limits<int>::max();
 }
 
-// x's rows as they lie, when the kernels can read them there: the head dim
-// contiguous, the batch axes collapsing into one (each axis's stride the
-// next inner one's times its size), strides that fit the 32-bit launch
-// arguments. Otherwise nullopt: MLX copies x first.
-std::optional<Rows> rows_in_place(const mx::array& x) {
-  const int nd = x.ndim();
-  const auto& shape = x.shape();
-  const auto& strides = x.strides();
+// The rows of an array of this shape and these strides, when the kernels
+// can address them: the head dim contiguous, the batch axes collapsing into
+// one (each axis's stride the next inner one's times its size), strides
+// that fit the 32-bit launch arguments.
+std::optional<Rows> rows_of_layout(const mx::Shape& shape, const mx::Strides& strides) {
+  const int nd = static_cast<int>(shape.size());
   if (shape[nd - 1] > 1 && strides[nd - 1] != 1) return std::nullopt;
   Rows r;
   r.sh = shape[nd - 3] > 1 ? strides[nd - 3] : 0;
@@ -72,6 +72,12 @@ std::optional<Rows> rows_in_place(const mx::array& x) {
   return r;
 }
 
+// x's rows as they lie, when the kernels can read them there; otherwise
+// nullopt: MLX copies x first.
+std::optional<Rows> rows_in_place(const mx::array& x) {
+  return rows_of_layout(x.shape(), x.strides());
+}
+
 // The rows of x's row-contiguous copy.
 Rows contiguous_rows(const mx::array& x) {
   const int64_t E = x.shape(-1), N = x.shape(-2), H = x.shape(-3);
@@ -83,6 +89,59 @@ Rows contiguous_rows(const mx::array& x) {
 bool rows_aligned(const Rows& r, int64_t offset_bytes, int64_t itemsize) {
   auto ok = [](int64_t bytes) { return bytes % 16 == 0; };
   return ok(offset_bytes) && ok(r.sb * itemsize) && ok(r.sh * itemsize) && ok(r.sr * itemsize);
+}
+
+// An output laid out as the queries are, as MLX's own attention allocates
+// its output: mlx-lm's queries are (B, L, H, E) transposed, and its
+// transpose of the output back to (B, L, H E) then copies nothing (one copy
+// a layer a pass otherwise).
+struct OutLayout {
+  mx::Strides strides;  // dense: q's order of axes, the head dim innermost
+  Rows rows;
+};
+
+// nullopt where that layout is row-contiguous anyway (every axis of more
+// than one element in order), or its rows are not the kernels' (the head
+// dim not innermost, batch axes that do not collapse, rows not on 16-byte
+// boundaries): then the output is row-contiguous.
+std::optional<OutLayout> like_queries(const mx::array& q, const mx::array& out) {
+  if (q.flags().row_contiguous) return std::nullopt;
+  const int nd = out.ndim();
+  // Outermost first by q's strides; axes of one element (any stride) outside.
+  std::vector<int> order(nd);
+  for (int d = 0; d < nd; ++d) order[d] = d;
+  auto key = [&](int d) { return q.shape(d) > 1 ? q.strides(d) : std::numeric_limits<int64_t>::max(); };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(a) > key(b); });
+  if (order[nd - 1] != nd - 1 && out.shape(-1) > 1) return std::nullopt;
+  OutLayout o{mx::Strides(nd), {}};
+  int64_t stride = 1;
+  for (int i = nd - 1; i >= 0; --i) {
+    o.strides[order[i]] = stride;
+    stride *= out.shape(order[i]);
+  }
+  bool row_major = true;
+  stride = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    if (out.shape(d) > 1) row_major &= o.strides[d] == stride;
+    stride *= out.shape(d);
+  }
+  if (row_major) return std::nullopt;
+  const std::optional<Rows> rows = rows_of_layout(out.shape(), o.strides);
+  if (!rows || !rows_aligned(*rows, 0, out.itemsize())) return std::nullopt;
+  o.rows = *rows;
+  return o;
+}
+
+// The output's layout for this launch plan: the prefills store the rows
+// anywhere (Layout's o, kernels/common.cuh); the others' outputs, and a
+// merge's or a fused decode's, are row-contiguous.
+std::optional<OutLayout> output_layout(const Launches& run, const mx::array& q, const mx::array& out) {
+  if (run.fused || run.merge || run.attend.kernel.rfind("fa_prefill", 0) != 0) return std::nullopt;
+  return like_queries(q, out);
+}
+
+void push_rows(std::vector<Scalar>& scalars, const Rows& r) {
+  scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
 }
 
 // A number no earlier call of this process had (48 bits, the fused decode's
@@ -160,8 +219,8 @@ namespace {
 // codes', then the scales' rows (a bias lies as its scale: where they do
 // not, MLX copies them all row-contiguous, as where the kernel cannot read
 // an input in place, or a mask's data is not row-contiguous).
-void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs, std::vector<mx::array>& in,
-                      std::vector<Scalar>& scalars, bool& copy) {
+void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs, const Rows& out_rows,
+                      std::vector<mx::array>& in, std::vector<Scalar>& scalars, bool& copy) {
   std::array<std::optional<Rows>, 7> place;
   const bool mask_inputs = inputs.size() > 7;
   copy = mask_inputs && !inputs[7].flags().row_contiguous;
@@ -175,11 +234,13 @@ void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs,
   };
   copy |= !same(3, 4) || !same(5, 6);
   scalars = run.attend.scalars;
-  for (int i : {0, 1, 2, 3, 5}) {
+  auto rows_of = [&](int i) {
     const mx::array& x = inputs[i];
-    const Rows r = copy && !x.flags().row_contiguous ? contiguous_rows(x) : *place[i];
-    scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
-  }
+    return copy && !x.flags().row_contiguous ? contiguous_rows(x) : *place[i];
+  };
+  for (int i : {0, 1, 2}) push_rows(scalars, rows_of(i));
+  push_rows(scalars, out_rows);                          // FA_LAYOUT_PARAMS' last
+  for (int i : {3, 5}) push_rows(scalars, rows_of(i));  // FA_QUANT_LAYOUT
   in.assign(inputs.begin(), inputs.begin() + 7);
   if (run.attend.mask_inputs) {
     in.insert(in.end(), {mask_inputs ? inputs[7] : inputs[0], mask_inputs ? inputs[8] : inputs[0]});
@@ -196,8 +257,11 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   std::vector<Scalar> scalars;
   std::vector<mx::array> in;
   bool copy = false;
+  std::optional<OutLayout> out_layout;
   if (plan_->aligned.attend.quantized) {
-    quantized_inputs(plan_->aligned, inputs, in, scalars, copy);
+    out_layout = output_layout(plan_->aligned, inputs[0], outputs[0]);
+    quantized_inputs(plan_->aligned, inputs, out_layout ? out_layout->rows : contiguous_rows(outputs[0]), in, scalars,
+                     copy);
   } else {
     // inputs: q, k, v, and with an array mask or sinks the mask's data (read
     // row-contiguous) and base offsets (cuda/mask_args.h).
@@ -223,9 +287,9 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     for (const Rows& r : rows) forward &= r.sb >= 0 && r.sh >= 0 && r.sr >= 0;
     chosen = aligned && (forward || !plan_->aligned.tma()) ? &plan_->aligned : &plan_->any;
     scalars = chosen->attend.scalars;
-    for (const Rows& r : rows) {
-      scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
-    }
+    for (const Rows& r : rows) push_rows(scalars, r);
+    out_layout = output_layout(*chosen, inputs[0], outputs[0]);
+    push_rows(scalars, out_layout ? out_layout->rows : contiguous_rows(outputs[0]));
     // The kernels that read masks take their two pointers whether or not
     // there is an array mask or sinks (without, the queries stand in, never read).
     in = {inputs[0], inputs[1], inputs[2]};
@@ -277,9 +341,15 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   if (!run.merge) {
     // One launch: the output, the rows' log-sum-exp (or its placeholder) and
     // the tensor maps' scratch, as the kernel takes them.
+    // In the queries' layout, the kernel writes a buffer of its own that the
+    // output then views.
     const size_t used = 1 + (run.attend.lse_output ? 1 : 0) + (run.tma() ? 1 : 0);
     std::vector<mx::array> out(outputs.begin(), outputs.begin() + used);
+    if (out_layout) out[0] = mx::array(outputs[0].shape(), outputs[0].dtype(), nullptr, {});
     launch(run.attend, scalars, in, out, copy, s);
+    if (out_layout) {
+      outputs[0].copy_shared_buffer(out[0], out_layout->strides, {true, false, false}, outputs[0].size());
+    }
     leave_unused(used, n);
     return;
   }

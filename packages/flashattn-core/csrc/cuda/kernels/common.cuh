@@ -58,8 +58,8 @@ __device__ __forceinline__ unsigned long long call_tag(int lo, int hi) {
   return (unsigned long long)hi << 24 | (unsigned)lo;
 }
 
-// Where the rows of Q, K or V lie: element e of row r of (batch b, head h)
-// is at b sb + h sh + r sr + e (MLX strides, in elements).
+// Where the rows of Q, K, V or the output lie: element e of row r of
+// (batch b, head h) is at b sb + h sh + r sr + e (MLX strides, in elements).
 struct Rows {
   int sb, sh, sr;
   __device__ __forceinline__ int64_t at(int64_t b, int64_t h, int64_t r) const {
@@ -67,15 +67,20 @@ struct Rows {
   }
 };
 
+// o: the output's rows, which the prefills store (store_rows, mma.cuh) in
+// the queries' layout as MLX's own attention does, so that mlx-lm's
+// transpose back to (B, L, H E) copies nothing; the other kernels' outputs
+// are row-contiguous.
 struct Layout {
-  Rows q, k, v;
+  Rows q, k, v, o;
 };
 
 // The layout as the last launch arguments of every attention kernel.
-#define FA_LAYOUT_PARAMS \
-  int q_sb, int q_sh, int q_sr, int k_sb, int k_sh, int k_sr, int v_sb, int v_sh, int v_sr
+#define FA_LAYOUT_PARAMS                                                                                \
+  int q_sb, int q_sh, int q_sr, int k_sb, int k_sh, int k_sr, int v_sb, int v_sh, int v_sr, int o_sb, int o_sh, \
+      int o_sr
 #define FA_LAYOUT \
-  fa::Layout{{q_sb, q_sh, q_sr}, {k_sb, k_sh, k_sr}, {v_sb, v_sh, v_sr}}
+  fa::Layout{{q_sb, q_sh, q_sr}, {k_sb, k_sh, k_sr}, {v_sb, v_sh, v_sr}, {o_sb, o_sh, o_sr}}
 
 // The mask's contribution to one score, in the log2 domain: -inf hides.
 // Every kernel asks it, and only it, which keys a row sees. A causal mask

@@ -270,7 +270,23 @@ struct PrefillBlock {
   }
 };
 
-// O = o / l for this thread's rows ra and ra + 8 of (batch x head) n, l
+// Where one (batch, head)'s output rows go: row r at out + r sr; lse (not
+// null: a gradient will be taken) the rows' log-sum-exp, one float a row.
+template <typename T>
+struct OutRows {
+  T* out;
+  int64_t sr;
+  float* lse;
+};
+
+// Slice n's (b H_q + h) rows of the output, laid out as lay.o says, and of
+// the log-sum-exp (row-contiguous over all (B H_q L) rows).
+template <typename T>
+__device__ __forceinline__ OutRows<T> out_rows(T* out, const Rows& o, int64_t n, int H_q, int L, float* lse) {
+  return {out + o.at(n / H_q, n % H_q, 0), o.sr, lse != nullptr ? lse + n * (int64_t)L : nullptr};
+}
+
+// O = o / l for this thread's rows ra and ra + 8 of one (batch, head), l
 // summed over the quad that shares a row, with the head's sink (sink2, log2
 // domain; -inf: none) in the sum. Rows that saw no visible key (l = 0) are
 // zeros; rows past L (the last tile's padding) are not written.
@@ -284,14 +300,13 @@ struct PrefillBlock {
 // stores that fill half a sector each, which queued in the epilogue of a
 // block whose warpgroups store at once.
 //
-// lse (not null: a gradient will be taken): each row's log-sum-exp too, in
+// rows.lse (not null: a gradient will be taken): each row's log-sum-exp too, in
 // the log2 domain with the sink in it, +inf for a row that sees no key, as
 // the backward's statistics pass would take it again (backward_parts.cuh's
 // lse_final), one float a row of all (B H_q L).
 template <typename T, int NO>
 __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float* m_i, const float* l_i,
-                                           float sink2, T* out, int64_t n, int L, int E, int ra, int t,
-                                           float* lse = nullptr) {
+                                           float sink2, const OutRows<T>& rows, int L, int E, int ra, int t) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float l_sum = l_i[rr];
@@ -302,8 +317,8 @@ __device__ __forceinline__ void store_rows(const float (&o)[NO][4], const float*
     const float a = add_sink(m, l_sum, sink2);
     const float inv = a * inverse_sum(l_sum);
     const int r = ra + rr * 8;
-    if (lse != nullptr && t == 0 && r < L) lse[n * (int64_t)L + r] = row_lse(seen, m, l_sum);
-    T* dst = out + (n * (int64_t)L + r) * E;
+    if (rows.lse != nullptr && t == 0 && r < L) rows.lse[r] = row_lse(seen, m, l_sum);
+    T* dst = rows.out + r * rows.sr;
     constexpr int kGrouped = sizeof(T) == 2 ? NO / 4 * 4 : 0;  // blocks stored 16 bytes a thread
     if constexpr (kGrouped > 0) {  // (float outputs: pack2 has no float form)
 #pragma unroll

@@ -252,8 +252,8 @@ __device__ __forceinline__ void prefill(const T* __restrict__ q, const T* __rest
 #pragma unroll
       for (int c = 0; c < 4; ++c) o[eb][c] *= 1.0f / kPScale;
   }
-  store_output<TO, NO, kF32>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
-                             mask_kind, lse_of(mask_kind, lse));
+  store_output<TO, NO, kF32>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)),
+                             out_rows(out, lay.o, n, H_q, L, lse_of(mask_kind, lse)), L, E, ra, t, mask_kind);
 }
 
 }  // namespace fa

@@ -551,8 +551,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
     }
     if (store) {
-      store_output<TO, NO, false>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, EO,
-                                         ra, t, mask_kind, lse_of(mask_kind, lse));
+      store_output<TO, NO, false>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)),
+                                  out_rows(out, lay.o, n, H_q, L, lse_of(mask_kind, lse)), L, EO, ra, t, mask_kind);
     }
     FA_TIMELINE_MARK(5);
     it0 += n_tiles;

@@ -165,8 +165,8 @@ __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_da
     __syncthreads();
   }
 
-  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)), out, n, L, E, ra, t,
-                        lse_of(mask_kind, lse));
+  store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)),
+                        out_rows(out, src.lay.o, n, H_q, L, lse_of(mask_kind, lse)), L, E, ra, t);
 }
 
 }  // namespace fa

@@ -14,8 +14,7 @@ namespace fa {
 
 template <typename TO, int NO, bool FOLDABLE>
 __device__ __forceinline__ void store_output(float (&o)[NO][4], const float* m_i, const float* l_i, float sink2,
-                                             TO* out, int64_t n, int L, int E, int ra, int t, int mask_kind,
-                                             float* lse) {
+                                             const OutRows<TO>& rows, int L, int E, int ra, int t, int mask_kind) {
   if constexpr (FOLDABLE && NO % 2 == 0) {
     if (mask_kind & kFold) {
       constexpr int NH = NO / 2;
@@ -23,11 +22,11 @@ __device__ __forceinline__ void store_output(float (&o)[NO][4], const float* m_i
       for (int eb = 0; eb < NH; ++eb)
 #pragma unroll
         for (int c = 0; c < 4; ++c) o[eb][c] += o[eb + NH][c];
-      store_rows<TO, NH>(reinterpret_cast<const float(&)[NH][4]>(o), m_i, l_i, sink2, out, n, L, E / 2, ra, t, lse);
+      store_rows<TO, NH>(reinterpret_cast<const float(&)[NH][4]>(o), m_i, l_i, sink2, rows, L, E / 2, ra, t);
       return;
     }
   }
-  store_rows<TO, NO>(o, m_i, l_i, sink2, out, n, L, E, ra, t, lse);
+  store_rows<TO, NO>(o, m_i, l_i, sink2, rows, L, E, ra, t);
 }
 
 }  // namespace fa
