@@ -470,23 +470,17 @@ mx::array as_asked(const Request& r);
 // values); as_asked casts what remains.
 mx::array attention(const Request& r) {
   const mx::array& queries = r.queries;
-  const KeysOrValues &keys_arg = r.keys, &values_arg = r.values;
-  const std::optional<mx::array>& mask_arr = r.mask;
   const std::optional<mx::array>& sinks = r.sinks;
-  const std::string& mask_mode = r.mask_mode;
-  const mx::StreamOrDevice& s = r.s;
-  const std::optional<mx::Dtype> dtype = r.dtype;
-  const std::optional<int> window_arg = r.window, group_size = r.group_size, bits = r.bits;
   const KeysValues kv =
-      unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, mx::default_stream(mx::Device::cpu));
+      unpack_keys_values(r.keys, r.values, queries, r.group_size, r.bits, mx::default_stream(mx::Device::cpu));
   const mx::array &keys = kv.k, &values = kv.v;
-  const Checked c = check_call(queries, keys, values, r.scale, mask_mode, mask_arr);
-  const bool widen = widens(queries, dtype);
+  const Checked c = check_call(queries, keys, values, r.scale, r.mask_mode, r.mask);
+  const bool widen = widens(queries, r.dtype);
   const bool out16 = result_dtype(queries, widen, r.out_dtype) != (widen ? mx::float32 : queries.dtype());
-  const int window = check_window(window_arg, c.mask_kind);
-  Backend backend = backend_for(requested_device(s));
+  const int window = check_window(r.window, c.mask_kind);
+  Backend backend = backend_for(requested_device(r.s));
   if (sinks) check_sinks(*sinks, queries);
-  auto stream = mx::to_stream(s);
+  auto stream = mx::to_stream(r.s);
 
   // Empty problems are defined without running a kernel: no queries give an
   // empty output, no keys give zeros (an empty weighted sum).
@@ -515,8 +509,8 @@ mx::array attention(const Request& r) {
         return tail(std::get<mx::array>(x));
       };
       Request rest = r;
-      rest.keys = keys_from(keys_arg);
-      rest.values = keys_from(values_arg);
+      rest.keys = keys_from(r.keys);
+      rest.values = keys_from(r.values);
       rest.scale = softmax_scale;
       rest.window = window < S - first ? std::optional<int>(window) : std::nullopt;
       return as_asked(rest);
@@ -524,14 +518,14 @@ mx::array attention(const Request& r) {
   }
   if (kv.quantization.any() && backend == Backend::cuda) {
     auto run = [widen, out16](const AttentionCall& call) { return cuda::quantized_attention(call, widen, out16); };
-    return quantized_gpu_attention(queries, keys_arg, values_arg, kv, c, window, sinks, run, stream);
+    return quantized_gpu_attention(queries, r.keys, r.values, kv, c, window, sinks, run, stream);
   }
   if (backend == Backend::cuda &&
-      !any_tracer({queries, keys, values, mask_arr.value_or(queries), sinks.value_or(queries)})) {
+      !any_tracer({queries, keys, values, r.mask.value_or(queries), sinks.value_or(queries)})) {
     // No transformation can ask for a gradient: the launch alone, one node in
     // the graph (mlx-lm's generation calls this once per layer and token).
     std::optional<mx::array> m;
-    if (has_mask_array(mask_kind)) m = mask_arr;
+    if (has_mask_array(mask_kind)) m = r.mask;
     return cuda::flash_attention(
         {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, widen,
         out16);
@@ -541,10 +535,10 @@ mx::array attention(const Request& r) {
       return metal::flash_attention(
           call, [stream](const metal::KernelCall& k) { return metal::launch_on_metal(k, stream); });
     };
-    return quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg,
-                                   values_arg, kv, c, window, sinks, run, stream);
+    return quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, r.keys,
+                                   r.values, kv, c, window, sinks, run, stream);
   }
-  const bool traced = any_tracer({queries, keys, values, mask_arr.value_or(queries), sinks.value_or(queries)});
+  const bool traced = any_tracer({queries, keys, values, r.mask.value_or(queries), sinks.value_or(queries)});
   if (widen && backend == Backend::cpu && !traced) {
     // No gradient can be asked for: the 16-bit kernels read the inputs in
     // place (quantized ones too) and store a float32 output. The cast path
@@ -560,7 +554,7 @@ mx::array attention(const Request& r) {
     // above, with float32 queries). A 16-bit result asked for: the 16-bit
     // kernels' own, the same float32 values rounded once as they store them.
     std::optional<mx::array> m;
-    if (has_mask_array(mask_kind)) m = mask_arr;
+    if (has_mask_array(mask_kind)) m = r.mask;
     auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
     return metal::flash_attention(
         {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, launch, {},
@@ -575,15 +569,15 @@ mx::array attention(const Request& r) {
       return x;
     };
     const auto q32 = mx::astype(queries, mx::float32, stream);
-    return cpu_attention(q32, unpack_keys_values(f32(keys_arg), f32(values_arg), q32, group_size, bits, stream), c,
+    return cpu_attention(q32, unpack_keys_values(f32(r.keys), f32(r.values), q32, r.group_size, r.bits, stream), c,
                          window, sinks, stream);
   }
   if (widen && backend != Backend::cuda) {
     // Otherwise (a gradient may be taken) float32 attention over 16-bit
     // inputs off CUDA is the float32 path on cast inputs.
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, stream); };
-    return as_asked({f32(queries), f32(keys), f32(values), softmax_scale, mask_mode, mask_arr, s, std::nullopt, sinks,
-                     window_arg, std::nullopt, std::nullopt, std::nullopt});
+    return as_asked({f32(queries), f32(keys), f32(values), softmax_scale, r.mask_mode, r.mask, r.s, std::nullopt, sinks,
+                     r.window, std::nullopt, std::nullopt, std::nullopt});
   }
   if (backend != Backend::cpu) {
     auto forward = [=](const std::vector<mx::array>& in) {
@@ -606,11 +600,11 @@ mx::array attention(const Request& r) {
       return metal::flash_attention_outputs(attention, launch, {}, any_tracer(in));
     };
     if (backend == Backend::cuda) {
-      return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, window,
+      return with_attention_vjp(forward, queries, keys, values, r.mask, sinks, softmax_scale, mask_kind, window,
                                 stream, "cuda", cuda_backward(softmax_scale, mask_kind, window, stream));
     }
     auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
-    return with_attention_vjp(forward, queries, keys, values, mask_arr, sinks, softmax_scale, mask_kind, window,
+    return with_attention_vjp(forward, queries, keys, values, r.mask, sinks, softmax_scale, mask_kind, window,
                               stream, "metal", metal_backward(softmax_scale, mask_kind, window, stream, launch));
   }
 
