@@ -94,6 +94,9 @@ std::optional<Planned> plan_call(const Dims& call, mx::Dtype dtype, const mx::Sh
   // The quantized decode reads rows anywhere (it is its own fallback); a
   // folded call's inputs are fresh row-contiguous arrays (quantized.cpp).
   plan.any = d.quantized() || d.fold ? plan.aligned : generic_launches(d, splits);
+  for (Launches* l : {&plan.aligned, &plan.any}) {
+    l->out_anywhere = !l->fused && !l->merge && l->attend.kernel.rfind("fa_prefill", 0) == 0;
+  }
   const int rows = static_cast<int>(d.batch * d.H_q * d.L);
   std::vector<mx::Shape>& shapes = out.shapes;
   std::vector<mx::Dtype>& dtypes = out.dtypes;

@@ -65,6 +65,10 @@ struct Launches {
   // The attention output is in the inputs' 16-bit dtype though the call is
   // widened (Dims' out16, taken by fa_prefill_wg32h_ and fa_prefill_wg32th_).
   bool out16 = false;
+  // Its one launch is a prefill (fa_prefill*, storing through store_rows):
+  // the output may lie in the queries' layout (primitive.cpp); otherwise
+  // it is row-contiguous.
+  bool out_anywhere = false;
   bool tma() const { return !map_template.empty(); }
 };
 

@@ -132,11 +132,9 @@ std::optional<OutLayout> like_queries(const mx::array& q, const mx::array& out) 
   return o;
 }
 
-// The output's layout for this launch plan: the prefills store the rows
-// anywhere (Layout's o, kernels/common.cuh); the others' outputs, and a
-// merge's or a fused decode's, are row-contiguous.
+// The output's layout for this launch plan (Launches' out_anywhere).
 std::optional<OutLayout> output_layout(const Launches& run, const mx::array& q, const mx::array& out) {
-  if (run.fused || run.merge || run.attend.kernel.rfind("fa_prefill", 0) != 0) return std::nullopt;
+  if (!run.out_anywhere) return std::nullopt;
   return like_queries(q, out);
 }
 
