@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(bs::kThreads) stats_kernel(const T* q, const T
                                                              float* stats, int* flags, float* dq, int slices, int H_q,
                                                              int H_kv, int L, int S, float scale_log2) {
   fa::backward_stats16<T, E>(q, k, o, d_out, nullptr, nullptr, stats, flags, dq, slices, H_q, H_kv, L, S, E, fa::kCausal, 0,
-                             fa::kNoWindow, scale_log2);
+                             fa::kNoWindow, scale_log2, fa::contiguous_backward_layout(H_q, H_kv, L, S, E));
 }
 
 template <int E>
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(bs::kThreads) stats_wg_kernel(const T* q, cons
                                                                 float* stats, int* flags, float* dq, int slices,
                                                                 int H_q, int H_kv, int L, int S, float scale_log2) {
   fa::backward_stats16<T, E, true>(q, k, o, d_out, nullptr, nullptr, stats, flags, dq, slices, H_q, H_kv, L, S, E,
-                                   fa::kCausal, 0, fa::kNoWindow, scale_log2);
+                                   fa::kCausal, 0, fa::kNoWindow, scale_log2, fa::contiguous_backward_layout(H_q, H_kv, L, S, E));
 }
 
 using KeysFn = void (*)(const T*, const T*, const T*, const T*, const float*, const int*, void*, void*, float*, int,
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(bs::kKeysThreads16) keys_kernel(const T* q, co
                                                                   int slices, int H_q, int H_kv, int L, int S,
                                                                   float scale_log2, float scale) {
   fa::backward_keysq16<T, E>(q, k, v, d_out, stats, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
-                             fa::kCausal, 0, fa::kNoWindow, scale_log2, scale);
+                             fa::kCausal, 0, fa::kNoWindow, scale_log2, scale, fa::contiguous_backward_layout(H_q, H_kv, L, S, E));
 }
 template <int E>
 __global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_kernel(const T* q, const T* k, const T* v,
@@ -67,8 +67,8 @@ __global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_kernel(const T*
                                                                         const int* flags, void* dk, void* dv, float* dq,
                                                                         int slices, int H_q, int H_kv, int L, int S,
                                                                         float scale_log2, float scale) {
-  fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
-                             fa::kCausal, 0, fa::kNoWindow, scale_log2, scale);
+  fa::backward_keys_wg<T, E, false>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S, E,
+                             fa::kCausal, 0, fa::kNoWindow, scale_log2, scale, fa::contiguous_backward_layout(H_q, H_kv, L, S, E));
 }
 // The wgmma keys pass as the shipped entry points run it: what they take as
 // launch arguments read here from device memory, so that the compiler
@@ -83,8 +83,9 @@ __global__ void __launch_bounds__(bs::kKeysThreads16, 1) wg_keys_rt(const T* q, 
                                                                     int slices, int H_q, int H_kv, int L, int S,
                                                                     float scale_log2, float scale) {
   const int* a = g_args[E == 128];
-  fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S,
-                             (FOLD & 1) ? E : a[0], (FOLD & 4) ? fa::kCausal : a[1], a[2], a[3], scale_log2, scale);
+  fa::backward_keys_wg<T, E, false>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv, L, S,
+                             (FOLD & 1) ? E : a[0], (FOLD & 4) ? fa::kCausal : a[1], a[2], a[3], scale_log2, scale,
+                             fa::contiguous_backward_layout(H_q, H_kv, L, S, E));
 }
 #ifdef FA_BASELINE_DIR
 template <int E>
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(bs::kKeysThreads16, 1) base_keys_kernel(const 
                                                                        const int* flags, void* dk, void* dv, float* dq, int slices, int H_q,
                                                                        int H_kv, int L, int S, float scale_log2,
                                                                        float scale) {
-  baseline::fa::backward_keys_wg<T, E>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv,
+  baseline::fa::backward_keys_wg<T, E, false>(q, k, v, d_out, stats, flags, nullptr, nullptr, dk, dv, dq, slices, H_q, H_kv,
                                        L, S, E, fa::kCausal, 0, fa::kNoWindow, scale_log2, scale);
 }
 #endif

@@ -151,3 +151,70 @@ def test_gradients_of_misaligned_rows(L, S, dtype):
     for name, g, ref in zip(("dq", "dk", "dv"), grads, refs):
         assert relative_error(g, ref) <= TOLERANCE[dtype], name
     assert gradient_stats() == {"fused": 1, "recomputed": {}}
+
+
+def _as_mlx_lm(shape, dtype, seed):
+    """mlx-lm's layout: a (B, N, H, E) projection viewed as (B, H, N, E)."""
+    B, H, N, E = shape
+    x = np.random.default_rng(seed).standard_normal((B, N, H, E))
+    return mx.swapaxes(mx.array(x).astype(getattr(mx, dtype)), 1, 2)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("E", [64, 72, 80, 128])
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4)], ids=str)
+@pytest.mark.parametrize("mask,L,S", [("causal", 300, 300), ("causal", 130, 400), (None, 200, 150),
+                                      ("bool", 160, 260)], ids=str)
+def test_gradients_of_inputs_in_mlx_lm_layout(dtype, E, heads, mask, L, S):
+    # The 16-bit backward reads Q, K, V, O and dO where they lie (transposed
+    # views, as mlx-lm's; E = 72: rows 144 bytes apart, copied element by
+    # element) and stores dQ, dK and dV laid out as Q, K and V.
+    (H_q, H_kv), B = heads, 2
+    q = _as_mlx_lm((B, H_q, L, E), dtype, 1)
+    k = _as_mlx_lm((B, H_kv, S, E), dtype, 2)
+    v = _as_mlx_lm((B, H_kv, S, E), dtype, 3)
+    d_out = _as_mlx_lm((B, H_q, L, E), dtype, 4)
+    if mask == "bool":
+        mask = mx.array(np.random.default_rng(5).random((L, S)) < 0.7)
+    reset_gradient_stats()
+    grads = gradients(q, k, v, mask, d_out)
+    refs = attention_gradients_reference(q, k, v, d_out, mask=mask)
+    for name, g, x, ref in zip(("dq", "dk", "dv"), grads, (q, k, v), refs):
+        assert g.shape == x.shape and g.dtype == x.dtype, name
+        assert relative_error(g, ref) <= TOLERANCE[dtype], name
+    assert gradient_stats() == {"fused": 1, "recomputed": {}}
+
+
+def test_gradients_of_inputs_whose_batch_axes_do_not_collapse():
+    # Batch axes swapped: no one batch stride, so the node has MLX copy them.
+    x = lambda shape, seed: mx.swapaxes(
+        mx.array(np.random.default_rng(seed).standard_normal(shape)).astype(mx.bfloat16), 0, 1)
+    q, k, v, d_out = x((3, 2, 4, 100, 64), 1), x((3, 2, 2, 120, 64), 2), x((3, 2, 2, 120, 64), 3), x(
+        (3, 2, 4, 100, 64), 4)
+    grads = gradients(q, k, v, "causal", d_out)
+    refs = attention_gradients_reference(q, k, v, d_out, mask="causal")
+    for name, g, ref in zip(("dq", "dk", "dv"), grads, refs):
+        assert relative_error(g, ref) <= TOLERANCE["bfloat16"], name
+
+
+@pytest.mark.parametrize("heads", [(16, 4), (8, 8)], ids=str)
+@pytest.mark.parametrize("kw", [{}, {"dtype": mx.float32}], ids=str)
+def test_mlx_lm_transpose_of_the_gradients_copies_nothing(heads, kw):
+    # Back through mlx-lm's transposes, each gradient goes to (B, L, H E) by a
+    # transpose and a reshape: views, when the gradient lies as its input.
+    (H_q, H_kv), B, L, E = heads, 1, 2048, 128
+    q = _as_mlx_lm((B, H_q, L, E), "bfloat16", 1)
+    k = _as_mlx_lm((B, H_kv, L, E), "bfloat16", 2)
+    v = _as_mlx_lm((B, H_kv, L, E), "bfloat16", 3)
+    d_out = _as_mlx_lm((B, H_q, L, E), "bfloat16", 4)
+    f = lambda q, k, v: flash_attention(q, k, v, mask="causal", **kw)
+    grads = mx.vjp(f, [q, k, v], [d_out])[1]
+    mx.eval(grads)
+    mx.synchronize()
+    before = mx.get_active_memory()
+    flat = [mx.swapaxes(g, 1, 2).reshape(B, L, -1) for g in grads]
+    mx.eval(flat)
+    assert mx.get_active_memory() - before < 2**20
+    refs = attention_gradients_reference(q, k, v, d_out, mask="causal")
+    for name, g, ref in zip(("dq", "dk", "dv"), flat, refs):
+        assert relative_error(g.reshape(B, L, -1, E).swapaxes(1, 2), ref) <= TOLERANCE["bfloat16"], name

@@ -1,20 +1,23 @@
-// The fused backward on MLX's CUDA backend: two launches through MLX's
-// custom-kernel API, ordered in MLX's graph by the statistics the second
-// reads. 16-bit inputs up to E = 128 (kernels/backward_f16.cu): a statistics
-// pass (each row's log-sum-exp, the forward's where it kept it, and D) and a keys pass for all three
-// gradients (dQ as float32 sums; on Hopper kernels/backward_wg.cu's). Others (kernels/backward.cu): where the
-// forward kept the log-sum-exp and E <= 128, (lse, D) and a keys pass for all
-// three (dQ by atomics into zeros); else the rows pass (dQ and the statistics)
-// and the keys pass (dK, dV). Under GQA dK and dV are
-// float32 sums of the group's heads; sums are cast to the inputs' dtype after. Both read their inputs
-// row-contiguous (MLX copies a strided view first: O(L) memory, like the
-// gradients themselves). Float32 attention over 16-bit inputs (ops.cpp)
-// comes here with its 16-bit inputs: the 16-bit kernels, its output and dO
-// rounded to the inputs' dtype. A call the kernels cannot take (a GPU with less
-// shared memory a block than they use, sm_86 / sm_89 above E = 64) throws
-// Unsupported: ops.cpp then recomputes, and counts why. Attention sinks join
-// each row's log-sum-exp in the statistics; their own gradient is taken from
-// the statistics after (sinks_gradient, vjp.cpp).
+// The fused backward on MLX's CUDA backend. 16-bit inputs up to E = 128
+// (kernels/backward_f16.cu): a statistics pass (each row's log-sum-exp, the
+// forward's where it kept it, and D), a keys pass for all three gradients
+// (dQ as float32 sums; on Hopper kernels/backward_wg.cu's) and the sums'
+// cast, one node (backward_node.h) that reads the inputs where they lie and
+// lays the gradients out as the inputs. Others (kernels/backward.cu), two
+// launches through MLX's custom-kernel API ordered in MLX's graph by the
+// statistics the second reads: where the forward kept the log-sum-exp and
+// E <= 128, (lse, D) and a keys pass for all three (dQ by atomics into
+// zeros); else the rows pass (dQ and the statistics) and the keys pass (dK,
+// dV); they read their inputs row-contiguous (MLX copies a strided view
+// first: O(L) memory, like the gradients themselves). Under GQA dK and dV
+// are float32 sums of the group's heads, cast to the inputs' dtype after.
+// Float32 attention over 16-bit inputs (ops.cpp) comes here with its 16-bit
+// inputs: the 16-bit kernels, its output and dO rounded to the inputs'
+// dtype. A call the kernels cannot take (a GPU with less shared memory a
+// block than they use, sm_86 / sm_89 above E = 64) throws Unsupported:
+// ops.cpp then recomputes, and counts why. Attention sinks join each row's
+// log-sum-exp in the statistics; their own gradient is taken from the
+// statistics after (sinks_gradient, vjp.cpp).
 
 #include <algorithm>
 #include <cstdint>
@@ -23,6 +26,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/backward_node.h"
 #include "cuda/dispatch.h"
 #include "cuda/driver.h"
 #include "cuda/kernel_images.h"
@@ -36,40 +40,10 @@ namespace flashattn::cuda {
 
 namespace bs = fa::backward_shapes;
 
-namespace {
-
-// dQ in q's dtype from its float32 sums, which the keys pass wrote in place,
-// and under GQA dK and dV from theirs after them (kernels/backward_dq.cu:
-// one launch); `after`, an output of that pass, orders the launch after it.
-// Without GQA the last two are placeholders.
-std::vector<mx::array> grads_from_sums(const mx::array& sums, const mx::array& after, const mx::array& q,
-                                       const mx::array& k, bool group_sums, mx::Stream s) {
-  const std::string kernel = std::string("fa_backward_dq_") + dtype_name(q.dtype());
-  const std::string* image = find_image(kernel, s.device.index);
-  if (!image) throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
-  constexpr int kThreads = 256;
-  const int64_t elements = q.size() + (group_sums ? 2 * k.size() : 0);
-  const int64_t blocks = std::min<int64_t>((elements / 4 + kThreads - 1) / kThreads + 1, 4096);
-  const int E = q.shape(-1);
-  const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(q.size() / E),
-                                                     group_sums ? static_cast<int>(k.size() / E) : 0, E};
-  const mx::Shape kv_shape = group_sums ? k.shape() : mx::Shape{1};
-  return mx::fast::precompiled_cuda_kernel(kernel, *image, {sums, after}, {q.shape(), kv_shape, kv_shape},
-                                           {q.dtype(), k.dtype(), k.dtype()}, scalars,
-                                           {static_cast<int>(blocks) * kThreads, 1, 1}, {kThreads, 1, 1}, 0,
-                                           std::nullopt, /* ensure_row_contiguous */ true, s);
-}
-
-}  // namespace
-
 std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const mx::array& out,
                                                 const mx::array& d_out, const std::optional<mx::array>& lse) {
   const mx::Stream s = call.stream;
-  // Row-contiguous once for both launches: each launch copies a strided input
-  // for itself (mlx-lm's transposed Q, K, V and dO), the mask's placeholders
-  // (Q) again: 248 copies a LoRA step of Qwen2-0.5B at 8K, 3.4 ms (H100).
-  auto rows_of = [&](const mx::array& x) { return mx::contiguous(x, false, s); };
-  const mx::array q = rows_of(call.q), k = rows_of(call.k), v = rows_of(call.v);
+  const mx::array &q = call.q, &k = call.k, &v = call.v;
   const int H_q = q.shape(-3), H_kv = k.shape(-3), L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
   int64_t batch = 1;
   for (int d = 0; d < static_cast<int>(q.ndim()) - 3; ++d) batch *= q.shape(d);
@@ -81,7 +55,10 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const int64_t key_blocks = (S + block_keys - 1) / block_keys * batch * H_q;
   // (and the rows of the 16-bit passes' float32 sums under GQA: GradSums)
   const int64_t sum_rows = batch * H_q * L + 2 * batch * H_kv * S;
-  if (std::max({row_blocks * bs::kThreads, key_blocks * key_threads, sum_rows}) > std::numeric_limits<int>::max()) {
+  // (and each head's elements: the strides in the kernels' int arguments)
+  const int64_t head_elements = std::max<int64_t>(H_q * int64_t{L}, H_kv * int64_t{S}) * E;
+  if (std::max({row_blocks * bs::kThreads, key_blocks * key_threads, sum_rows, head_elements}) >
+      std::numeric_limits<int>::max()) {
     throw Unsupported(Reason::input, "flash_attention: too many query rows or keys for one CUDA backward launch");
   }
 
@@ -142,7 +119,6 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
                                              {threads, 1, 1}, smem, init,
                                              /* ensure_row_contiguous */ true, s);
   };
-  const mx::array dO = rows_of(mx::astype(d_out, q.dtype(), s));
   const bool group_sums = H_q != H_kv;  // the keys pass adds into float32 zeros
   const mx::Dtype kv_dtype = group_sums ? mx::float32 : k.dtype();
   const mx::Shape stats_shape = {static_cast<int>(batch * H_q * L * 2)};
@@ -150,47 +126,63 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     // Statistics (and each row's flag: Q or dO not finite; where the forward
     // kept the log-sum-exp, D and the flags alone: fa_backward_dflags_), then one pass
     // for all three gradients (dQ float32 sums): on Hopper's wgmma where the
-    // build has it.
+    // build has it; then the sums cast. One node (backward_node.h) runs them
+    // once strides are known: the kernels read the inputs where they lie.
     // On Hopper, calls with no mask or a causal one at E = 64 or 128 take the
     // keys pass compiled for their mask kind and head dim.
     const std::string general = "fa_backward_keyswg_" + suffix;
     const bool wg = find_image(general, s.device.index) != nullptr;
     const std::string wg_kernel = "fa_backward_keyswg" + fixed + suffix;
+    auto step = [&](const std::string& kernel, int64_t blocks, int threads, int smem) {
+      return Step{kernel, scalars, {static_cast<int>(blocks) * threads, 1, bs::col_blocks(EB)}, {threads, 1, 1}, smem};
+    };
+    BackwardSteps steps;
+    steps.lse = lse.has_value();
+    steps.mask_arrays = m.inputs;
+    steps.flags_input = wg;
+    steps.group_sums = group_sums;
+    steps.stats = lse ? step("fa_backward_dflags_" + suffix, row_blocks, bs::kThreads, 0)
+                      : step((wg ? "fa_backward_statswg_" : "fa_backward_stats_") + suffix, row_blocks, bs::kThreads,
+                             wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes));
+    steps.keys = wg ? step(wg_kernel, key_blocks, key_threads,
+                           fixed == "_" ? bs::keys_smem_bytes_wg(EB) : bs::keys_smem_total_wg(EB))
+                    : step("fa_backward_keysq_" + suffix, key_blocks, key_threads, bs::keys_smem(EB, bytes));
+    // The cast: its threads each 4 floats, at most 4,096 blocks of 256.
+    constexpr int kCastThreads = 256;
+    const int64_t elements = q.size() + (group_sums ? 2 * k.size() : 0);
+    const int64_t cast_blocks = std::min<int64_t>((elements / 4 + kCastThreads - 1) / kCastThreads + 1, 4096);
+    steps.cast = {std::string("fa_backward_dq_") + dtype_name(q.dtype()),
+                  {static_cast<int>(q.size() / E), group_sums ? static_cast<int>(k.size() / E) : 0, E, H_q, L, H_kv, S},
+                  {static_cast<int>(cast_blocks) * kCastThreads, 1, 1},
+                  {kCastThreads, 1, 1},
+                  0};
     // The statistics pass also zeroes the gradients' float32 sums (dQ's, and
     // under GQA dK's and dV's after them: GradSums, backward_tiles16.cuh),
     // which the keys pass then adds into in place (an input it writes):
     // MLX's own fill of an output would be one more launch, slower than these
     // stores.
-    const mx::Shape sums_shape =
-        group_sums ? mx::Shape{static_cast<int>(sum_rows), E} : q.shape();
-    const std::vector<mx::Shape> stats_shapes = {stats_shape, {static_cast<int>(batch * H_q * L)}, sums_shape};
-    const std::vector<mx::Dtype> stats_dtypes = {mx::float32, mx::int32, mx::float32};
-    auto stats = lse ? launch("fa_backward_dflags_" + suffix, {q, o, dO, *lse}, stats_shapes, stats_dtypes, row_blocks,
-                              bs::kThreads, 0, poison_value())
-                     : launch((wg ? "fa_backward_statswg_" : "fa_backward_stats_") + suffix,
-                              {q, k, o, dO, m.data, m.base}, stats_shapes, stats_dtypes, row_blocks, bs::kThreads,
-                              wg ? bs::rows_smem_bytes_wg(EB) : bs::rows_smem(EB, bytes), poison_value());
-    const mx::array& dq_sums = stats[2];
-    // Under GQA the keys pass's outputs are placeholders that order the cast
-    // after it; its gradients are sums.
-    const std::vector<mx::Shape> grad_shapes =
-        group_sums ? std::vector<mx::Shape>{{1}, {1}} : std::vector<mx::Shape>{k.shape(), v.shape()};
-    const std::vector<mx::Dtype> grad_dtypes = {k.dtype(), k.dtype()};
-    const std::optional<float> kv_init = poison_value();
-    auto grads = wg ? launch(wg_kernel, {q, k, v, dO, stats[0], stats[1], m.data, m.base, dq_sums}, grad_shapes,
-                             grad_dtypes, key_blocks, key_threads,
-                             fixed == "_" ? bs::keys_smem_bytes_wg(EB) : bs::keys_smem_total_wg(EB), kv_init)
-                    : launch("fa_backward_keysq_" + suffix, {q, k, v, dO, stats[0], m.data, m.base, dq_sums},
-                             grad_shapes, grad_dtypes, key_blocks, key_threads, bs::keys_smem(EB, bytes), kv_init);
-    std::vector<mx::array> result = grads_from_sums(dq_sums, grads[0], q, k, group_sums, s);
-    if (!group_sums) result[1] = grads[0], result[2] = grads[1];
-    return gradients(std::move(result), stats[0]);
+    const mx::Shape sums_shape = group_sums ? mx::Shape{static_cast<int>(sum_rows), E} : q.shape();
+    std::vector<mx::array> inputs = {q, k, v, o, mx::astype(d_out, q.dtype(), s), m.data, m.base};
+    if (lse) inputs.push_back(*lse);
+    auto outs = mx::array::make_arrays(
+        {q.shape(), k.shape(), v.shape(), stats_shape, {static_cast<int>(batch * H_q * L)}, sums_shape, {1}, {1}},
+        {q.dtype(), k.dtype(), v.dtype(), mx::float32, mx::int32, mx::float32, k.dtype(), k.dtype()},
+        std::make_shared<Backward16>(s, std::move(steps)), std::move(inputs));
+    return gradients({outs[0], outs[1], outs[2]}, outs[3]);
   }
+  // Row-contiguous once for both launches: each launch copies a strided input
+  // for itself (mlx-lm's transposed Q, K, V and dO), the mask's placeholders
+  // (Q) again: 248 copies a LoRA step of Qwen2-0.5B at 8K, 3.4 ms (H100).
+  auto rows_of = [&](const mx::array& x) { return mx::contiguous(x, false, s); };
+  const mx::array q_rows = rows_of(q), k_rows = rows_of(k), v_rows = rows_of(v);
+  const mx::array dO = rows_of(mx::astype(d_out, q.dtype(), s));
+  MaskArgs m_rows = m;  // placeholders that MLX need not copy
+  if (!m.inputs) m_rows.data = m_rows.base = q_rows;
   if (keysq) {
     auto stats = launch("fa_backward_d_" + suffix, {o, dO, *lse}, {stats_shape}, {mx::float32}, row_blocks,
                         bs::kThreads, 0, poison_value());
     // dK and dV stored (sums under GQA) and dQ's sums, all zeros first.
-    auto keys = launch("fa_backward_keysq" + fixed + suffix, {q, k, v, dO, stats[0], m.data, m.base},
+    auto keys = launch("fa_backward_keysq" + fixed + suffix, {q_rows, k_rows, v_rows, dO, stats[0], m_rows.data, m_rows.base},
                        {k.shape(), v.shape(), q.shape()}, {kv_dtype, kv_dtype, mx::float32}, key_blocks, key_threads,
                        bs::keysq_smem_bytes(EB), 0.0f);
     return gradients({mx::astype(keys[2], q.dtype(), s), mx::astype(keys[0], k.dtype(), s),
@@ -202,9 +194,9 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // MLX copies nothing for it).
   const mx::array lse_in = lse ? *lse : o;
   const std::string f32_fixed = q.dtype() == mx::float32 ? fixed : "_";
-  auto rows = launch("fa_backward_rows" + f32_fixed + suffix, {q, k, v, o, dO, m.data, m.base, lse_in}, {q.shape(), stats_shape},
+  auto rows = launch("fa_backward_rows" + f32_fixed + suffix, {q_rows, k_rows, v_rows, o, dO, m_rows.data, m_rows.base, lse_in}, {q.shape(), stats_shape},
                      {q.dtype(), mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
-  auto keys = launch("fa_backward_keys" + f32_fixed + suffix, {q, k, v, dO, rows[1], m.data, m.base}, {k.shape(), v.shape()},
+  auto keys = launch("fa_backward_keys" + f32_fixed + suffix, {q_rows, k_rows, v_rows, dO, rows[1], m_rows.data, m_rows.base}, {k.shape(), v.shape()},
                      {kv_dtype, kv_dtype}, key_blocks, key_threads, bs::keys_smem(EB, bytes),
                      group_sums ? std::optional<float>(0.0f) : poison_value());
   return gradients({rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)}, rows[1]);

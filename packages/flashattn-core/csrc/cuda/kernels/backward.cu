@@ -340,7 +340,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     __syncthreads();
   }
 
-  store_acc<T, NO>(acc, dq + n * L * E, ra, L, E, blk.col0, scale, lane);
+  store_acc<T, NO>(acc, dq + n * L * E, ra, L, E, blk.col0, scale, lane, E);
   if (blockIdx.z == 0 && t == 0) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {

@@ -12,9 +12,10 @@
 // Tiles stay 16-bit in shared memory, fragments are read by ldmatrix, and a
 // loop's next tile is copied by cp.async while this one's products run. P and
 // dS enter their products rounded to the inputs' dtype, as in
-// FlashAttention-2; products accumulate in float32. Inputs arrive
-// row-contiguous; rows whose E is a multiple of 8 from 16-byte aligned
-// pointers are copied 16 bytes at a time, others element by element.
+// FlashAttention-2; products accumulate in float32. Inputs are read where
+// they lie (BackwardLayout, backward_tiles16.cuh); rows whose E is a multiple
+// of 8, 16-byte aligned, are copied 16 bytes at a time, others element by
+// element.
 
 #include <cstdint>
 
@@ -72,7 +73,7 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
                                                  const int64_t* __restrict__ mask_base, void* dk, void* dv,
                                                  float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
                                                  int S, int E, int mask_kind, int mask_rs, int mask_cs,
-                                                 float scale_log2, float scale) {
+                                                 float scale_log2, float scale, const BackwardLayout& lay) {
   constexpr int LD = bs::ld16(EB), BK = bs::kKeys16, BR = bs::row_tile16(EB), NB = BR / 8, NO = EB / 8;
   constexpr int TH = bs::kKeysThreads16, LDS = bs::ld_ds16(EB), WN = EB / 32;  // dQ: warps across 32-column blocks
   static_assert(BR / 16 * WN == TH / 32, "dQ's 16 x 32 blocks, one a warp");
@@ -95,14 +96,16 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
   // Rows outside [row_begin, row_end) see none of the block's keys.
   const int row_begin = mask.row_begin(c0, L, S), row_end = mask.row_end(c0, BK, L, S);
   const int tiles = row_begin < row_end ? (row_end - row_begin + BR - 1) / BR : 0;
-  const bool vec = vector_copies(E, q, k, v, d_out);
+  const bool vec = vector_copies(E, q, k, v, d_out, lay.rows16());
+  const T* q_head = head_of(q, lay.q, n, H_q);
+  const T* do_head = head_of(d_out, lay.d_out, n, H_q);
 
   // Row tile i (rows row_begin + i BR ...) into buffer b: Q, dO and the rows'
   // (lse, D), lse = +inf past L (P = 0).
   auto copy_rows = [&](int i, int b) {
     const int r0 = row_begin + i * BR, count = min(BR, L - r0);
-    copy_tile<T, EB, BR, TH>(q_s + b * BR * LD, q + (n * L + r0) * E, count, E, vec);
-    copy_tile<T, EB, BR, TH>(do_s + b * BR * LD, d_out + (n * L + r0) * E, count, E, vec);
+    copy_tile<T, EB, BR, TH>(q_s + b * BR * LD, q_head + r0 * (int64_t)lay.q.sr, count, E, lay.q.sr, vec);
+    copy_tile<T, EB, BR, TH>(do_s + b * BR * LD, do_head + r0 * (int64_t)lay.d_out.sr, count, E, lay.d_out.sr, vec);
     if (threadIdx.x < BR) {
       const int j = threadIdx.x;
       if (j < count) {
@@ -116,8 +119,8 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
   };
 
   const int kc = min(BK, S - c0);
-  copy_tile<T, EB, BK, TH>(k_s, k + (kv_slice * S + c0) * E, kc, E, vec);
-  copy_tile<T, EB, BK, TH>(v_s, v + (kv_slice * S + c0) * E, kc, E, vec);
+  copy_tile<T, EB, BK, TH>(k_s, head_of(k, lay.k, kv_slice, H_kv) + c0 * (int64_t)lay.k.sr, kc, E, lay.k.sr, vec);
+  copy_tile<T, EB, BK, TH>(v_s, head_of(v, lay.v, kv_slice, H_kv) + c0 * (int64_t)lay.v.sr, kc, E, lay.v.sr, vec);
   cp_async_commit();
   if (tiles > 0) copy_rows(0, 0);
   cp_async_commit();
@@ -167,8 +170,8 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
   }
   cp_async_wait<0>();
 
-  if (ratio != 1) GradSums(slices, H_q, H_kv, L, S, E).kv_sums(dq, dk, dv);
-  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, tiles > 0, ka, S, E, 0, scale, lane);
+  store_dk_dv16<T, NO>(dk_acc, dv_acc, dk, dv, dq, lay, slices, H_q, H_kv, L, S, E, kv_slice, tiles > 0, ka, scale,
+                       lane);
 }
 
 }  // namespace fa
@@ -178,32 +181,34 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
 // fa_backward_stats_<dtype>_<E>, fa_backward_keysq_<dtype>_<E> and
 // fa_backward_dflags_<dtype>_<E> (the forward's log-sum-exp as an input).
 // Inputs, then outputs, then scalars, as MLX passes them; backward.cu's
-// scalars. The keys pass adds dQ into its float32 sums, an input.
+// scalars, then the arrays' rows (FA_BACKWARD_LAYOUT_PARAMS). The keys pass
+// adds dQ into its float32 sums, an input.
 #if !defined(FA_E) || !defined(FA_PASS) || FA_DTYPE == 0 || FA_E > 128
 #error "backward_f16.cu: a 16-bit dtype, FA_E 64 or 128, and FA_PASS"
 #endif
 #define FA_BACKWARD_SCALARS                                                                                  \
   int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs, int mask_cs, float scale_log2, \
-      float scale
+      float scale, FA_BACKWARD_LAYOUT_PARAMS
 
 #if FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_stats_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
     float* stats, int* flags, float* dq, FA_BACKWARD_SCALARS) {
   fa::backward_stats16<FA_T, FA_E>(q, k, o, d_out, mask, mask_base, stats, flags, dq, slices, H_q, H_kv, L, S, E,
-                                   mask_kind, mask_rs, mask_cs, scale_log2);
+                                   mask_kind, mask_rs, mask_cs, scale_log2, FA_BACKWARD_LAYOUT);
 }
 #elif FA_PASS == 2
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_dflags_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* o, const FA_T* d_out, const float* lse, float* stats, int* flags, float* dq,
     FA_BACKWARD_SCALARS) {
-  fa::backward_d_flags16<FA_T, FA_E>(q, o, d_out, lse, stats, flags, dq, slices, H_q, H_kv, L, S, E);
+  fa::backward_d_flags16<FA_T, FA_E>(q, o, d_out, lse, stats, flags, dq, slices, H_q, H_kv, L, S, E,
+                                     FA_BACKWARD_LAYOUT);
 }
 #else
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16) FA_CAT5(fa_backward_keysq_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
     const int64_t* mask_base, float* dq, void* dk, void* dv, FA_BACKWARD_SCALARS) {
   fa::backward_keysq16<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S, E,
-                                   mask_kind, mask_rs, mask_cs, scale_log2, scale);
+                                   mask_kind, mask_rs, mask_cs, scale_log2, scale, FA_BACKWARD_LAYOUT);
 }
 #endif

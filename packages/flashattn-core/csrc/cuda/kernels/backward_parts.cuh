@@ -172,17 +172,17 @@ __device__ __forceinline__ void zero(float (&acc)[NO][4]) {
 }
 
 // acc's rows (accumulator layout: rows r0, r0 + 8 of this thread, columns
-// col0 + ...) times `mul` into dst (row-contiguous, E columns), rows < N.
+// col0 + ...) times `mul` into dst (E columns, rows ld apart), rows < N.
 template <typename T, int NO>
 __device__ __forceinline__ void store_acc(const float (&acc)[NO][4], T* dst, int r0, int N, int E, int col0,
-                                          float mul, int lane) {
+                                          float mul, int lane, int64_t ld) {
   const int t = lane & 3;
 #pragma unroll
   for (int eb = 0; eb < NO; ++eb)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
-      if (r < N && e < E) dst[(int64_t)r * E + e] = from_f<T>(acc[eb][i] * mul);
+      if (r < N && e < E) dst[r * ld + e] = from_f<T>(acc[eb][i] * mul);
     }
 }
 
@@ -211,8 +211,8 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[NO][4], const 
                                             void* dv, int64_t at, bool group_sums, bool any_rows, int ka, int S,
                                             int E, int col0, float scale, int lane) {
   if (!group_sums) {
-    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, col0, scale, lane);
-    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, col0, 1.0f, lane);
+    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, col0, scale, lane, E);
+    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, col0, 1.0f, lane, E);
   } else if (any_rows) {
     add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, col0, scale, lane);
     add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, col0, 1.0f, lane);

@@ -37,7 +37,7 @@ __device__ __forceinline__ void backward_d_flags16(const T* __restrict__ q, cons
                                                    const T* __restrict__ d_out, const float* __restrict__ lse,
                                                    float* __restrict__ stats, int* __restrict__ flags,
                                                    float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
-                                                   int S, int E) {
+                                                   int S, int E, const BackwardLayout& lay) {
   const StatsRows rows(slices, EB, L);
   const int64_t first = rows.first;
   const int count = rows.count;
@@ -45,10 +45,11 @@ __device__ __forceinline__ void backward_d_flags16(const T* __restrict__ q, cons
   const GradSums sums(slices, H_q, H_kv, L, S, E);
   zero_share(dq + sums.n_q, 2 * sums.n_kv);
   for (int r = threadIdx.x; r < count; r += blockDim.x) stats[(first + r) * 2] = lse[first + r];
-  if (vector_copies(E, q, o, d_out, q)) {
-    row_d_flags16<T, EB, bs::kRows, bs::kThreads>(q, o, d_out, stats, flags, first, count, E);
+  const RowBlock<T> x(q, o, d_out, lay, rows.slice, H_q, rows.l0);
+  if (vector_copies(E, q, o, d_out, q, lay.rows16())) {
+    row_d_flags16<T, EB, bs::kRows, bs::kThreads>(x, stats, flags, first, count, E);
   } else {
-    row_d_flags(q, o, d_out, stats, flags, first, count, E);
+    row_d_flags(x, stats, flags, first, count, E);
   }
 }
 
@@ -68,7 +69,7 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
                                                  float* __restrict__ stats, int* __restrict__ flags,
                                                  float* __restrict__ dq, int64_t slices,
                                                  int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
-                                                 int mask_cs, float scale_log2) {
+                                                 int mask_cs, float scale_log2, const BackwardLayout& lay) {
   constexpr int LD = WG ? EB : bs::ld16(EB), BR = bs::kRows, BC = bs::kKeyTile16, NB = BC / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_s = reinterpret_cast<T*>(smem_raw);
@@ -80,7 +81,9 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const int64_t n = rows.slice;  // b H_q + h
   const int l0 = rows.l0;
   const int64_t kv_slice = n / H_q * H_kv + n % H_q / (H_q / H_kv);
-  const T* k_head = k + kv_slice * S * E;
+  const T* k_head = head_of(k, lay.k, kv_slice, H_kv);
+  const int k_ld = lay.k.sr;
+  const RowBlock<T> x(q, o, d_out, lay, n, H_q, l0);
   const int64_t first = rows.first;
   const int count = rows.count;
   zero_rows(dq + first * E, count * E);
@@ -89,14 +92,14 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int j0 = mask.kv_begin(l0, L, S) / BC;  // tile i holds keys (j0 + i) BC ...
   const int tiles = (mask.kv_end(l0, BR, L, S) + BC - 1) / BC - j0;
-  const bool vec = vector_copies(E, q, k, q, k);
+  const bool vec = vector_copies(E, q, k, q, k, lay.rows16());
 
-  copy_tile<T, EB, BR, bs::kThreads, WG>(q_s, q + first * E, count, E, vec);
+  copy_tile<T, EB, BR, bs::kThreads, WG>(q_s, x.q, count, E, x.q_ld, vec);
   if (tiles > 0) {
-    copy_tile<T, EB, BC, bs::kThreads, WG>(k_s, k_head + (int64_t)j0 * BC * E, min(BC, S - j0 * BC), E, vec);
+    copy_tile<T, EB, BC, bs::kThreads, WG>(k_s, k_head + int64_t{j0} * BC * k_ld, min(BC, S - j0 * BC), E, k_ld, vec);
   }
   cp_async_commit();
-  row_d_flags(q, o, d_out, stats, flags, first, count, E);  // while the first tiles land
+  row_d_flags(x, stats, flags, first, count, E);  // while the first tiles land
 
   const int ra = l0 + w * 16 + g;
   const T* q_w = q_s + w * 16 * LD;
@@ -110,8 +113,8 @@ __device__ __forceinline__ void backward_stats16(const T* __restrict__ q, const 
   for (int i = 0; i < tiles; ++i) {
     if (i + 1 < tiles) {
       const int c = (j0 + i + 1) * BC;
-      copy_tile<T, EB, BC, bs::kThreads, WG>(k_s + ((i + 1) & 1) * BC * LD, k_head + (int64_t)c * E, min(BC, S - c), E,
-                                             vec);
+      copy_tile<T, EB, BC, bs::kThreads, WG>(k_s + ((i + 1) & 1) * BC * LD, k_head + int64_t{c} * k_ld, min(BC, S - c), E,
+                                             k_ld, vec);
     }
     cp_async_commit();
     cp_async_wait<1>();

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backward_parts.cuh"
 #include "backward_shapes.h"
 #include "mma.cuh"
 #include "swizzle.cuh"
@@ -36,29 +37,34 @@ __device__ __forceinline__ int tile_at(int r, int c) {
   }
 }
 
-// ROWS rows of E elements (row-contiguous from src) into dst (tile_at's
-// layout), zeros past `count` rows and E columns, in 16-byte chunks. A
-// thread copies chunks threadIdx.x + i THREADS: by cp.async when `vec`,
-// else element by element and stored at once, so that either way the chunks
-// a thread scans (tile_nonfinite) are its own.
+// ROWS rows of E elements (from src, rows ld elements apart) into dst
+// (tile_at's layout), zeros past `count` rows and E columns, in 16-byte
+// chunks. A thread copies chunks threadIdx.x + i THREADS: by cp.async when
+// `vec`, else element by element and stored at once, so that either way the
+// chunks a thread scans (tile_nonfinite) are its own.
 template <typename T, int EB, int ROWS, int THREADS, bool SW = false>
-__device__ __forceinline__ void copy_tile(T* dst, const T* src, int count, int E, bool vec) {
-  constexpr int CH = EB / 8;
-  static_assert(ROWS * CH % THREADS == 0, "whole chunks a thread");
+__device__ __forceinline__ void copy_tile(T* dst, const T* src, int count, int E, int ld, bool vec) {
+  constexpr int CH = EB / 8, STEP = THREADS / CH;
+  static_assert(ROWS * CH % THREADS == 0 && THREADS % CH == 0, "whole chunks a thread, one column a thread");
+  // The thread's column c and first row r0, then rows STEP apart: one
+  // pointer stepped, where the row stride is known only at run time.
+  const int r0 = threadIdx.x / CH, c = threadIdx.x % CH;
+  const T* at = src + int64_t{r0} * ld + c * 8;
+  const int64_t step = int64_t{STEP} * ld;
 #pragma unroll
-  for (int i = 0; i < ROWS * CH / THREADS; ++i) {
-    const int idx = threadIdx.x + i * THREADS, r = idx / CH, c = idx % CH;
+  for (int i = 0; i < ROWS * CH / THREADS; ++i, at += step) {
+    const int r = r0 + i * STEP;
     T* d = dst + tile_at<EB, ROWS, SW>(r, c * 8);
     if (vec) {
       const bool ok = r < count && c * 8 < E;
-      cp_async16(d, ok ? src + (int64_t)r * E + c * 8 : src, ok);
+      cp_async16(d, ok ? at : src, ok);
     } else {
       uint32_t x[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int e = c * 8 + 2 * j;
-        const T lo = r < count && e < E ? src[(int64_t)r * E + e] : from_f<T>(0.0f);
-        const T hi = r < count && e + 1 < E ? src[(int64_t)r * E + e + 1] : from_f<T>(0.0f);
+        const T lo = r < count && e < E ? at[2 * j] : from_f<T>(0.0f);
+        const T hi = r < count && e + 1 < E ? at[2 * j + 1] : from_f<T>(0.0f);
         x[j] = bits16(lo) | bits16(hi) << 16;
       }
       *reinterpret_cast<uint4*>(d) = make_uint4(x[0], x[1], x[2], x[3]);
@@ -81,11 +87,48 @@ __device__ __forceinline__ bool tile_nonfinite(const T* tile) {
   return bad;
 }
 
-// Whether every input can be copied 16 bytes at a time.
-__device__ __forceinline__ bool vector_copies(int E, const void* a, const void* b, const void* c, const void* d) {
+// Where the 16-bit backward reads Q, K, V, O and dO, and where its keys pass
+// stores dK and dV (without GQA): each array's rows as they lie, mlx-lm's
+// transposed (B, L, H, E) views included, so that no launch copies them
+// first nor after (cuda/backward_node.cpp). dQ's and the group sums' float32
+// rows are the launches' own, row-contiguous.
+struct BackwardLayout {
+  Rows q, k, v, o, d_out, dk, dv;
+  // Whether the inputs' rows all lie 16 bytes apart (16-bit elements).
+  __device__ __forceinline__ bool rows16() const {
+    const int bits = q.sb | q.sh | q.sr | k.sb | k.sh | k.sr | v.sb | v.sh | v.sr | o.sb | o.sh | o.sr | d_out.sb |
+                     d_out.sh | d_out.sr;
+    return (bits & 7) == 0;
+  }
+};
+
+// The layout as the last launch arguments of the 16-bit backward's kernels.
+#define FA_BACKWARD_LAYOUT_PARAMS                                                                             \
+  int q_sb, int q_sh, int q_sr, int k_sb, int k_sh, int k_sr, int v_sb, int v_sh, int v_sr, int o_sb, int o_sh, \
+      int o_sr, int do_sb, int do_sh, int do_sr, int dk_sb, int dk_sh, int dk_sr, int dv_sb, int dv_sh, int dv_sr
+#define FA_BACKWARD_LAYOUT                                                                              \
+  fa::BackwardLayout{{q_sb, q_sh, q_sr},    {k_sb, k_sh, k_sr},    {v_sb, v_sh, v_sr}, {o_sb, o_sh, o_sr}, \
+                     {do_sb, do_sh, do_sr}, {dk_sb, dk_sh, dk_sr}, {dv_sb, dv_sh, dv_sr}}
+
+// Row-contiguous arrays (the probes' layout): (B, H_q, L, E) queries, (B,
+// H_kv, S, E) keys.
+__host__ __device__ __forceinline__ BackwardLayout contiguous_backward_layout(int H_q, int H_kv, int L, int S, int E) {
+  const Rows rq{H_q * L * E, L * E, E}, rk{H_kv * S * E, S * E, E};
+  return {rq, rk, rk, rq, rq, rk, rk};
+}
+
+// Head n (b H + h) of x, laid out as r says.
+template <typename T>
+__device__ __forceinline__ T* head_of(T* x, const Rows& r, int64_t n, int H) {
+  return x + r.at(n / H, n % H, 0);
+}
+
+// Whether every input can be copied 16 bytes at a time (pointers and rows).
+__device__ __forceinline__ bool vector_copies(int E, const void* a, const void* b, const void* c, const void* d,
+                                              bool rows16 = true) {
   const uintptr_t bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
                          reinterpret_cast<uintptr_t>(c) | reinterpret_cast<uintptr_t>(d);
-  return E % 8 == 0 && (bits & 15) == 0;
+  return E % 8 == 0 && (bits & 15) == 0 && rows16;
 }
 
 // x (a pair of dQ's columns e, e + 1) added into row-contiguous float32 dQ;
@@ -101,21 +144,36 @@ __device__ __forceinline__ void add_pair(float* dst, float x0, float x1, int e, 
   if (e + 1 < E) atomicAdd(dst + 1, x1);
 }
 
+// A statistics block's rows of Q, O and dO (head n from row l0): each
+// array's first row and its row stride.
+template <typename T>
+struct RowBlock {
+  const T *q, *o, *d_out;
+  int q_ld, o_ld, d_ld;
+  __device__ __forceinline__ RowBlock(const T* q_, const T* o_, const T* d_, const BackwardLayout& lay, int64_t n,
+                                      int H_q, int l0)
+      : q(head_of(q_, lay.q, n, H_q) + int64_t{l0} * lay.q.sr),
+        o(head_of(o_, lay.o, n, H_q) + int64_t{l0} * lay.o.sr),
+        d_out(head_of(d_, lay.d_out, n, H_q) + int64_t{l0} * lay.d_out.sr),
+        q_ld(lay.q.sr),
+        o_ld(lay.o.sr),
+        d_ld(lay.d_out.sr) {}
+};
+
 // The statistics pass's per-row part, a warp a row: D = rowsum(dO * O)
 // into stats (lse, D) and whether the row's Q or dO holds a value that is
-// not finite into flags; rows first .. first + count of all.
+// not finite into flags; the block's rows, first .. first + count of all.
 template <typename T>
-__device__ __forceinline__ void row_d_flags(const T* __restrict__ q, const T* __restrict__ o,
-                                            const T* __restrict__ d_out, float* __restrict__ stats,
-                                            int* __restrict__ flags, int64_t first, int count, int E) {
+__device__ __forceinline__ void row_d_flags(const RowBlock<T>& x, float* __restrict__ stats, int* __restrict__ flags,
+                                            int64_t first, int count, int E) {
   const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
   for (int r = threadIdx.x >> 5; r < count; r += warps) {
     float d = 0.0f;
     bool bad = false;
     for (int e = lane; e < E; e += 32) {
-      const float x = to_f(d_out[(first + r) * E + e]);
-      d += x * to_f(o[(first + r) * E + e]);
-      bad |= !isfinite(x) || !isfinite(to_f(q[(first + r) * E + e]));
+      const float y = to_f(x.d_out[int64_t{r} * x.d_ld + e]);
+      d += y * to_f(x.o[int64_t{r} * x.o_ld + e]);
+      bad |= !isfinite(y) || !isfinite(to_f(x.q[int64_t{r} * x.q_ld + e]));
     }
     d = warp_sum(d);
     bad = __any_sync(0xffffffffu, bad);
@@ -131,8 +189,7 @@ __device__ __forceinline__ void row_d_flags(const T* __restrict__ q, const T* __
 // issued before the first sum (a warp a row, 2 bytes a load, left the pass
 // waiting on memory: 0.20 ms at hd128 8K).
 template <typename T, int EB, int ROWS, int THREADS>
-__device__ __forceinline__ void row_d_flags16(const T* __restrict__ q, const T* __restrict__ o,
-                                              const T* __restrict__ d_out, float* __restrict__ stats,
+__device__ __forceinline__ void row_d_flags16(const RowBlock<T>& rows, float* __restrict__ stats,
                                               int* __restrict__ flags, int64_t first, int count, int E) {
   constexpr int CH = EB / 8, N = ROWS * CH / THREADS;
   static_assert(32 % CH == 0 && ROWS * CH % THREADS == 0, "a row's lanes within one warp, whole chunks a thread");
@@ -141,11 +198,10 @@ __device__ __forceinline__ void row_d_flags16(const T* __restrict__ q, const T* 
   for (int i = 0; i < N; ++i) {
     const int idx = threadIdx.x + i * THREADS, r = idx / CH, c = idx % CH;
     const bool ok = r < count && c * 8 < E;
-    const int64_t at = (first + r) * E + c * 8;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    x[i] = ok ? *reinterpret_cast<const uint4*>(d_out + at) : zero;
-    y[i] = ok ? *reinterpret_cast<const uint4*>(o + at) : zero;
-    z[i] = ok ? *reinterpret_cast<const uint4*>(q + at) : zero;
+    x[i] = ok ? *reinterpret_cast<const uint4*>(rows.d_out + int64_t{r} * rows.d_ld + c * 8) : zero;
+    y[i] = ok ? *reinterpret_cast<const uint4*>(rows.o + int64_t{r} * rows.o_ld + c * 8) : zero;
+    z[i] = ok ? *reinterpret_cast<const uint4*>(rows.q + int64_t{r} * rows.q_ld + c * 8) : zero;
   }
 #pragma unroll
   for (int i = 0; i < N; ++i) {
@@ -250,12 +306,29 @@ struct GradSums {
   int64_t n_q, n_kv;  // dQ's elements; dK's and dV's each, 0 without GQA
   __device__ __forceinline__ GradSums(int64_t slices, int H_q, int H_kv, int L, int S, int E)
       : n_q(slices * L * E), n_kv(H_q == H_kv ? 0 : slices / H_q * H_kv * S * E) {}
-  // Under GQA, where the keys pass adds dK and dV: their sums in dq's buffer.
-  __device__ __forceinline__ void kv_sums(float* dq, void*& dk, void*& dv) const {
-    dk = dq + n_q;
-    dv = dq + n_q + n_kv;
-  }
 };
+
+// A keys block's dK and dV (rows ka, ka + 8 of this thread): stored in T
+// where the layout puts them without GQA; under GQA added into their float32
+// sums after dQ's (GradSums, row-contiguous), and then only by a block that
+// saw some row (`any_rows`).
+template <typename T, int NO>
+__device__ __forceinline__ void store_dk_dv16(const float (&dk_acc)[NO][4], const float (&dv_acc)[NO][4], void* dk,
+                                              void* dv, float* dq, const BackwardLayout& lay, int64_t slices,
+                                              int H_q, int H_kv, int L, int S, int E, int64_t kv_slice,
+                                              bool any_rows, int ka, float scale, int lane) {
+  if (H_q == H_kv) {
+    store_acc<T, NO>(dk_acc, head_of(static_cast<T*>(dk), lay.dk, kv_slice, H_kv), ka, S, E, 0, scale, lane,
+                     lay.dk.sr);
+    store_acc<T, NO>(dv_acc, head_of(static_cast<T*>(dv), lay.dv, kv_slice, H_kv), ka, S, E, 0, 1.0f, lane,
+                     lay.dv.sr);
+  } else if (any_rows) {
+    const GradSums sums(slices, H_q, H_kv, L, S, E);
+    const int64_t at = kv_slice * S * E;
+    add_acc<NO>(dk_acc, dq + sums.n_q + at, ka, S, E, 0, scale, lane);
+    add_acc<NO>(dv_acc, dq + sums.n_q + sums.n_kv + at, ka, S, E, 0, 1.0f, lane);
+  }
+}
 
 // n floats from dst zeroed by the block, 16 bytes a store where aligned.
 __device__ __forceinline__ void zero_rows(float* dst, int64_t n) {

@@ -57,7 +57,7 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
                                                  const void* mask_data, const int64_t* __restrict__ mask_base,
                                                  void* dk, void* dv, float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L,
                                                  int S, int E, int mask_kind, int mask_rs, int mask_cs,
-                                                 float scale_log2, float scale) {
+                                                 float scale_log2, float scale, const BackwardLayout& lay) {
   constexpr int BK = bs::kKeys16, BR = bs::row_tile16(EB), NB = BR / 8, NO = EB / 8;
   constexpr int TH = bs::kKeysThreads16, LDS = bs::ld_ds16(EB), WN = EB / 32;
   static_assert(BR / 16 * WN == TH / 32, "dQ's 16 x 32 blocks, one a warp");
@@ -83,15 +83,18 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
   // Rows outside [row_begin, row_end) see none of the block's keys.
   const int row_begin = mask.row_begin(c0, L, S), row_end = mask.row_end(c0, BK, L, S);
   const int tiles = row_begin < row_end ? (row_end - row_begin + BR - 1) / BR : 0;
-  const bool vec = vector_copies(E, q, k, v, d_out);
+  const bool vec = vector_copies(E, q, k, v, d_out, lay.rows16());
+  const T* q_head = head_of(q, lay.q, n, H_q);
+  const T* do_head = head_of(d_out, lay.d_out, n, H_q);
 
   // Row tile i (rows row_begin + i BR ...) into buffer b: Q, dO, the rows'
   // (lse, D), lse = +inf past L (P = 0), and their flags (the statistics
   // pass's: Q or dO not finite).
   auto copy_rows = [&](int i, int b) {
     const int r0 = row_begin + i * BR, count = min(BR, L - r0);
-    copy_tile<T, EB, BR, TH, true>(q_s + b * BR * EB, q + (n * L + r0) * E, count, E, vec);
-    copy_tile<T, EB, BR, TH, true>(do_s + b * BR * EB, d_out + (n * L + r0) * E, count, E, vec);
+    copy_tile<T, EB, BR, TH, true>(q_s + b * BR * EB, q_head + r0 * (int64_t)lay.q.sr, count, E, lay.q.sr, vec);
+    copy_tile<T, EB, BR, TH, true>(do_s + b * BR * EB, do_head + r0 * (int64_t)lay.d_out.sr, count, E, lay.d_out.sr,
+                                   vec);
     if (threadIdx.x < BR) {
       const int j = threadIdx.x;
       if (j < count) {
@@ -114,8 +117,10 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
   };
 
   const int kc = min(BK, S - c0);
-  copy_tile<T, EB, BK, TH, true>(k_s, k + (kv_slice * S + c0) * E, kc, E, vec);
-  copy_tile<T, EB, BK, TH, true>(v_s, v + (kv_slice * S + c0) * E, kc, E, vec);
+  copy_tile<T, EB, BK, TH, true>(k_s, head_of(k, lay.k, kv_slice, H_kv) + c0 * (int64_t)lay.k.sr, kc, E, lay.k.sr,
+                                 vec);
+  copy_tile<T, EB, BK, TH, true>(v_s, head_of(v, lay.v, kv_slice, H_kv) + c0 * (int64_t)lay.v.sr, kc, E, lay.v.sr,
+                                 vec);
   if (tiles > 0) copy_rows(0, 0);
   cp_async_commit();
   cp_async_wait<0>();
@@ -227,8 +232,8 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
     }
   }
 
-  if (ratio != 1) GradSums(slices, H_q, H_kv, L, S, E).kv_sums(dq, dk, dv);
-  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, tiles > 0, ka, S, E, 0, scale, lane);
+  store_dk_dv16<T, NO>(dk_acc, dv_acc, dk, dv, dq, lay, slices, H_q, H_kv, L, S, E, kv_slice, tiles > 0, ka, scale,
+                       lane);
 }
 
 }  // namespace fa
@@ -237,7 +242,7 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
 // -DFA_PASS=0 stats | 1 keys): fa_backward_statswg_<dtype>_<E> (the
 // arguments of backward_f16.cu's fa_backward_stats_*) and
 // fa_backward_keyswg_<dtype>_<E> (fa_backward_keysq's, and the statistics
-// pass's flags after its statistics).
+// pass's flags after its statistics); both end in FA_BACKWARD_LAYOUT_PARAMS.
 #if !defined(FA_E) || !defined(FA_PASS) || FA_DTYPE == 0 || FA_E > 128
 #error "backward_wg.cu: a 16-bit dtype, FA_E 64 or 128, and FA_PASS"
 #endif
@@ -245,9 +250,9 @@ __device__ __forceinline__ void backward_keys_wg(const T* __restrict__ q, const 
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_statswg_, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* o, const FA_T* d_out, const void* mask, const int64_t* mask_base,
     float* stats, int* flags, float* dq, int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind,
-    int mask_rs, int mask_cs, float scale_log2, float) {
+    int mask_rs, int mask_cs, float scale_log2, float, FA_BACKWARD_LAYOUT_PARAMS) {
   fa::backward_stats16<FA_T, FA_E, true>(q, k, o, d_out, mask, mask_base, stats, flags, dq, slices, H_q, H_kv, L, S, E,
-                                         mask_kind, mask_rs, mask_cs, scale_log2);
+                                         mask_kind, mask_rs, mask_cs, scale_log2, FA_BACKWARD_LAYOUT);
 }
 #else
 // -DFA_KIND=0 | 1: fa_backward_keyswgn_ / fa_backward_keyswgc_, the same
@@ -273,8 +278,9 @@ extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16
                                                  const float* stats, const int* flags, const void* mask,
                                                  const int64_t* mask_base, float* dq, void* dk, void* dv, int slices,
                                                  int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs,
-                                                 int mask_cs, float scale_log2, float scale) {
+                                                 int mask_cs, float scale_log2, float scale,
+                                                 FA_BACKWARD_LAYOUT_PARAMS) {
   fa::backward_keys_wg<FA_T, FA_E, FA_KEYS_BULK>(q, k, v, d_out, stats, flags, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S,
-                                   FA_KEYS_E, FA_KEYS_KIND, mask_rs, mask_cs, scale_log2, scale);
+                                   FA_KEYS_E, FA_KEYS_KIND, mask_rs, mask_cs, scale_log2, scale, FA_BACKWARD_LAYOUT);
 }
 #endif
