@@ -460,6 +460,10 @@ struct Request {
   std::optional<mx::array> sinks;
   std::optional<int> window, group_size, bits;
   std::optional<mx::Dtype> out_dtype;
+  // The Metal kernels run by the CPU emulator (tests), on the CPU stream,
+  // through the same branches as on an Apple GPU; choice forces a kernel.
+  const metal::Emulation* emulation = nullptr;
+  metal::Choice choice = {};
 };
 
 mx::array as_asked(const Request& r);
@@ -478,9 +482,14 @@ mx::array attention(const Request& r) {
   const bool widen = widens(queries, r.dtype);
   const bool out16 = result_dtype(queries, widen, r.out_dtype) != (widen ? mx::float32 : queries.dtype());
   const int window = check_window(r.window, c.mask_kind);
-  Backend backend = backend_for(requested_device(r.s));
+  const Backend backend = r.emulation ? Backend::metal : backend_for(requested_device(r.s));
   if (sinks) check_sinks(*sinks, queries);
-  auto stream = mx::to_stream(r.s);
+  const mx::Stream stream = mx::to_stream(r.s);
+  // Metal's launches: on an Apple GPU, or in the emulator.
+  auto metal_launcher = [&]() -> metal::Launcher {
+    if (r.emulation) return metal::emulated_launcher(*r.emulation, stream);
+    return [stream](const metal::KernelCall& k) { return metal::launch_on_metal(k, stream); };
+  };
 
   // Empty problems are defined without running a kernel: no queries give an
   // empty output, no keys give zeros (an empty weighted sum).
@@ -531,9 +540,8 @@ mx::array attention(const Request& r) {
         out16);
   }
   if (kv.quantization.any() && backend == Backend::metal) {
-    auto run = [stream](const AttentionCall& call) {
-      return metal::flash_attention(
-          call, [stream](const metal::KernelCall& k) { return metal::launch_on_metal(k, stream); });
+    auto run = [launch = metal_launcher(), choice = r.choice](const AttentionCall& call) {
+      return metal::flash_attention(call, launch, choice);
     };
     return quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, r.keys,
                                    r.values, kv, c, window, sinks, run, stream);
@@ -555,10 +563,9 @@ mx::array attention(const Request& r) {
     // kernels' own, the same float32 values rounded once as they store them.
     std::optional<mx::array> m;
     if (has_mask_array(mask_kind)) m = r.mask;
-    auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
     return metal::flash_attention(
-        {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks}, launch, {},
-        !out16);
+        {queries, keys, values, softmax_scale, mask_kind, m, stream, window, nullptr, nullptr, {}, sinks},
+        metal_launcher(), r.choice, !out16);
   }
   if (kv.quantization.any()) {
     if (!widen) return cpu_attention(queries, kv, c, window, sinks, stream);
@@ -576,10 +583,18 @@ mx::array attention(const Request& r) {
     // Otherwise (a gradient may be taken) float32 attention over 16-bit
     // inputs off CUDA is the float32 path on cast inputs.
     auto f32 = [&](const mx::array& x) { return mx::astype(x, mx::float32, stream); };
-    return as_asked({f32(queries), f32(keys), f32(values), softmax_scale, r.mask_mode, r.mask, r.s, std::nullopt, sinks,
-                     r.window, std::nullopt, std::nullopt, std::nullopt});
+    Request cast = r;
+    cast.queries = f32(queries);
+    cast.keys = f32(keys);
+    cast.values = f32(values);
+    cast.scale = softmax_scale;
+    cast.dtype = cast.out_dtype = std::nullopt;
+    cast.group_size = cast.bits = std::nullopt;
+    return as_asked(cast);
   }
   if (backend != Backend::cpu) {
+    const metal::Choice choice = r.choice;
+    const metal::Launcher metal_launch = backend == Backend::metal ? metal_launcher() : metal::Launcher{};
     auto forward = [=](const std::vector<mx::array>& in) {
       std::optional<mx::array> m, sk;
       if (has_mask_array(mask_kind)) m = in[3];
@@ -595,17 +610,15 @@ mx::array attention(const Request& r) {
         // a gradient rounded to 16 bits all the same (docs/cuda.md).
         return cuda::flash_attention_outputs(attention, widen, true);
       }
-      auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
       // The log-sum-exp for the fused backward, where a gradient may be taken.
-      return metal::flash_attention_outputs(attention, launch, {}, any_tracer(in));
+      return metal::flash_attention_outputs(attention, metal_launch, choice, any_tracer(in));
     };
     if (backend == Backend::cuda) {
       return with_attention_vjp(forward, queries, keys, values, r.mask, sinks, softmax_scale, mask_kind, window,
                                 stream, "cuda", cuda_backward(softmax_scale, mask_kind, window, stream));
     }
-    auto launch = [stream](const metal::KernelCall& call) { return metal::launch_on_metal(call, stream); };
     return with_attention_vjp(forward, queries, keys, values, r.mask, sinks, softmax_scale, mask_kind, window,
-                              stream, "metal", metal_backward(softmax_scale, mask_kind, window, stream, launch));
+                              stream, "metal", metal_backward(softmax_scale, mask_kind, window, stream, metal_launch));
   }
 
   return cpu_attention(queries, kv, c, window, sinks, stream);
@@ -641,54 +654,24 @@ mx::array flash_attention(
 
 mx::array flash_attention_metal_emulated(
     const mx::array& queries,
-    const KeysOrValues& keys_arg,
-    const KeysOrValues& values_arg,
+    const KeysOrValues& keys,
+    const KeysOrValues& values,
     std::optional<float> scale,
     const std::string& mask_mode,
     std::optional<mx::array> mask_arr,
     const metal::Emulation& emulation,
     metal::Choice choice,
-    std::optional<int> window_arg,
+    std::optional<int> window,
     std::optional<int> group_size,
     std::optional<int> bits,
     std::optional<mx::array> sinks,
     std::optional<mx::Dtype> dtype,
     std::optional<mx::Dtype> out_dtype) {
-  const mx::Stream stream = mx::default_stream(mx::Device::cpu);
-  const KeysValues kv = unpack_keys_values(keys_arg, values_arg, queries, group_size, bits, stream);
-  const mx::array &keys = kv.k, &values = kv.v;
-  const Checked c = check_call(queries, keys, values, scale, mask_mode, mask_arr);
-  const bool widen = widens(queries, dtype);
-  const mx::Dtype want = result_dtype(queries, widen, out_dtype);
-  const int window = check_window(window_arg, c.mask_kind);
-  if (sinks) check_sinks(*sinks, queries);
-  if (queries.size() == 0 || keys.shape(-2) == 0) return mx::zeros(queries.shape(), want, stream);
-  if (kv.quantization.any()) {
-    auto run = [=](const AttentionCall& call) {
-      return metal::flash_attention(call, metal::emulated_launcher(emulation, stream), choice);
-    };
-    const mx::array out = quantized_gpu_attention(widen ? mx::astype(queries, mx::float32, stream) : queries, keys_arg,
-                                                  values_arg, kv, c, window, sinks, run, stream);
-    return cast_to(out, want, stream);
-  }
-  if (widen) {  // as flash_attention on a Metal stream: no gradient through this path here
-    std::optional<mx::array> m;
-    if (has_mask_array(c.mask_kind)) m = c.mask;
-    return metal::flash_attention(
-        {queries, keys, values, c.scale, c.mask_kind, m, stream, window, nullptr, nullptr, {}, sinks},
-        metal::emulated_launcher(emulation, stream), choice, want == mx::float32);
-  }
-  auto forward = [=](const std::vector<mx::array>& in) {
-    std::optional<mx::array> m, sk;
-    if (has_mask_array(c.mask_kind)) m = in[3];
-    if (sinks) sk = in.back();
-    return metal::flash_attention_outputs(
-        {in[0], in[1], in[2], c.scale, c.mask_kind, m, stream, window, nullptr, nullptr, {}, sk},
-        metal::emulated_launcher(emulation, stream), choice, any_tracer(in));
-  };
-  return with_attention_vjp(
-      forward, queries, keys, values, mask_arr, sinks, c.scale, c.mask_kind, window, stream, "metal",
-      metal_backward(c.scale, c.mask_kind, window, stream, metal::emulated_launcher(emulation, stream)));
+  Request r{queries, keys, values, scale, mask_mode, mask_arr, mx::Device(mx::Device::cpu), dtype, sinks, window,
+            group_size, bits, out_dtype};
+  r.emulation = &emulation;
+  r.choice = choice;
+  return as_asked(r);
 }
 
 bool FlashAttention::is_equivalent(const mx::Primitive& other) const {

@@ -23,10 +23,11 @@ Launcher emulated_launcher(Emulation emulation, mx::Stream s);
 
 namespace flashattn {
 
-// flash_attention with the same validation, through the Metal dispatch and
-// kernels, run by the emulator on the CPU stream (ops.cpp); dtype float32
-// over 16-bit inputs runs the *_f32 kernels, as on a Metal stream without a
-// gradient, and with out_dtype the inputs' dtype the 16-bit ones.
+// flash_attention through the branches it takes on a Metal stream (ops.cpp's
+// attention()), its kernels run by the emulator on the CPU stream: dtype
+// float32 over 16-bit inputs runs the *_f32 kernels where no gradient can be
+// asked for (with out_dtype the inputs' dtype the 16-bit ones), else the
+// float32 kernels on cast inputs.
 mx::array flash_attention_metal_emulated(
     const mx::array& queries,
     const KeysOrValues& keys,
