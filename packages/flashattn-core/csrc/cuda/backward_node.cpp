@@ -33,7 +33,7 @@ void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   std::vector<Scalar> layout;
   for (int i = 0; i < 5; ++i) {
     const mx::array& x = inputs[i];
-    push_rows(layout, copy && !x.flags().row_contiguous ? contiguous_rows(x) : *place[i]);
+    push_rows(layout, rows_as_read(x, place[i], copy));
   }
   // The gradients laid out as their inputs, each written into a buffer of
   // its own that the output then views (as the forward's output).
@@ -43,7 +43,7 @@ void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
     grad_layout[i] = like_queries(inputs[i], outputs[i]);
     if (grad_layout[i]) grads[i] = mx::array(outputs[i].shape(), outputs[i].dtype(), nullptr, {});
   }
-  auto grad_rows = [&](int i) { return grad_layout[i] ? grad_layout[i]->rows : contiguous_rows(outputs[i]); };
+  auto grad_rows = [&](int i) { return rows_written(grad_layout[i], outputs[i]); };
   push_rows(layout, grad_rows(1));
   push_rows(layout, grad_rows(2));
   auto with_layout = [&](const Step& step) {
@@ -77,7 +77,7 @@ void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
 
   for (int i = 0; i < 3; ++i) {
     if (grad_layout[i]) {
-      outputs[i].copy_shared_buffer(grads[i], grad_layout[i]->strides, {true, false, false}, outputs[i].size());
+      view_in_layout(outputs[i], grads[i], *grad_layout[i]);
     }
   }
 }

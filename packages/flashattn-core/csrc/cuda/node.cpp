@@ -106,6 +106,18 @@ std::optional<OutLayout> like_queries(const mx::array& q, const mx::array& out) 
   return o;
 }
 
+Rows rows_as_read(const mx::array& x, const std::optional<Rows>& place, bool copy) {
+  return copy && !x.flags().row_contiguous ? contiguous_rows(x) : *place;
+}
+
+Rows rows_written(const std::optional<OutLayout>& layout, const mx::array& out) {
+  return layout ? layout->rows : contiguous_rows(out);
+}
+
+void view_in_layout(mx::array& out, const mx::array& buffer, const OutLayout& layout) {
+  out.copy_shared_buffer(buffer, layout.strides, {true, false, false}, out.size());
+}
+
 void push_rows(std::vector<Scalar>& scalars, const Rows& r) {
   scalars.insert(scalars.end(), {static_cast<int>(r.sb), static_cast<int>(r.sh), static_cast<int>(r.sr)});
 }

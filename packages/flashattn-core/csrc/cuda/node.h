@@ -45,6 +45,16 @@ struct OutLayout {
 // row-contiguous).
 std::optional<OutLayout> like_queries(const mx::array& x, const mx::array& out);
 
+// x's rows as a launch reads them: where they lie, or where MLX copies an
+// input that is not row-contiguous first (copy), its copy's.
+Rows rows_as_read(const mx::array& x, const std::optional<Rows>& place, bool copy);
+
+// The rows a launch writes `out` in: its layout's, or row-contiguous.
+Rows rows_written(const std::optional<OutLayout>& layout, const mx::array& out);
+
+// `out` as a view of `buffer`, which a launch wrote in layout's order.
+void view_in_layout(mx::array& out, const mx::array& buffer, const OutLayout& layout);
+
 void push_rows(std::vector<Scalar>& scalars, const Rows& r);
 
 // One launch: MLX's custom-kernel primitive for `step`, evaluated into `out`.

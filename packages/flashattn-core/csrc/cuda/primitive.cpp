@@ -78,10 +78,7 @@ void quantized_inputs(const Launches& run, const std::vector<mx::array>& inputs,
   };
   copy |= !same(3, 4) || !same(5, 6);
   scalars = run.attend.scalars;
-  auto rows_of = [&](int i) {
-    const mx::array& x = inputs[i];
-    return copy && !x.flags().row_contiguous ? contiguous_rows(x) : *place[i];
-  };
+  auto rows_of = [&](int i) { return rows_as_read(inputs[i], place[i], copy); };
   for (int i : {0, 1, 2}) push_rows(scalars, rows_of(i));
   push_rows(scalars, out_rows);                          // FA_LAYOUT_PARAMS' last
   for (int i : {3, 5}) push_rows(scalars, rows_of(i));  // FA_QUANT_LAYOUT
@@ -104,8 +101,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   std::optional<OutLayout> out_layout;
   if (plan_->aligned.attend.quantized) {
     out_layout = output_layout(plan_->aligned, inputs[0], outputs[0]);
-    quantized_inputs(plan_->aligned, inputs, out_layout ? out_layout->rows : contiguous_rows(outputs[0]), in, scalars,
-                     copy);
+    quantized_inputs(plan_->aligned, inputs, rows_written(out_layout, outputs[0]), in, scalars, copy);
   } else {
     // inputs: q, k, v, and with an array mask or sinks the mask's data (read
     // row-contiguous) and base offsets (cuda/mask_args.h).
@@ -121,7 +117,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     for (int i = 0; i < 3; ++i) {
       const mx::array& x = inputs[i];
       const bool copied = copy && !x.flags().row_contiguous;  // MLX copies it: row-contiguous, offset 0
-      rows[i] = copied ? contiguous_rows(x) : *in_place[i];
+      rows[i] = rows_as_read(x, in_place[i], copy);
       aligned &= rows_aligned(rows[i], copied ? 0 : x.offset(), x.itemsize());
     }
 
@@ -133,7 +129,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     scalars = chosen->attend.scalars;
     for (const Rows& r : rows) push_rows(scalars, r);
     out_layout = output_layout(*chosen, inputs[0], outputs[0]);
-    push_rows(scalars, out_layout ? out_layout->rows : contiguous_rows(outputs[0]));
+    push_rows(scalars, rows_written(out_layout, outputs[0]));
     // The kernels that read masks take their two pointers whether or not
     // there is an array mask or sinks (without, the queries stand in, never read).
     in = {inputs[0], inputs[1], inputs[2]};
@@ -192,7 +188,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     if (out_layout) out[0] = mx::array(outputs[0].shape(), outputs[0].dtype(), nullptr, {});
     launch(run.attend, scalars, in, out, copy, s);
     if (out_layout) {
-      outputs[0].copy_shared_buffer(out[0], out_layout->strides, {true, false, false}, outputs[0].size());
+      view_in_layout(outputs[0], out[0], *out_layout);
     }
     leave_unused(used, n);
     return;
