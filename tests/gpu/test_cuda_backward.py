@@ -160,15 +160,37 @@ def _as_mlx_lm(shape, dtype, seed):
     return mx.swapaxes(mx.array(x).astype(getattr(mx, dtype)), 1, 2)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("E", [64, 72, 80, 128])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4)], ids=str)
 @pytest.mark.parametrize("mask,L,S", [("causal", 300, 300), ("causal", 130, 400), (None, 200, 150),
                                       ("bool", 160, 260)], ids=str)
 def test_gradients_of_inputs_in_mlx_lm_layout(dtype, E, heads, mask, L, S):
-    # The 16-bit backward reads Q, K, V, O and dO where they lie (transposed
-    # views, as mlx-lm's; E = 72: rows 144 bytes apart, copied element by
-    # element) and stores dQ, dK and dV laid out as Q, K and V.
+    # The backward reads Q, K, V, O and dO where they lie (transposed views,
+    # as mlx-lm's; 16-bit E = 72: rows 144 bytes apart, copied element by
+    # element) and stores dQ, dK and dV laid out as Q, K and V (float32 under
+    # GQA: dK and dV added into them by atomics).
+    check_mlx_lm_layout(dtype, E, heads, mask, L, S)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("E", [200, 256])
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4)], ids=str)
+@pytest.mark.parametrize("mask,L,S", [("causal", 300, 300), ("bool", 160, 260), ("causal", 5, 300)], ids=str)
+def test_gradients_of_inputs_in_mlx_lm_layout_above_e128(dtype, E, heads, mask, L, S):
+    # The rows pass and the keys pass of kernels/backward.cu; 16-bit dK and
+    # dV under GQA as float32 sums, cast after.
+    check_mlx_lm_layout(dtype, E, heads, mask, L, S)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("E", [64, 128])
+def test_gradients_of_a_decode_sized_call_in_mlx_lm_layout(dtype, E):
+    # Five query rows: the forward's decode kernels.
+    check_mlx_lm_layout(dtype, E, (6, 2), "causal", 5, 300)
+
+
+def check_mlx_lm_layout(dtype, E, heads, mask, L, S):
     (H_q, H_kv), B = heads, 2
     q = _as_mlx_lm((B, H_q, L, E), dtype, 1)
     k = _as_mlx_lm((B, H_kv, S, E), dtype, 2)
@@ -198,15 +220,16 @@ def test_gradients_of_inputs_whose_batch_axes_do_not_collapse():
 
 
 @pytest.mark.parametrize("heads", [(16, 4), (8, 8)], ids=str)
-@pytest.mark.parametrize("kw", [{}, {"dtype": mx.float32}], ids=str)
-def test_mlx_lm_transpose_of_the_gradients_copies_nothing(heads, kw):
+@pytest.mark.parametrize("dtype,kw", [("bfloat16", {}), ("bfloat16", {"dtype": mx.float32}), ("float32", {})],
+                         ids=str)
+def test_mlx_lm_transpose_of_the_gradients_copies_nothing(heads, dtype, kw):
     # Back through mlx-lm's transposes, each gradient goes to (B, L, H E) by a
     # transpose and a reshape: views, when the gradient lies as its input.
     (H_q, H_kv), B, L, E = heads, 1, 2048, 128
-    q = _as_mlx_lm((B, H_q, L, E), "bfloat16", 1)
-    k = _as_mlx_lm((B, H_kv, L, E), "bfloat16", 2)
-    v = _as_mlx_lm((B, H_kv, L, E), "bfloat16", 3)
-    d_out = _as_mlx_lm((B, H_q, L, E), "bfloat16", 4)
+    q = _as_mlx_lm((B, H_q, L, E), dtype, 1)
+    k = _as_mlx_lm((B, H_kv, L, E), dtype, 2)
+    v = _as_mlx_lm((B, H_kv, L, E), dtype, 3)
+    d_out = _as_mlx_lm((B, H_q, L, E), dtype, 4)
     f = lambda q, k, v: flash_attention(q, k, v, mask="causal", **kw)
     grads = mx.vjp(f, [q, k, v], [d_out])[1]
     mx.eval(grads)
@@ -217,4 +240,4 @@ def test_mlx_lm_transpose_of_the_gradients_copies_nothing(heads, kw):
     assert mx.get_active_memory() - before < 2**20
     refs = attention_gradients_reference(q, k, v, d_out, mask="causal")
     for name, g, ref in zip(("dq", "dk", "dv"), flat, refs):
-        assert relative_error(g.reshape(B, L, -1, E).swapaxes(1, 2), ref) <= TOLERANCE["bfloat16"], name
+        assert relative_error(g.reshape(B, L, -1, E).swapaxes(1, 2), ref) <= TOLERANCE[dtype], name

@@ -1,16 +1,14 @@
-// The fused backward on MLX's CUDA backend. 16-bit inputs up to E = 128
+// The fused backward on MLX's CUDA backend, one node a call
+// (backward_node.h) that reads Q, K, V, O and dO where they lie and lays
+// dQ, dK and dV out as the inputs. 16-bit inputs up to E = 128
 // (kernels/backward_f16.cu): a statistics pass (each row's log-sum-exp, the
 // forward's where it kept it, and D), a keys pass for all three gradients
 // (dQ as float32 sums; on Hopper kernels/backward_wg.cu's) and the sums'
-// cast, one node (backward_node.h) that reads the inputs where they lie and
-// lays the gradients out as the inputs. Others (kernels/backward.cu), two
-// launches through MLX's custom-kernel API ordered in MLX's graph by the
-// statistics the second reads: where the forward kept the log-sum-exp and
-// E <= 128, (lse, D) and a keys pass for all three (dQ by atomics into
-// zeros); else the rows pass (dQ and the statistics) and the keys pass (dK,
-// dV); they read their inputs row-contiguous (MLX copies a strided view
-// first: O(L) memory, like the gradients themselves). Under GQA dK and dV
-// are float32 sums of the group's heads, cast to the inputs' dtype after.
+// cast. Others (kernels/backward.cu, TF32 tensor cores), two launches:
+// where the forward kept the log-sum-exp and E <= 128, (lse, D) and a keys
+// pass for all three (dQ by atomics into zeros); else the rows pass (dQ and
+// the statistics) and the keys pass (dK, dV). Under GQA dK and dV are
+// float32 sums of the group's heads, cast to the inputs' dtype after.
 // Float32 attention over 16-bit inputs (ops.cpp) comes here with its 16-bit
 // inputs: the 16-bit kernels, its output and dO rounded to the inputs'
 // dtype. A call the kernels cannot take (a GPU with less shared memory a
@@ -109,15 +107,8 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   const bool plain = kind == static_cast<int>(MaskKind::none) || kind == static_cast<int>(MaskKind::causal);
   const std::string fixed =
       E == EB && EB <= 128 && plain ? (kind == static_cast<int>(MaskKind::causal) ? "c_" : "n_") : "_";
-  auto launch = [&](const std::string& kernel, const std::vector<mx::array>& inputs,
-                    const std::vector<mx::Shape>& shapes, const std::vector<mx::Dtype>& dtypes, int64_t blocks,
-                    int threads, int smem, std::optional<float> init) {
-    const std::string* image = find_image(kernel, s.device.index);
-    if (!image) throw std::runtime_error("flash_attention: no CUDA kernel " + kernel + " in this build");
-    const std::tuple<int, int, int> grid{static_cast<int>(blocks) * threads, 1, bs::col_blocks(EB)};
-    return mx::fast::precompiled_cuda_kernel(kernel, *image, inputs, shapes, dtypes, scalars, grid,
-                                             {threads, 1, 1}, smem, init,
-                                             /* ensure_row_contiguous */ true, s);
+  auto step = [&](const std::string& kernel, int64_t blocks, int threads, int smem) {
+    return Step{kernel, scalars, {static_cast<int>(blocks) * threads, 1, bs::col_blocks(EB)}, {threads, 1, 1}, smem};
   };
   const bool group_sums = H_q != H_kv;  // the keys pass adds into float32 zeros
   const mx::Dtype kv_dtype = group_sums ? mx::float32 : k.dtype();
@@ -133,9 +124,6 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
     const std::string general = "fa_backward_keyswg_" + suffix;
     const bool wg = find_image(general, s.device.index) != nullptr;
     const std::string wg_kernel = "fa_backward_keyswg" + fixed + suffix;
-    auto step = [&](const std::string& kernel, int64_t blocks, int threads, int smem) {
-      return Step{kernel, scalars, {static_cast<int>(blocks) * threads, 1, bs::col_blocks(EB)}, {threads, 1, 1}, smem};
-    };
     BackwardSteps steps;
     steps.lse = lse.has_value();
     steps.mask_arrays = m.inputs;
@@ -170,36 +158,29 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
         std::make_shared<Backward16>(s, std::move(steps)), std::move(inputs));
     return gradients({outs[0], outs[1], outs[2]}, outs[3]);
   }
-  // Row-contiguous once for both launches: each launch copies a strided input
-  // for itself (mlx-lm's transposed Q, K, V and dO), the mask's placeholders
-  // (Q) again: 248 copies a LoRA step of Qwen2-0.5B at 8K, 3.4 ms (H100).
-  auto rows_of = [&](const mx::array& x) { return mx::contiguous(x, false, s); };
-  const mx::array q_rows = rows_of(q), k_rows = rows_of(k), v_rows = rows_of(v);
-  const mx::array dO = rows_of(mx::astype(d_out, q.dtype(), s));
-  MaskArgs m_rows = m;  // placeholders that MLX need not copy
-  if (!m.inputs) m_rows.data = m_rows.base = q_rows;
-  if (keysq) {
-    auto stats = launch("fa_backward_d_" + suffix, {o, dO, *lse}, {stats_shape}, {mx::float32}, row_blocks,
-                        bs::kThreads, 0, poison_value());
-    // dK and dV stored (sums under GQA) and dQ's sums, all zeros first.
-    auto keys = launch("fa_backward_keysq" + fixed + suffix, {q_rows, k_rows, v_rows, dO, stats[0], m_rows.data, m_rows.base},
-                       {k.shape(), v.shape(), q.shape()}, {kv_dtype, kv_dtype, mx::float32}, key_blocks, key_threads,
-                       bs::keysq_smem_bytes(EB), 0.0f);
-    return gradients({mx::astype(keys[2], q.dtype(), s), mx::astype(keys[0], k.dtype(), s),
-                      mx::astype(keys[1], v.dtype(), s)},
-                     stats[0]);
-  }
-  // The forward's log-sum-exp, which the float32 rows pass then reads
-  // (kLse; without it the output stands in, never read: row-contiguous, so
-  // MLX copies nothing for it).
-  const mx::array lse_in = lse ? *lse : o;
+  // The other kernels: one node (backward_node.h) runs their two launches
+  // once strides are known, so that they too read the inputs where they lie
+  // and lay the gradients out as the inputs. Without the forward's
+  // log-sum-exp a placeholder stands in (never read; row-contiguous, so MLX
+  // copies nothing for it).
   const std::string f32_fixed = q.dtype() == mx::float32 ? fixed : "_";
-  auto rows = launch("fa_backward_rows" + f32_fixed + suffix, {q_rows, k_rows, v_rows, o, dO, m_rows.data, m_rows.base, lse_in}, {q.shape(), stats_shape},
-                     {q.dtype(), mx::float32}, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes), poison_value());
-  auto keys = launch("fa_backward_keys" + f32_fixed + suffix, {q_rows, k_rows, v_rows, dO, rows[1], m_rows.data, m_rows.base}, {k.shape(), v.shape()},
-                     {kv_dtype, kv_dtype}, key_blocks, key_threads, bs::keys_smem(EB, bytes),
-                     group_sums ? std::optional<float>(0.0f) : poison_value());
-  return gradients({rows[0], mx::astype(keys[0], k.dtype(), s), mx::astype(keys[1], v.dtype(), s)}, rows[1]);
+  BackwardTF32Steps steps;
+  steps.keysq = keysq;
+  steps.lse = lse.has_value();
+  steps.mask_arrays = m.inputs;
+  steps.group_sums = group_sums;
+  steps.first = keysq ? step("fa_backward_d_" + suffix, row_blocks, bs::kThreads, 0)
+                      : step("fa_backward_rows" + f32_fixed + suffix, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes));
+  steps.second = keysq ? step("fa_backward_keysq" + fixed + suffix, key_blocks, key_threads, bs::keysq_smem_bytes(EB))
+                       : step("fa_backward_keys" + f32_fixed + suffix, key_blocks, key_threads, bs::keys_smem(EB, bytes));
+  const mx::array lse_in = lse ? *lse : mx::array({0.0f});
+  auto outs = mx::array::make_arrays(
+      {q.shape(), k.shape(), v.shape(), stats_shape}, {keysq ? mx::float32 : q.dtype(), kv_dtype, kv_dtype, mx::float32},
+      std::make_shared<BackwardTF32>(s, std::move(steps)),
+      {q, k, v, o, mx::astype(d_out, q.dtype(), s), m.data, m.base, lse_in});
+  return gradients({mx::astype(outs[0], q.dtype(), s), mx::astype(outs[1], k.dtype(), s),
+                    mx::astype(outs[2], v.dtype(), s)},
+                   outs[3]);
 }
 
 }  // namespace flashattn::cuda

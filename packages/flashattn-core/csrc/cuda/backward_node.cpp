@@ -1,6 +1,7 @@
-// The 16-bit backward's node on a CUDA stream (backward_node.h): the
-// inputs' rows and the gradients' layouts, then the statistics pass, the
-// keys pass and the cast of the sums.
+// The backward's nodes on a CUDA stream (backward_node.h): the inputs' rows
+// and the gradients' layouts, then the launches: for the 16-bit kernels the
+// statistics pass, the keys pass and the cast of the sums; for the others
+// their two passes.
 
 #include "cuda/backward_node.h"
 
@@ -9,6 +10,7 @@
 #include <stdexcept>
 
 #include "cuda/node.h"
+#include "cuda/primitive.h"
 
 namespace flashattn::cuda {
 
@@ -16,36 +18,63 @@ void Backward16::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&
   throw std::runtime_error("flash_attention: the CUDA backward node ran on a CPU stream");
 }
 
-void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  const mx::Stream s = stream();
-  const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2], &o = inputs[3], &d_out = inputs[4];
-  const mx::array &mask_data = inputs[5], &mask_base = inputs[6];
-  // Q, K, V, O and dO where they lie; where one cannot be read there (or the
-  // mask's arrays are not row-contiguous), MLX copies every strided input
-  // of a launch row-contiguous first, as for the forward.
-  bool copy = (steps_.mask_arrays && (!mask_data.flags().row_contiguous || !mask_base.flags().row_contiguous)) ||
-      (steps_.lse && !inputs[7].flags().row_contiguous);
+namespace {
+
+// Q, K, V, O and dO (inputs 0-4) as the launches read them: where they lie;
+// where one cannot be read there (or `copy` already: another input that is
+// not row-contiguous), MLX copies every strided input of a launch
+// row-contiguous first, as for the forward. Their rows go into `layout`;
+// returns whether MLX copies.
+bool read_rows(const std::vector<mx::array>& inputs, bool copy, std::vector<Scalar>& layout) {
   std::array<std::optional<Rows>, 5> place;
   for (int i = 0; i < 5; ++i) {
     place[i] = rows_in_place(inputs[i]);
     copy |= !place[i].has_value();
   }
+  for (int i = 0; i < 5; ++i) push_rows(layout, rows_as_read(inputs[i], place[i], copy));
+  return copy;
+}
+
+// dQ, dK and dV (outputs 0-2), each laid out as its input (0-2) where
+// `laid_out` says: written into a buffer of its own that the output then
+// views (as the forward's output); else row-contiguous, the output itself.
+struct Gradients {
+  std::array<std::optional<OutLayout>, 3> layout;
+  std::array<mx::array, 3> buffers;
+
+  Gradients(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, std::array<bool, 3> laid_out)
+      : buffers{outputs[0], outputs[1], outputs[2]} {
+    for (int i = 0; i < 3; ++i) {
+      if (laid_out[i]) layout[i] = like_queries(inputs[i], outputs[i]);
+      if (layout[i]) buffers[i] = mx::array(outputs[i].shape(), outputs[i].dtype(), nullptr, {});
+    }
+  }
+  Rows rows(int i) const {
+    return rows_written(layout[i], buffers[i]);
+  }
+  void view(std::vector<mx::array>& outputs) const {
+    for (int i = 0; i < 3; ++i) {
+      if (layout[i]) view_in_layout(outputs[i], buffers[i], *layout[i]);
+    }
+  }
+};
+
+}  // namespace
+
+void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::Stream s = stream();
+  const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2], &o = inputs[3], &d_out = inputs[4];
+  const mx::array &mask_data = inputs[5], &mask_base = inputs[6];
   std::vector<Scalar> layout;
-  for (int i = 0; i < 5; ++i) {
-    const mx::array& x = inputs[i];
-    push_rows(layout, rows_as_read(x, place[i], copy));
-  }
-  // The gradients laid out as their inputs, each written into a buffer of
-  // its own that the output then views (as the forward's output).
-  std::array<std::optional<OutLayout>, 3> grad_layout;
-  std::array<mx::array, 3> grads = {outputs[0], outputs[1], outputs[2]};
-  for (int i = 0; i < 3; ++i) {
-    grad_layout[i] = like_queries(inputs[i], outputs[i]);
-    if (grad_layout[i]) grads[i] = mx::array(outputs[i].shape(), outputs[i].dtype(), nullptr, {});
-  }
-  auto grad_rows = [&](int i) { return rows_written(grad_layout[i], outputs[i]); };
-  push_rows(layout, grad_rows(1));
-  push_rows(layout, grad_rows(2));
+  const bool copy = read_rows(
+      inputs,
+      (steps_.mask_arrays && (!mask_data.flags().row_contiguous || !mask_base.flags().row_contiguous)) ||
+          (steps_.lse && !inputs[7].flags().row_contiguous),
+      layout);
+  Gradients g(inputs, outputs, {true, true, true});
+  std::array<mx::array, 3>& grads = g.buffers;
+  push_rows(layout, g.rows(1));
+  push_rows(layout, g.rows(2));
   auto with_layout = [&](const Step& step) {
     std::vector<Scalar> scalars = step.scalars;
     scalars.insert(scalars.end(), layout.begin(), layout.end());
@@ -56,7 +85,7 @@ void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   std::vector<mx::array> stats = {outputs[3], outputs[4], outputs[5]};
   const std::vector<mx::array> stats_in = steps_.lse ? std::vector<mx::array>{q, o, d_out, inputs[7]}
                                                      : std::vector<mx::array>{q, k, o, d_out, mask_data, mask_base};
-  launch(steps_.stats, with_layout(steps_.stats), stats_in, stats, copy, s);
+  launch(steps_.stats, with_layout(steps_.stats), stats_in, stats, copy, s, poison_value());
 
   // The keys pass: dK and dV (placeholders under GQA, where it adds into
   // the sums), dQ added into its sums.
@@ -65,21 +94,64 @@ void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   keys_in.insert(keys_in.end(), {mask_data, mask_base, stats[2]});
   std::vector<mx::array> keys = steps_.group_sums ? std::vector<mx::array>{outputs[6], outputs[7]}
                                                   : std::vector<mx::array>{grads[1], grads[2]};
-  launch(steps_.keys, with_layout(steps_.keys), keys_in, keys, copy, s);
+  launch(steps_.keys, with_layout(steps_.keys), keys_in, keys, copy, s, poison_value());
 
   // The sums cast; `after` (an output of the keys pass) orders this launch
   // after it in MLX's graph (kernels/backward_dq.cu).
   std::vector<Scalar> cast_scalars = steps_.cast.scalars;
-  for (int i = 0; i < 3; ++i) push_rows(cast_scalars, grad_rows(i));
+  for (int i = 0; i < 3; ++i) push_rows(cast_scalars, g.rows(i));
   std::vector<mx::array> cast = steps_.group_sums ? std::vector<mx::array>{grads[0], grads[1], grads[2]}
                                                   : std::vector<mx::array>{grads[0], outputs[6], outputs[7]};
-  launch(steps_.cast, cast_scalars, {stats[2], keys[0]}, cast, false, s);
+  launch(steps_.cast, cast_scalars, {stats[2], keys[0]}, cast, false, s, poison_value());
 
-  for (int i = 0; i < 3; ++i) {
-    if (grad_layout[i]) {
-      view_in_layout(outputs[i], grads[i], *grad_layout[i]);
-    }
+  g.view(outputs);
+}
+
+void BackwardTF32::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("flash_attention: the CUDA backward node ran on a CPU stream");
+}
+
+void BackwardTF32::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::Stream s = stream();
+  const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2], &o = inputs[3], &d_out = inputs[4];
+  const mx::array &mask_data = inputs[5], &mask_base = inputs[6], &lse = inputs[7];
+  std::vector<Scalar> layout;
+  const bool copy = read_rows(
+      inputs,
+      (steps_.mask_arrays && (!mask_data.flags().row_contiguous || !mask_base.flags().row_contiguous)) ||
+          !lse.flags().row_contiguous,
+      layout);
+  // A gradient in its input's dtype is the gradient (the cast after is
+  // none); float32 sums cast after stay row-contiguous.
+  Gradients g(inputs, outputs,
+              {outputs[0].dtype() == q.dtype(), outputs[1].dtype() == k.dtype(), outputs[2].dtype() == v.dtype()});
+  push_rows(layout, g.rows(1));
+  push_rows(layout, g.rows(2));
+  push_rows(layout, g.rows(0));
+  auto with_layout = [&](const Step& step) {
+    std::vector<Scalar> scalars = step.scalars;
+    scalars.insert(scalars.end(), layout.begin(), layout.end());
+    return scalars;
+  };
+  std::array<mx::array, 3>& grads = g.buffers;
+  std::vector<mx::array> stats = {outputs[3]};
+  if (steps_.keysq) {
+    // (lse, D), then all three gradients; dQ's sums (and dK's and dV's
+    // under GQA) added into zeros.
+    launch(steps_.first, with_layout(steps_.first), {o, d_out, lse}, stats, copy, s, poison_value());
+    std::vector<mx::array> keys = {grads[1], grads[2], grads[0]};
+    launch(steps_.second, with_layout(steps_.second), {q, k, v, d_out, stats[0], mask_data, mask_base}, keys, copy,
+           s, 0.0f);
+  } else {
+    // dQ and (lse, D), then dK and dV.
+    std::vector<mx::array> rows = {grads[0], stats[0]};
+    launch(steps_.first, with_layout(steps_.first), {q, k, v, o, d_out, mask_data, mask_base, lse}, rows, copy, s,
+           poison_value());
+    std::vector<mx::array> keys = {grads[1], grads[2]};
+    launch(steps_.second, with_layout(steps_.second), {q, k, v, d_out, rows[1], mask_data, mask_base}, keys, copy, s,
+           steps_.group_sums ? std::optional<float>(0.0f) : poison_value());
   }
+  g.view(outputs);
 }
 
 }  // namespace flashattn::cuda

@@ -36,7 +36,8 @@ bool fits_int(int64_t x) {
 // The rows of an array of this shape and these strides, when the kernels
 // can address them: the head dim contiguous, the batch axes collapsing into
 // one (each axis's stride the next inner one's times its size), strides
-// that fit the 32-bit launch arguments.
+// that fit the 32-bit launch arguments, and offsets within a batch element
+// too.
 std::optional<Rows> rows_of_layout(const mx::Shape& shape, const mx::Strides& strides) {
   const int nd = static_cast<int>(shape.size());
   if (shape[nd - 1] > 1 && strides[nd - 1] != 1) return std::nullopt;
@@ -55,6 +56,10 @@ std::optional<Rows> rows_of_layout(const mx::Shape& shape, const mx::Strides& st
     if (outer == 0) return std::nullopt;  // a broadcast batch axis
   }
   if (!fits_int(r.sb) || !fits_int(r.sh) || !fits_int(r.sr)) return std::nullopt;
+  // One batch element's offsets in an int too (backward.cu adds a head's
+  // and a row's in 32 bits).
+  const int64_t extent = (shape[nd - 3] - 1) * std::abs(r.sh) + (shape[nd - 2] - 1) * std::abs(r.sr) + shape[nd - 1];
+  if (!fits_int(extent)) return std::nullopt;
   return r;
 }
 
@@ -123,7 +128,7 @@ void push_rows(std::vector<Scalar>& scalars, const Rows& r) {
 }
 
 void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vector<mx::array>& in,
-            std::vector<mx::array>& out, bool copy, const mx::Stream& s) {
+            std::vector<mx::array>& out, bool copy, const mx::Stream& s, std::optional<float> init) {
   std::vector<mx::Shape> shapes;
   std::vector<mx::Dtype> dtypes;
   for (const auto& o : out) {
@@ -132,7 +137,7 @@ void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vec
   }
   auto run = [&](const ModuleSource& m) {
     auto node = mx::fast::precompiled_cuda_kernel(*m.name, *m.module, in, shapes, dtypes, scalars, step.grid,
-                                                  step.block, step.smem, poison_value(), copy, s);
+                                                  step.block, step.smem, init, copy, s);
     node[0].primitive().eval_gpu(in, out);
   };
   const std::string& image = image_of(step.kernel, s);

@@ -20,8 +20,9 @@ struct Rows {
 };
 
 // x's rows as they lie, when the kernels can read them there (the head dim
-// contiguous, the batch axes collapsing into one, strides that fit the
-// 32-bit launch arguments); otherwise nullopt: MLX copies x first.
+// contiguous, the batch axes collapsing into one, strides and one batch
+// element's offsets that fit the 32-bit launch arguments); otherwise
+// nullopt: MLX copies x first.
 std::optional<Rows> rows_in_place(const mx::array& x);
 
 // The rows of x's row-contiguous copy.
@@ -58,8 +59,10 @@ void view_in_layout(mx::array& out, const mx::array& buffer, const OutLayout& la
 void push_rows(std::vector<Scalar>& scalars, const Rows& r);
 
 // One launch: MLX's custom-kernel primitive for `step`, evaluated into `out`.
-// copy: MLX copies inputs that are not row-contiguous first.
+// copy: MLX copies inputs that are not row-contiguous first. init: what
+// MLX fills the outputs with first (none, or NaN under
+// FLASHATTN_CUDA_POISON: poison_value).
 void launch(const Step& step, const std::vector<Scalar>& scalars, const std::vector<mx::array>& in,
-            std::vector<mx::array>& out, bool copy, const mx::Stream& s);
+            std::vector<mx::array>& out, bool copy, const mx::Stream& s, std::optional<float> init);
 
 }  // namespace flashattn::cuda

@@ -167,7 +167,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     // short. The last output, the generic kernel's m / l, is left a view of
     // it too (nothing reads it).
     std::vector<mx::array> blob = {outputs[n - 2]};
-    launch(run.attend, scalars, in, blob, copy, s);
+    launch(run.attend, scalars, in, blob, copy, s, poison_value());
     for (size_t i : {size_t{0}, n - 1}) {
       mx::array& x = outputs[i];
       mx::Strides strides(x.ndim(), 1);
@@ -186,7 +186,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     const size_t used = 1 + (run.attend.lse_output ? 1 : 0) + (run.tma() ? 1 : 0);
     std::vector<mx::array> out(outputs.begin(), outputs.begin() + used);
     if (out_layout) out[0] = mx::array(outputs[0].shape(), outputs[0].dtype(), nullptr, {});
-    launch(run.attend, scalars, in, out, copy, s);
+    launch(run.attend, scalars, in, out, copy, s, poison_value());
     if (out_layout) {
       view_in_layout(outputs[0], out[0], *out_layout);
     }
@@ -198,10 +198,10 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   // gradient) and the tensor maps' scratch of plan.aligned, when this is
   // plan.any's generic split.
   std::vector<mx::array> partials = {outputs[n - 2], outputs[n - 1]};
-  launch(run.attend, scalars, in, partials, copy, s);
+  launch(run.attend, scalars, in, partials, copy, s, poison_value());
   std::vector<mx::array> out = {outputs[0]};
   if (run.merge->lse_output) out.push_back(outputs[1]);
-  launch(*run.merge, run.merge->scalars, partials, out, false, s);
+  launch(*run.merge, run.merge->scalars, partials, out, false, s, poison_value());
   leave_unused(out.size(), n - 2);
 }
 

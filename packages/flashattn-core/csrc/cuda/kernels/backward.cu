@@ -20,7 +20,9 @@
 // float32 inputs take the 3xTF32 split (hi*hi + hi*lo + lo*hi: float32
 // accuracy, mma.cuh); float16 and bfloat16 values are exact in TF32, so their
 // products take one term, with P and dS rounded to TF32 (10 bits, more than
-// either 16-bit type keeps). Inputs arrive row-contiguous.
+// either 16-bit type keeps). The kernels read Q, K, V, O and dO where they
+// lie and store dQ, dK and dV laid out as them (BackwardLayout and dQ's
+// rows, the launches' last arguments; cuda/backward_node.cpp).
 
 #include <type_traits>
 
@@ -83,23 +85,41 @@ __device__ __forceinline__ void mma_terms(float* c, const uint32_t (&ah)[4], con
   mma1688_tf32(c, ah, bh0, bh1);
 }
 
-// ROWS rows of E elements from src (row-contiguous) into dst as float32
+// Row r of a block's query head (n = b H_q + h), or of its KV head, in an
+// array laid out as x says: the batch's offset in 64 bits, the head's and
+// the row's in 32 (the host reads an array in place only where one batch
+// element's offsets fit an int: cuda/node.cpp). Kept as the batch and head,
+// ints, so that each array's offset is made where it is read.
+struct RowAt {
+  int batch, head, kv_head;
+  __device__ __forceinline__ RowAt(int64_t n, int H_q, int H_kv)
+      : batch(int(n) / H_q), head(int(n) % H_q), kv_head(int(n) % H_q / (H_q / H_kv)) {}
+  __device__ __forceinline__ int64_t operator()(const Rows& x, int r) const {
+    return int64_t{batch} * x.sb + (head * x.sh + r * x.sr);
+  }
+  __device__ __forceinline__ int64_t kv(const Rows& x, int r) const {
+    return int64_t{batch} * x.sb + (kv_head * x.sh + r * x.sr);
+  }
+};
+
+// ROWS rows of E elements from src (rows ld apart) into dst as float32
 // (row stride LD), zeros past `count` rows and past E columns. Returns
 // whether this thread saw a value that is not finite.
 template <typename T, int EB, int ROWS>
-__device__ __forceinline__ bool load_rows(float* dst, const T* src, int count, int E) {
+__device__ __forceinline__ bool load_rows(float* dst, const T* src, int64_t ld, int count, int E) {
   bool bad = false;
   for (int idx = threadIdx.x; idx < ROWS * EB; idx += bs::kThreads) {
     const int r = idx / EB, e = idx % EB;
-    const float x = r < count && e < E ? to_f(src[(int64_t)r * E + e]) : 0.0f;
+    const float x = r < count && e < E ? to_f(src[r * ld + e]) : 0.0f;
     bad |= !isfinite(x);
     dst[r * bs::ld(EB) + e] = x;
   }
   return bad;
 }
 
-// The same for float32 rows of exactly EB elements at a 16-byte boundary
-// (every float32 call at E = 64, 128 or 256): the tiles' 16-byte chunks
+// The same for float32 rows of exactly EB elements, each at a 16-byte
+// boundary (every float32 call at E = 64, 128 or 256 whose rows lie so): the
+// tiles' 16-byte chunks
 // copied by cp.async, all in flight at once, where load_rows's element loads
 // went a few at a time. RowCopy::issue starts a tile's copies; after
 // cp_async_wait_all, RowCopy::bad says whether the chunks this thread copied
@@ -110,15 +130,22 @@ struct RowCopy {
   static constexpr int CH = EB / 4, PER = ROWS * CH / bs::kThreads;
   static_assert(ROWS * CH % bs::kThreads == 0, "whole chunks a thread");
   template <typename T>
-  static __device__ __forceinline__ bool takes(const T* src, int E) {
-    return std::is_same<T, float>::value && E == EB && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  static __device__ __forceinline__ bool takes(const T* src, int64_t ld, int E) {
+    return std::is_same<T, float>::value && E == EB && (reinterpret_cast<uintptr_t>(src) & 15) == 0 && ld % 4 == 0;
   }
-  static __device__ __forceinline__ void issue(float* dst, const float* src, int count) {
+  // One source pointer stepped from chunk to chunk (a thread's chunks lie
+  // kThreads / CH rows apart): an address of its own for each held
+  // registers enough to spill the keys pass with dQ at E = 128.
+  static __device__ __forceinline__ void issue(float* dst, const float* src, int64_t ld, int count) {
+    static_assert(bs::kThreads % CH == 0, "a thread's chunks in one column");
+    constexpr int kStep = bs::kThreads / CH;
+    const int r0 = threadIdx.x / CH, c = threadIdx.x % CH * 4;
+    const float* from = src + r0 * ld + c;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-      const int idx = threadIdx.x + i * bs::kThreads, r = idx / CH, c = idx % CH * 4;
-      const bool valid = r < count;
-      cp_async16(dst + r * bs::ld(EB) + c, valid ? src + (int64_t)r * EB + c : src, valid);
+      const bool valid = r0 + i * kStep < count;
+      cp_async16(dst + (r0 + i * kStep) * bs::ld(EB) + c, valid ? from : src, valid);
+      from += kStep * ld;
     }
   }
   static __device__ __forceinline__ bool bad(const float* dst) {
@@ -133,22 +160,22 @@ struct RowCopy {
   }
 };
 
-// Two tiles of ROWS rows from a and b (rows first.., count of them) into
-// da and db as load_rows does; the flags of each.
+// Two tiles of ROWS rows from a and b (rows lda and ldb apart, count of
+// them) into da and db as load_rows does; the flags of each.
 template <typename T, int EB, int ROWS>
-__device__ __forceinline__ void load_two(float* da, const T* a, float* db, const T* b, int count, int E, bool& bad_a,
-                                         bool& bad_b) {
+__device__ __forceinline__ void load_two(float* da, const T* a, int64_t lda, float* db, const T* b, int64_t ldb,
+                                         int count, int E, bool& bad_a, bool& bad_b) {
   using Copy = RowCopy<EB, ROWS>;
-  if (Copy::takes(a, E) && Copy::takes(b, E)) {
-    Copy::issue(da, reinterpret_cast<const float*>(a), count);
-    Copy::issue(db, reinterpret_cast<const float*>(b), count);
+  if (Copy::takes(a, lda, E) && Copy::takes(b, ldb, E)) {
+    Copy::issue(da, reinterpret_cast<const float*>(a), lda, count);
+    Copy::issue(db, reinterpret_cast<const float*>(b), ldb, count);
     cp_async_commit();
     cp_async_wait_all();
     bad_a = Copy::bad(da);
     bad_b = Copy::bad(db);
   } else {
-    bad_a = load_rows<T, EB, ROWS>(da, a, count, E);
-    bad_b = load_rows<T, EB, ROWS>(db, b, count, E);
+    bad_a = load_rows<T, EB, ROWS>(da, a, lda, count, E);
+    bad_b = load_rows<T, EB, ROWS>(db, b, ldb, count, E);
   }
 }
 
@@ -247,7 +274,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
                                               float* __restrict__ stats, int64_t slices, int H_q, int H_kv, int L,
                                               int S, int E,
                                               int mask_kind, int mask_rs, int mask_cs, float scale_log2,
-                                              float scale) {
+                                              float scale, const BackwardLayout& lay, const Rows& dq_rows) {
   constexpr bool kSplit = std::is_same<T, float>::value;
   constexpr int LD = bs::ld(EB), BR = bs::kRows, BC = bs::key_tile(EB), NB = BC / 8, NO = bs::out_cols(EB) / 8;
   extern __shared__ __align__(16) float smem[];
@@ -262,10 +289,10 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   const BackwardBlock blk(slices, bs::out_cols(EB));
   const int64_t n = blk.slice;  // b H_q + h
   const int l0 = (tiles - 1 - blk.tile) * BR;  // the last rows first
-  const int64_t kv_slice = n / H_q * H_kv + n % H_q / (H_q / H_kv);
-  const T* k_head = k + kv_slice * S * E;
-  const T* v_head = v + kv_slice * S * E;
-  const int64_t first = n * L + l0;  // the block's first row, of all
+  const RowAt row_at(n, H_q, H_kv);
+  const T* q_rows = q + row_at(lay.q, l0);
+  const T* do_rows = d_out + row_at(lay.d_out, l0);
+  const T* o_rows = o + row_at(lay.o, l0);
   const int count = min(BR, L - l0);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
   const int kv_begin = mask.kv_begin(l0, L, S) / BC * BC, kv_end = mask.kv_end(l0, BR, L, S);
@@ -273,14 +300,14 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   bool q_finite, do_finite;  // the block's rows (scores_of)
   {
     bool bad_q, bad_do;
-    load_two<T, EB, BR>(q_s, q + first * E, do_s, d_out + first * E, count, E, bad_q, bad_do);
+    load_two<T, EB, BR>(q_s, q_rows, lay.q.sr, do_s, do_rows, lay.d_out.sr, count, E, bad_q, bad_do);
     q_finite = !__syncthreads_or(bad_q);
     do_finite = !__syncthreads_or(bad_do);
   }
   for (int r = w; r < BR; r += bs::kWarps) {
     float d = 0.0f;
     if (r < count) {
-      for (int e = lane; e < E; e += 32) d += do_s[r * LD + e] * to_f(o[(first + r) * E + e]);
+      for (int e = lane; e < E; e += 32) d += do_s[r * LD + e] * to_f(o_rows[r * lay.o.sr + e]);
     }
     d = warp_sum(d);
     if (lane == 0) d_s[r] = d;
@@ -311,7 +338,8 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   } else {
     float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f};
     for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
-      const bool k_finite = !__syncthreads_or(load_rows<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, min(BC, S - c0), E));
+      const bool k_finite =
+          !__syncthreads_or(load_rows<T, EB, BC>(k_s, k + row_at.kv(lay.k, c0), lay.k.sr, min(BC, S - c0), E));
       float s[NB][4];
       masked_scores(s, c0, k_finite);
       lse_step<NB>(s, m, l);
@@ -325,7 +353,8 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
   for (int c0 = kv_begin; c0 < kv_end; c0 += BC) {
     const int kc = min(BC, S - c0);
     bool bad, bad_v;
-    load_two<T, EB, BC>(k_s, k_head + (int64_t)c0 * E, v_s, v_head + (int64_t)c0 * E, kc, E, bad, bad_v);
+    load_two<T, EB, BC>(k_s, k + row_at.kv(lay.k, c0), lay.k.sr, v_s, v + row_at.kv(lay.v, c0), lay.v.sr, kc, E, bad,
+                        bad_v);
     const bool guard = __syncthreads_or(bad);
     const bool v_finite = !__syncthreads_or(bad_v);
     float s[NB][4], dp[NB][4];
@@ -340,7 +369,7 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
     __syncthreads();
   }
 
-  store_acc<T, NO>(acc, dq + n * L * E, ra, L, E, blk.col0, scale, lane, E);
+  store_acc<T, NO>(acc, dq + row_at(dq_rows, 0), ra, L, E, blk.col0, scale, lane, dq_rows.sr);
   if (blockIdx.z == 0 && t == 0) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -359,12 +388,15 @@ __device__ __forceinline__ void backward_rows(const T* __restrict__ q, const T* 
 template <typename T, int EB>
 __device__ __forceinline__ void backward_d(const T* __restrict__ o, const T* __restrict__ d_out,
                                            const float* __restrict__ lse_fwd, float* __restrict__ stats,
-                                           int64_t slices, int L, int E) {
+                                           int64_t slices, int H_q, int L, int E, const BackwardLayout& lay) {
   constexpr int RW = bs::kRows / bs::kWarps, PER = EB / 32;
   const BackwardBlock blk(slices, bs::out_cols(EB));
   const int64_t n = blk.slice;
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = blk.tile * bs::kRows + w * RW;
+  const RowAt row_at(n, H_q, H_q);
+  const T* o_head = o + row_at(lay.o, 0);
+  const T* do_head = d_out + row_at(lay.d_out, 0);
   float d[RW];
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
@@ -372,7 +404,7 @@ __device__ __forceinline__ void backward_d(const T* __restrict__ o, const T* __r
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
       const int r = r0 + i, e = lane + 32 * j;
-      if (r < L && e < E) d[i] += to_f(d_out[(n * L + r) * E + e]) * to_f(o[(n * L + r) * E + e]);
+      if (r < L && e < E) d[i] += to_f(do_head[r * lay.d_out.sr + e]) * to_f(o_head[r * lay.o.sr + e]);
     }
   }
 #pragma unroll
@@ -389,12 +421,12 @@ __device__ __forceinline__ void backward_d(const T* __restrict__ o, const T* __r
 // The keys pass's share of dQ for one row tile (rows r0 .. r0 + count):
 // dQ += scale dS K over the block's BK keys, dS^T staged in shared memory
 // (ds_s: a key's row tile LDS floats apart) by every warp. Each warp takes
-// 16 rows and half the columns, and adds them into dq (float32, zeros
-// before the launch) by atomics. k_finite: the block's K all finite; else
+// 16 rows and half the columns, and adds them into dq (float32, rows ld
+// apart, zeros before the launch) by atomics. k_finite: the block's K all finite; else
 // float32 FMA skipping zero weights (accumulate_guarded_by, backward_parts.cuh).
 template <bool kSplit, int EB, int BK, int LDS>
 __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s, const float* k_s, bool k_finite,
-                                       int r0, int count, int E, float scale, int w, int lane) {
+                                       int ld, int r0, int count, int E, float scale, int w, int lane) {
   constexpr int LD = bs::ld(EB), NQ = EB / 16;  // n-tiles of 8 in the warp's EB / 2 columns
   const int g = lane >> 2, t = lane & 3;
   const int rq = (w & 1) * 16, cq = (w >> 1) * (EB / 2);
@@ -425,7 +457,7 @@ __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = rq + g + 8 * (i >> 1), e = cq + nb * 8 + 2 * t + (i & 1);
-      if (r < count && e < E) atomicAdd(dq + (int64_t)(r0 + r) * E + e, acc[nb][i] * scale);
+      if (r < count && e < E) atomicAdd(dq + int64_t{r0 + r} * ld + e, acc[nb][i] * scale);
     }
 }
 
@@ -441,7 +473,7 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
                                               const int64_t* __restrict__ mask_base, void* dk, void* dv,
                                               float* __restrict__ dq, int64_t slices, int H_q, int H_kv, int L, int S, int E,
                                               int mask_kind, int mask_rs, int mask_cs, float scale_log2,
-                                              float scale) {
+                                              float scale, const BackwardLayout& lay, const Rows& dq_rows) {
   constexpr bool kSplit = std::is_same<T, float>::value;
   constexpr int LD = bs::ld(EB), BK = bs::kKeys, BR = bs::kRowTile, NB = BR / 8, NO = bs::out_cols(EB) / 8;
   extern __shared__ __align__(16) float smem[];
@@ -459,14 +491,16 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
   const int64_t n = blk.slice;  // b H_q + h
   const int c0 = blk.tile * BK;  // the first keys first: under a causal mask they have the most rows
   const int ratio = H_q / H_kv;
-  const int64_t kv_slice = n / H_q * H_kv + n % H_q / ratio;
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
+  // Each array's offset made where it is read, not held: three held
+  // pointers spilled the keys pass with dQ at E = 128.
+  const RowAt row_at(n, H_q, H_kv);
 
   bool k_finite, v_finite;  // the block's keys (scores_of)
   {
     bool bad_k, bad_v;
-    load_two<T, EB, BK>(k_s, k + (kv_slice * S + c0) * E, v_s, v + (kv_slice * S + c0) * E, min(BK, S - c0), E,
-                        bad_k, bad_v);
+    load_two<T, EB, BK>(k_s, k + row_at.kv(lay.k, c0), lay.k.sr, v_s, v + row_at.kv(lay.v, c0), lay.v.sr,
+                        min(BK, S - c0), E, bad_k, bad_v);
     k_finite = !__syncthreads_or(bad_k);
     v_finite = !__syncthreads_or(bad_v);
   }
@@ -483,7 +517,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     const int count = min(BR, L - r0);
     __syncthreads();  // the last tile's readers are done
     bool bad_q, bad_do;
-    load_two<T, EB, BR>(q_s, q + (n * L + r0) * E, do_s, d_out + (n * L + r0) * E, count, E, bad_q, bad_do);
+    load_two<T, EB, BR>(q_s, q + row_at(lay.q, r0), lay.q.sr, do_s, d_out + row_at(lay.d_out, r0), lay.d_out.sr,
+                        count, E, bad_q, bad_do);
     if (threadIdx.x < BR) {
       // Rows past L: lse = +inf makes their P 0.
       const bool in = int(threadIdx.x) < count;
@@ -518,11 +553,18 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     }
     if constexpr (kDq) {
       __syncthreads();  // every warp's dS^T staged
-      add_dq<kSplit, EB, BK, LDS>(dq + n * L * E, ds_s, k_s, k_finite, r0, count, E, scale, w, lane);
+      add_dq<kSplit, EB, BK, LDS>(dq + row_at(dq_rows, r0), ds_s, k_s, k_finite, dq_rows.sr, 0, count, E, scale, w,
+                                  lane);
     }
   }
-  store_dk_dv<T, NO>(dk_acc, dv_acc, dk, dv, kv_slice * S * E, ratio != 1, row_begin < row_end, ka, S, E, blk.col0,
-                     scale, lane);
+  // Without GQA dK and dV in T; with it their float32 sums, which are the
+  // gradients where the inputs are float32.
+  void* dk_head = ratio != 1 ? static_cast<void*>(static_cast<float*>(dk) + row_at.kv(lay.dk, 0))
+                             : static_cast<void*>(static_cast<T*>(dk) + row_at.kv(lay.dk, 0));
+  void* dv_head = ratio != 1 ? static_cast<void*>(static_cast<float*>(dv) + row_at.kv(lay.dv, 0))
+                             : static_cast<void*>(static_cast<T*>(dv) + row_at.kv(lay.dv, 0));
+  store_dk_dv<T, NO>(dk_acc, dv_acc, dk_head, dv_head, lay.dk.sr, lay.dv.sr, ratio != 1, row_begin < row_end, ka, S,
+                     E, blk.col0, scale, lane);
 }
 
 }  // namespace fa
@@ -532,7 +574,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 // fa_backward_rows_<dtype>_<E>, fa_backward_keys_<dtype>_<E>,
 // fa_backward_d_<dtype>_<E>, fa_backward_keysq_<dtype>_<E> (dq: float32
 // zeros, the stats fa_backward_d's). Inputs, then outputs, then scalars, as MLX
-// passes them. The rows pass's lse input is the forward's log-sum-exp where
+// passes them; the scalars end in the arrays' rows (BackwardLayout, then
+// dQ's). The rows pass's lse input is the forward's log-sum-exp where
 // mask_kind has kLse (mask_bits.h), else any array, never read. The keys
 // pass's dK and dV are T without GQA, float32 sums with it.
 #if !defined(FA_E) || !defined(FA_PASS)
@@ -540,7 +583,9 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 #endif
 #define FA_BACKWARD_SCALARS                                                                                  \
   int slices, int H_q, int H_kv, int L, int S, int E, int mask_kind, int mask_rs, int mask_cs, float scale_log2, \
-      float scale
+      float scale, FA_BACKWARD_LAYOUT_PARAMS, int dq_sb, int dq_sh, int dq_sr
+#define FA_DQ_ROWS \
+  fa::Rows { dq_sb, dq_sh, dq_sr }
 
 // -DFA_KIND=0 | 1: fa_backward_rows<n|c>_ and fa_backward_keys<n|c>_, the
 // same arguments for calls with no mask or a causal one at E = FA_E exactly:
@@ -563,27 +608,28 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
 #if FA_PASS == 2
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(fa_backward_d_, FA_TNAME, _, FA_E, )(
     const FA_T* o, const FA_T* d_out, const float* lse, float* stats, FA_BACKWARD_SCALARS) {
-  fa::backward_d<FA_T, FA_E>(o, d_out, lse, stats, slices, L, E);
+  fa::backward_d<FA_T, FA_E>(o, d_out, lse, stats, slices, H_q, L, E, FA_BACKWARD_LAYOUT);
 }
 #elif FA_PASS == 0
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads, fa::backward_shapes::min_blocks(FA_E)) FA_CAT5(FA_ROWS_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* o, const FA_T* d_out, const void* mask,
     const int64_t* mask_base, const float* lse, FA_T* dq, float* stats, FA_BACKWARD_SCALARS) {
   fa::backward_rows<FA_T, FA_E>(q, k, v, o, d_out, mask, mask_base, lse, dq, stats, slices, H_q, H_kv, L, S, FA_PASS_E,
-                                FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale);
+                                FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale, FA_BACKWARD_LAYOUT, FA_DQ_ROWS);
 }
 #elif FA_PASS == 3
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(FA_KEYSQ_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
     const int64_t* mask_base, void* dk, void* dv, float* dq, FA_BACKWARD_SCALARS) {
   fa::backward_keys<FA_T, FA_E, true>(q, k, v, d_out, stats, mask, mask_base, dk, dv, dq, slices, H_q, H_kv, L, S,
-                                      FA_PASS_E, FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale);
+                                      FA_PASS_E, FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale, FA_BACKWARD_LAYOUT,
+                                      FA_DQ_ROWS);
 }
 #else
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kThreads) FA_CAT5(FA_KEYS_FAMILY, FA_TNAME, _, FA_E, )(
     const FA_T* q, const FA_T* k, const FA_T* v, const FA_T* d_out, const float* stats, const void* mask,
     const int64_t* mask_base, void* dk, void* dv, FA_BACKWARD_SCALARS) {
   fa::backward_keys<FA_T, FA_E>(q, k, v, d_out, stats, mask, mask_base, dk, dv, nullptr, slices, H_q, H_kv, L, S, FA_PASS_E,
-                                FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale);
+                                FA_PASS_KIND, mask_rs, mask_cs, scale_log2, scale, FA_BACKWARD_LAYOUT, FA_DQ_ROWS);
 }
 #endif

@@ -14,6 +14,43 @@
 
 namespace fa {
 
+// Where the backward reads Q, K, V, O and dO, and where its keys pass
+// stores dK and dV (the gradients in the inputs' dtype): each array's rows
+// as they lie, mlx-lm's transposed (B, L, H, E) views included, so that no
+// launch copies them first nor after (cuda/backward_node.cpp). The 16-bit
+// kernels' dQ and group sums are float32 rows of their own, row-contiguous;
+// backward.cu's dQ takes a layout too (FA_BACKWARD_DQ_PARAMS).
+struct BackwardLayout {
+  Rows q, k, v, o, d_out, dk, dv;
+  // Whether the inputs' rows all lie 16 bytes apart (16-bit elements).
+  __device__ __forceinline__ bool rows16() const {
+    const int bits = q.sb | q.sh | q.sr | k.sb | k.sh | k.sr | v.sb | v.sh | v.sr | o.sb | o.sh | o.sr | d_out.sb |
+                     d_out.sh | d_out.sr;
+    return (bits & 7) == 0;
+  }
+};
+
+// The layout as the last launch arguments of the backward's kernels.
+#define FA_BACKWARD_LAYOUT_PARAMS                                                                             \
+  int q_sb, int q_sh, int q_sr, int k_sb, int k_sh, int k_sr, int v_sb, int v_sh, int v_sr, int o_sb, int o_sh, \
+      int o_sr, int do_sb, int do_sh, int do_sr, int dk_sb, int dk_sh, int dk_sr, int dv_sb, int dv_sh, int dv_sr
+#define FA_BACKWARD_LAYOUT                                                                              \
+  fa::BackwardLayout{{q_sb, q_sh, q_sr},    {k_sb, k_sh, k_sr},    {v_sb, v_sh, v_sr}, {o_sb, o_sh, o_sr}, \
+                     {do_sb, do_sh, do_sr}, {dk_sb, dk_sh, dk_sr}, {dv_sb, dv_sh, dv_sr}}
+
+// Row-contiguous arrays (the probes' layout): (B, H_q, L, E) queries, (B,
+// H_kv, S, E) keys.
+__host__ __device__ __forceinline__ BackwardLayout contiguous_backward_layout(int H_q, int H_kv, int L, int S, int E) {
+  const Rows rq{H_q * L * E, L * E, E}, rk{H_kv * S * E, S * E, E};
+  return {rq, rk, rk, rq, rq, rk, rk};
+}
+
+// Head n (b H + h) of x, laid out as r says.
+template <typename T>
+__device__ __forceinline__ T* head_of(T* x, const Rows& r, int64_t n, int H) {
+  return x + r.at(n / H, n % H, 0);
+}
+
 // The blocks of a pass: grid.x = tiles x slices (slice: batch x head, the
 // query head's), slice-minor, so that blocks start tile by tile in every
 // slice at once: the heaviest tiles under a causal mask (the last rows, the
@@ -186,36 +223,37 @@ __device__ __forceinline__ void store_acc(const float (&acc)[NO][4], T* dst, int
     }
 }
 
-// acc times `mul` added into dst (float32, row-contiguous, E columns) at
+// acc times `mul` added into dst (float32, E columns, rows ld apart) at
 // rows r0, r0 + 8 (< N): the query heads of a GQA group add their share of
 // dK and dV.
 template <int NO>
 __device__ __forceinline__ void add_acc(const float (&acc)[NO][4], float* dst, int r0, int N, int E, int col0,
-                                        float mul, int lane) {
+                                        float mul, int lane, int64_t ld) {
   const int t = lane & 3;
 #pragma unroll
   for (int eb = 0; eb < NO; ++eb)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = r0 + 8 * (i >> 1), e = col0 + eb * 8 + 2 * t + (i & 1);
-      if (r < N && e < E) atomicAdd(dst + (int64_t)r * E + e, acc[eb][i] * mul);
+      if (r < N && e < E) atomicAdd(dst + r * ld + e, acc[eb][i] * mul);
     }
 }
 
 // A keys block's dK and dV (rows ka, ka + 8 of this thread; columns from
-// col0) into the gradients at `at`: stored in T without GQA, else added into
-// the float32 sums of the group's query heads (zeros before the launch),
-// and then only by a block that saw some row (`any_rows`).
+// col0) into the KV head's gradients dk and dv (rows dk_ld and dv_ld
+// apart): stored in T without GQA, else added into the float32 sums of the
+// group's query heads (zeros before the launch), and then only by a block
+// that saw some row (`any_rows`).
 template <typename T, int NO>
 __device__ __forceinline__ void store_dk_dv(const float (&dk_acc)[NO][4], const float (&dv_acc)[NO][4], void* dk,
-                                            void* dv, int64_t at, bool group_sums, bool any_rows, int ka, int S,
-                                            int E, int col0, float scale, int lane) {
+                                            void* dv, int64_t dk_ld, int64_t dv_ld, bool group_sums, bool any_rows,
+                                            int ka, int S, int E, int col0, float scale, int lane) {
   if (!group_sums) {
-    store_acc<T, NO>(dk_acc, static_cast<T*>(dk) + at, ka, S, E, col0, scale, lane, E);
-    store_acc<T, NO>(dv_acc, static_cast<T*>(dv) + at, ka, S, E, col0, 1.0f, lane, E);
+    store_acc<T, NO>(dk_acc, static_cast<T*>(dk), ka, S, E, col0, scale, lane, dk_ld);
+    store_acc<T, NO>(dv_acc, static_cast<T*>(dv), ka, S, E, col0, 1.0f, lane, dv_ld);
   } else if (any_rows) {
-    add_acc<NO>(dk_acc, static_cast<float*>(dk) + at, ka, S, E, col0, scale, lane);
-    add_acc<NO>(dv_acc, static_cast<float*>(dv) + at, ka, S, E, col0, 1.0f, lane);
+    add_acc<NO>(dk_acc, static_cast<float*>(dk), ka, S, E, col0, scale, lane, dk_ld);
+    add_acc<NO>(dv_acc, static_cast<float*>(dv), ka, S, E, col0, 1.0f, lane, dv_ld);
   }
 }
 

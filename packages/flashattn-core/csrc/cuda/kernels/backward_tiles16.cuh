@@ -87,42 +87,6 @@ __device__ __forceinline__ bool tile_nonfinite(const T* tile) {
   return bad;
 }
 
-// Where the 16-bit backward reads Q, K, V, O and dO, and where its keys pass
-// stores dK and dV (without GQA): each array's rows as they lie, mlx-lm's
-// transposed (B, L, H, E) views included, so that no launch copies them
-// first nor after (cuda/backward_node.cpp). dQ's and the group sums' float32
-// rows are the launches' own, row-contiguous.
-struct BackwardLayout {
-  Rows q, k, v, o, d_out, dk, dv;
-  // Whether the inputs' rows all lie 16 bytes apart (16-bit elements).
-  __device__ __forceinline__ bool rows16() const {
-    const int bits = q.sb | q.sh | q.sr | k.sb | k.sh | k.sr | v.sb | v.sh | v.sr | o.sb | o.sh | o.sr | d_out.sb |
-                     d_out.sh | d_out.sr;
-    return (bits & 7) == 0;
-  }
-};
-
-// The layout as the last launch arguments of the 16-bit backward's kernels.
-#define FA_BACKWARD_LAYOUT_PARAMS                                                                             \
-  int q_sb, int q_sh, int q_sr, int k_sb, int k_sh, int k_sr, int v_sb, int v_sh, int v_sr, int o_sb, int o_sh, \
-      int o_sr, int do_sb, int do_sh, int do_sr, int dk_sb, int dk_sh, int dk_sr, int dv_sb, int dv_sh, int dv_sr
-#define FA_BACKWARD_LAYOUT                                                                              \
-  fa::BackwardLayout{{q_sb, q_sh, q_sr},    {k_sb, k_sh, k_sr},    {v_sb, v_sh, v_sr}, {o_sb, o_sh, o_sr}, \
-                     {do_sb, do_sh, do_sr}, {dk_sb, dk_sh, dk_sr}, {dv_sb, dv_sh, dv_sr}}
-
-// Row-contiguous arrays (the probes' layout): (B, H_q, L, E) queries, (B,
-// H_kv, S, E) keys.
-__host__ __device__ __forceinline__ BackwardLayout contiguous_backward_layout(int H_q, int H_kv, int L, int S, int E) {
-  const Rows rq{H_q * L * E, L * E, E}, rk{H_kv * S * E, S * E, E};
-  return {rq, rk, rk, rq, rq, rk, rk};
-}
-
-// Head n (b H + h) of x, laid out as r says.
-template <typename T>
-__device__ __forceinline__ T* head_of(T* x, const Rows& r, int64_t n, int H) {
-  return x + r.at(n / H, n % H, 0);
-}
-
 // Whether every input can be copied 16 bytes at a time (pointers and rows).
 __device__ __forceinline__ bool vector_copies(int E, const void* a, const void* b, const void* c, const void* d,
                                               bool rows16 = true) {
@@ -325,8 +289,8 @@ __device__ __forceinline__ void store_dk_dv16(const float (&dk_acc)[NO][4], cons
   } else if (any_rows) {
     const GradSums sums(slices, H_q, H_kv, L, S, E);
     const int64_t at = kv_slice * S * E;
-    add_acc<NO>(dk_acc, dq + sums.n_q + at, ka, S, E, 0, scale, lane);
-    add_acc<NO>(dv_acc, dq + sums.n_q + sums.n_kv + at, ka, S, E, 0, 1.0f, lane);
+    add_acc<NO>(dk_acc, dq + sums.n_q + at, ka, S, E, 0, scale, lane, E);
+    add_acc<NO>(dv_acc, dq + sums.n_q + sums.n_kv + at, ka, S, E, 0, 1.0f, lane, E);
   }
 }
 
