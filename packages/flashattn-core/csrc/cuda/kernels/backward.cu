@@ -119,9 +119,8 @@ __device__ __forceinline__ bool load_rows(float* dst, const T* src, int64_t ld, 
 
 // The same for float32 rows of exactly EB elements, each at a 16-byte
 // boundary (every float32 call at E = 64, 128 or 256 whose rows lie so): the
-// tiles' 16-byte chunks
-// copied by cp.async, all in flight at once, where load_rows's element loads
-// went a few at a time. RowCopy::issue starts a tile's copies; after
+// tiles' 16-byte chunks copied by cp.async, all in flight at once, where
+// load_rows's element loads went a few at a time. RowCopy::issue starts a tile's copies; after
 // cp_async_wait_all, RowCopy::bad says whether the chunks this thread copied
 // hold a value that is not finite (its own copies are visible to it without
 // a barrier).
@@ -134,8 +133,7 @@ struct RowCopy {
     return std::is_same<T, float>::value && E == EB && (reinterpret_cast<uintptr_t>(src) & 15) == 0 && ld % 4 == 0;
   }
   // One source pointer stepped from chunk to chunk (a thread's chunks lie
-  // kThreads / CH rows apart): an address of its own for each held
-  // registers enough to spill the keys pass with dQ at E = 128.
+  // kThreads / CH rows apart) rather than a 64-bit product a chunk.
   static __device__ __forceinline__ void issue(float* dst, const float* src, int64_t ld, int count) {
     static_assert(bs::kThreads % CH == 0, "a thread's chunks in one column");
     constexpr int kStep = bs::kThreads / CH;
@@ -422,8 +420,9 @@ __device__ __forceinline__ void backward_d(const T* __restrict__ o, const T* __r
 // dQ += scale dS K over the block's BK keys, dS^T staged in shared memory
 // (ds_s: a key's row tile LDS floats apart) by every warp. Each warp takes
 // 16 rows and half the columns, and adds them into dq (float32, rows ld
-// apart, zeros before the launch) by atomics. k_finite: the block's K all finite; else
-// float32 FMA skipping zero weights (accumulate_guarded_by, backward_parts.cuh).
+// apart, zeros before the launch) by atomics. k_finite: the block's K all
+// finite; else float32 FMA skipping zero weights (accumulate_guarded_by,
+// backward_parts.cuh).
 template <bool kSplit, int EB, int BK, int LDS>
 __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s, const float* k_s, bool k_finite,
                                        int ld, int r0, int count, int E, float scale, int w, int lane) {
