@@ -59,6 +59,13 @@ struct Gradients {
   }
 };
 
+// A launch's scalars: its step's, then the arrays' rows.
+std::vector<Scalar> with_layout(const Step& step, const std::vector<Scalar>& layout) {
+  std::vector<Scalar> scalars = step.scalars;
+  scalars.insert(scalars.end(), layout.begin(), layout.end());
+  return scalars;
+}
+
 }  // namespace
 
 void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -75,17 +82,12 @@ void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   std::array<mx::array, 3>& grads = g.buffers;
   push_rows(layout, g.rows(1));
   push_rows(layout, g.rows(2));
-  auto with_layout = [&](const Step& step) {
-    std::vector<Scalar> scalars = step.scalars;
-    scalars.insert(scalars.end(), layout.begin(), layout.end());
-    return scalars;
-  };
 
   // The statistics: (lse, D), the flags, and the sums zeroed.
   std::vector<mx::array> stats = {outputs[3], outputs[4], outputs[5]};
   const std::vector<mx::array> stats_in = steps_.lse ? std::vector<mx::array>{q, o, d_out, inputs[7]}
                                                      : std::vector<mx::array>{q, k, o, d_out, mask_data, mask_base};
-  launch(steps_.stats, with_layout(steps_.stats), stats_in, stats, copy, s, poison_value());
+  launch(steps_.stats, with_layout(steps_.stats, layout), stats_in, stats, copy, s, poison_value());
 
   // The keys pass: dK and dV (placeholders under GQA, where it adds into
   // the sums), dQ added into its sums.
@@ -94,7 +96,7 @@ void Backward16::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::
   keys_in.insert(keys_in.end(), {mask_data, mask_base, stats[2]});
   std::vector<mx::array> keys = steps_.group_sums ? std::vector<mx::array>{outputs[6], outputs[7]}
                                                   : std::vector<mx::array>{grads[1], grads[2]};
-  launch(steps_.keys, with_layout(steps_.keys), keys_in, keys, copy, s, poison_value());
+  launch(steps_.keys, with_layout(steps_.keys, layout), keys_in, keys, copy, s, poison_value());
 
   // The sums cast; `after` (an output of the keys pass) orders this launch
   // after it in MLX's graph (kernels/backward_dq.cu).
@@ -128,28 +130,23 @@ void BackwardTF32::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx
   push_rows(layout, g.rows(1));
   push_rows(layout, g.rows(2));
   push_rows(layout, g.rows(0));
-  auto with_layout = [&](const Step& step) {
-    std::vector<Scalar> scalars = step.scalars;
-    scalars.insert(scalars.end(), layout.begin(), layout.end());
-    return scalars;
-  };
   std::array<mx::array, 3>& grads = g.buffers;
   std::vector<mx::array> stats = {outputs[3]};
   if (steps_.keysq) {
     // (lse, D), then all three gradients; dQ's sums (and dK's and dV's
     // under GQA) added into zeros.
-    launch(steps_.first, with_layout(steps_.first), {o, d_out, lse}, stats, copy, s, poison_value());
+    launch(steps_.first, with_layout(steps_.first, layout), {o, d_out, lse}, stats, copy, s, poison_value());
     std::vector<mx::array> keys = {grads[1], grads[2], grads[0]};
-    launch(steps_.second, with_layout(steps_.second), {q, k, v, d_out, stats[0], mask_data, mask_base}, keys, copy,
-           s, 0.0f);
+    launch(steps_.second, with_layout(steps_.second, layout), {q, k, v, d_out, stats[0], mask_data, mask_base}, keys,
+           copy, s, 0.0f);
   } else {
     // dQ and (lse, D), then dK and dV.
     std::vector<mx::array> rows = {grads[0], stats[0]};
-    launch(steps_.first, with_layout(steps_.first), {q, k, v, o, d_out, mask_data, mask_base, lse}, rows, copy, s,
-           poison_value());
+    launch(steps_.first, with_layout(steps_.first, layout), {q, k, v, o, d_out, mask_data, mask_base, lse}, rows, copy,
+           s, poison_value());
     std::vector<mx::array> keys = {grads[1], grads[2]};
-    launch(steps_.second, with_layout(steps_.second), {q, k, v, d_out, rows[1], mask_data, mask_base}, keys, copy, s,
-           steps_.group_sums ? std::optional<float>(0.0f) : poison_value());
+    launch(steps_.second, with_layout(steps_.second, layout), {q, k, v, d_out, rows[1], mask_data, mask_base}, keys,
+           copy, s, steps_.group_sums ? std::optional<float>(0.0f) : poison_value());
   }
   g.view(outputs);
 }
