@@ -12,6 +12,7 @@ import mlx.core as mx
 from flashattn_core import UnsupportedError, flash_attention
 
 from ._stats import count_fallback, count_flash_call
+from .pacing import pace
 from .windows import as_window
 
 
@@ -48,6 +49,9 @@ def make_attention(original, precision: str):
             count_fallback(reason, str(error))
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         count_flash_call(windowed=window is not None)
+        # A quantized cache is a choice of memory over speed: its prefill on
+        # CUDA runs paced (pacing.py).
+        pace(out, queries.shape[-2] if quantized else 0, keys[0].shape[-2] if quantized else 0)
         return out
 
     scaled_dot_product_attention.__doc__ = original.__doc__
