@@ -3,12 +3,11 @@ few layers instead of running a whole prefill step ahead of it.
 
 MLX's CUDA backend keeps every array a queued kernel reads until that kernel
 completes, and lets the host queue up to ten command buffers ahead of the
-GPU. A prefill step whose kernels take longer than the host needs to build
-them (float32 attention over a 4-bit cache is one) thus holds every layer's
-arrays at once, which cost a 16K-token prompt more than the 4-bit cache
-saved (docs/cuda.md, Limits). Here each attention call of such a step is
-scheduled as soon as it is built and the host waits for the call DEPTH calls
-back: at most DEPTH + 1 layers are queued on the GPU, enough to keep it busy.
+GPU: a whole prefill step's arrays at once. Unpaced, a 16K-token prompt over
+a 4-bit cache then held more than the 4-bit cache saved (docs/cuda.md,
+quantized caches). Here each attention call of a quantized cache's prefill
+step is scheduled as soon as it is built and the host waits for the call
+DEPTH calls back: at most DEPTH + 1 layers are queued on the GPU.
 """
 
 from __future__ import annotations
@@ -19,15 +18,13 @@ from collections import deque
 
 import mlx.core as mx
 
-# Every GROUP-th call is scheduled, and the host waits for the one DEPTH
-# scheduled calls back: at most (DEPTH + 1) * GROUP layers queued.
-GROUP = 1
+# Attention calls (layers) queued ahead of the host: two keep the GPU busy
+# while the host builds the next layer. (Scheduling every second or fourth
+# call instead held more and was no faster.)
 DEPTH = 2
 # Prefill steps only: a decode (or a speculative step of a few rows) keeps
 # mlx-lm's own overlap of building the next token with running this one.
 MIN_ROWS = 64
-# Keys of the cache from which a call is paced.
-MIN_KEYS = 0
 # MLX_FLASH_ATTENTION_PACING=0 turns it off (measurements, or a user who
 # prefers the host to run ahead).
 ENV = "MLX_FLASH_ATTENTION_PACING"
@@ -39,18 +36,13 @@ def _enabled() -> bool:
     return os.environ.get(ENV, "1") != "0" and mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
-def pace(out: mx.array, rows: int, keys: int) -> None:
-    """Schedule out (an attention call's output over keys keys) now; wait for
-    the call DEPTH calls back on this thread. Calls that are not paced end
-    the run."""
+def pace(out: mx.array, rows: int) -> None:
+    """Schedule out (an attention call's output) now; wait for the call DEPTH
+    calls back on this thread. Calls that are not paced end the run."""
     queued = getattr(_local, "queued", None)
-    if rows < MIN_ROWS or keys < MIN_KEYS or not _enabled():
+    if rows < MIN_ROWS or not _enabled():
         if queued:
             queued.clear()
-        _local.count = 0
-        return
-    _local.count = getattr(_local, "count", 0) + 1
-    if _local.count % GROUP:
         return
     try:
         mx.async_eval(out)
