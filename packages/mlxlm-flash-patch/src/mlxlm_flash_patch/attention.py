@@ -51,7 +51,7 @@ def make_attention(original, precision: str):
         count_flash_call(windowed=window is not None)
         # A quantized cache is a choice of memory over speed: its prefill on
         # CUDA runs paced (pacing.py).
-        pace(out, queries.shape[-2], bool(quantized), (keys[0] if quantized else keys).shape[-2])
+        pace(out, queries.shape[-2] if quantized else 0)
         return out
 
     scaled_dot_product_attention.__doc__ = original.__doc__

@@ -36,16 +36,11 @@ def _enabled() -> bool:
     return os.environ.get(ENV, "1") != "0" and mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
-def _all(keys: int) -> bool:  # EXPERIMENT: MLX_FLASH_ATTENTION_PACING=all[:MIN_KEYS]
-    v = os.environ.get(ENV, "1")
-    return v.startswith("all") and keys >= (int(v.split(":")[1]) if ":" in v else 0)
-
-
-def pace(out: mx.array, rows: int, quantized: bool = True, keys: int = 0) -> None:
+def pace(out: mx.array, rows: int) -> None:
     """Schedule out (an attention call's output) now; wait for the call DEPTH
     calls back on this thread. Calls that are not paced end the run."""
     queued = getattr(_local, "queued", None)
-    if rows < MIN_ROWS or not _enabled() or not (quantized or _all(keys)):
+    if rows < MIN_ROWS or not _enabled():
         if queued:
             queued.clear()
         return
