@@ -143,10 +143,27 @@ def test_throughput_runs_every_pass_on_the_quantized_cache(model_dir, cache_upda
 
 def test_throughput_table_names_the_cache(model_dir):
     args = ["throughput", "--model", model_dir, "-p", 16, "-g", 2, "--trials", 1, "--warmup", 0]
-    assert f"KV cache: 4-bit, group {GROUP}" in invoke(*args, "--kv-bits", 4, "--kv-group-size", GROUP).stdout
+    quantized = invoke(*args, "--kv-bits", 4, "--kv-group-size", GROUP).stdout
+    assert f"KV cache: 4-bit, group {GROUP}" in quantized
     assert "KV cache: model dtype" in invoke(*args).stdout
     rep = as_json(*args, "--patch", "off")
     assert (rep["kv_bits"], rep["kv_group_size"], rep["kv_cache"]) == (None, None, "model dtype")
+    # The patch paces a quantized prefill on CUDA alone: not here, and the report says so.
+    assert as_json(*args, "--kv-bits", 4, "--kv-group-size", GROUP)["kv_pacing"] is False
+    assert rep["kv_pacing"] is False and "paces" not in quantized
+
+
+def test_a_paced_run_says_so(model_dir, monkeypatch):
+    from mlxlm_flash_patch import pacing
+
+    monkeypatch.setattr(pacing, "enabled", lambda: True)
+    args = ["throughput", "--model", model_dir, "-p", 16, "-g", 2, "--trials", 1, "--warmup", 0,
+            "--kv-bits", 4, "--kv-group-size", GROUP]
+    assert as_json(*args)["kv_pacing"] is True
+    printed = " ".join(invoke(*args).stdout.split())  # the console wraps long lines
+    assert "the patch paces its prefill steps (MLX_FLASH_ATTENTION_PACING=0: unpaced)" in printed
+    assert as_json("throughput", "--model", model_dir, "-p", 16, "-g", 2, "--trials", 1, "--warmup", 0)["kv_pacing"] \
+        is False  # no quantized cache, nothing paced
 
 
 def save_mamba_folder(path):

@@ -32,7 +32,7 @@ def scheduled(monkeypatch):
         queued = getattr(pacing._local, "queued", ())
         record["longest"] = max(record["longest"], len(queued) + 1)
 
-    monkeypatch.setattr(pacing, "_enabled", lambda: True)
+    monkeypatch.setattr(pacing, "enabled", lambda: True)
     monkeypatch.setattr(pacing.mx, "async_eval", spy)
     monkeypatch.setattr(pacing, "_local", type(pacing._local)())
     return record
@@ -65,7 +65,7 @@ def test_calls_without_a_quantized_cache_are_not_paced(tokenizer, scheduled):
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv(pacing.ENV, "0")
-    assert not pacing._enabled()
+    assert not pacing.enabled()
 
 
 def test_a_paced_call_under_compile_runs_unpaced(scheduled):

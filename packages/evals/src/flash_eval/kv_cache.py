@@ -34,14 +34,22 @@ class KVCacheSetting:
     def describe(self) -> str:
         return f"{self.bits}-bit, group {self.group_size}" if self.quantized else "model dtype"
 
-    def header_line(self) -> str:
+    def header_line(self, paced: bool = False) -> str:
         if not self.quantized:
             return "KV cache: model dtype"
-        return (f"KV cache: {self.describe()} (mlx-lm's QuantizedKVCache in every attention layer, "
-                f"patch off and on)")
+        line = f"KV cache: {self.describe()} (mlx-lm's QuantizedKVCache in every attention layer, patch off and on)"
+        if paced:  # the patch's prefill holds less memory this way, at some speed (docs/cuda.md)
+            line += "; the patch paces its prefill steps (MLX_FLASH_ATTENTION_PACING=0: unpaced)"
+        return line
 
     def as_json(self) -> dict:
-        return {"kv_cache": self.describe(), "kv_bits": self.bits, "kv_group_size": self.group_size}
+        """The setting as a report's fields; kv_pacing: whether the patch's
+        prefill over this cache runs paced here (mlxlm_flash_patch.pacing:
+        CUDA only)."""
+        from mlxlm_flash_patch import pacing
+
+        return {"kv_cache": self.describe(), "kv_bits": self.bits, "kv_group_size": self.group_size,
+                "kv_pacing": self.quantized and pacing.enabled()}
 
 
 def _as_int(ctx, param, value):

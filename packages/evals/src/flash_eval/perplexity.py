@@ -235,7 +235,8 @@ def _print(report: dict) -> None:
     console.print(f"protocol: {report['protocol']}")
     procs = f"; {report['processes']} processes (mx.distributed)" if report["processes"] > 1 else ""
     console.print(f"device: {report['device']}{procs}; BLAS: {report['blas']}; patch precision: {report['precision']}")
-    console.print(KVCacheSetting(report["kv_bits"], report["kv_group_size"]).header_line())
+    kv = KVCacheSetting(report["kv_bits"], report["kv_group_size"])
+    console.print(kv.header_line(report.get("kv_pacing", False)))
     table = Table()
     for col in ("patch", "perplexity", "± SE", "tokens scored", "tokens/s", "peak memory", "attention calls"):
         table.add_column(col, justify="left" if col == "patch" else "right")

@@ -441,7 +441,8 @@ def _print(report):
     procs = f" x {report['processes']} processes (tokens/s summed)" if report["processes"] > 1 else ""
     console.print(f"model: {report['model']['name']}; device: {report['device']}{procs}; BLAS: {report['blas']}; "
                   f"patch precision: {report['precision']}")
-    console.print(KVCacheSetting(report["kv_bits"], report["kv_group_size"]).header_line())
+    kv = KVCacheSetting(report["kv_bits"], report["kv_group_size"])
+    console.print(kv.header_line(report.get("kv_pacing", False)))
     gen = (f"generation tok/s: mlx-lm's stream_generate generation_tps over {report['results'][0]['generation_tokens']}"
            " tokens" if m["generation_tps"] else "generation: not run (-g 0)")
     console.print(f"prompt tok/s: the prompt's forward pass in mlx-lm's prefill steps of {m['prefill_step_size']}, "

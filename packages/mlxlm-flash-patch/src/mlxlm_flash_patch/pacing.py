@@ -32,7 +32,8 @@ ENV = "MLX_FLASH_ATTENTION_PACING"
 _local = threading.local()
 
 
-def _enabled() -> bool:
+def enabled() -> bool:
+    """Whether this thread's quantized-cache prefill calls are paced now."""
     return os.environ.get(ENV, "1") != "0" and mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
@@ -40,7 +41,7 @@ def pace(out: mx.array, rows: int) -> None:
     """Schedule out (an attention call's output) now; wait for the call DEPTH
     calls back on this thread. Calls that are not paced end the run."""
     queued = getattr(_local, "queued", None)
-    if rows < MIN_ROWS or not _enabled():
+    if rows < MIN_ROWS or not enabled():
         if queued:
             queued.clear()
         return
