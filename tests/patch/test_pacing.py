@@ -63,8 +63,9 @@ def test_calls_without_a_quantized_cache_are_not_paced(tokenizer, scheduled):
     assert not [s for s in scheduled["shapes"] if len(s) == 4]
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(pacing.ENV, "0")
+@pytest.mark.parametrize("value", ["0", "off", "False", " no "])
+def test_switched_off_by_the_environment(monkeypatch, value):
+    monkeypatch.setenv(pacing.ENV, value)
     assert not pacing.enabled()
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import click
 import mlx.core as mx
+from mlxlm_flash_patch import pacing
 
 from .setting import patch_setting
 
@@ -46,8 +47,6 @@ class KVCacheSetting:
         """The setting as a report's fields; kv_pacing: whether the patch's
         prefill over this cache runs paced here (mlxlm_flash_patch.pacing:
         CUDA only)."""
-        from mlxlm_flash_patch import pacing
-
         return {"kv_cache": self.describe(), "kv_bits": self.bits, "kv_group_size": self.group_size,
                 "kv_pacing": self.quantized and pacing.enabled()}
 

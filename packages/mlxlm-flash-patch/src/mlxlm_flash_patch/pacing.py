@@ -18,6 +18,8 @@ from collections import deque
 
 import mlx.core as mx
 
+from ._startup import OFF
+
 # Attention calls (layers) queued ahead of the host: two keep the GPU busy
 # while the host builds the next layer. (Scheduling every second or fourth
 # call instead held more and was no faster.)
@@ -25,8 +27,8 @@ DEPTH = 2
 # Prefill steps only: a decode (or a speculative step of a few rows) keeps
 # mlx-lm's own overlap of building the next token with running this one.
 MIN_ROWS = 64
-# MLX_FLASH_ATTENTION_PACING=0 turns it off (measurements, or a user who
-# prefers the host to run ahead).
+# MLX_FLASH_ATTENTION_PACING=0 (or any of MLX_FLASH_ATTENTION's off values)
+# turns it off: measurements, or a user who prefers the host to run ahead.
 ENV = "MLX_FLASH_ATTENTION_PACING"
 
 _local = threading.local()
@@ -34,7 +36,8 @@ _local = threading.local()
 
 def enabled() -> bool:
     """Whether this thread's quantized-cache prefill calls are paced now."""
-    return os.environ.get(ENV, "1") != "0" and mx.default_device() == mx.gpu and mx.cuda.is_available()
+    off = os.environ.get(ENV, "1").strip().lower() in OFF
+    return not off and mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
 def pace(out: mx.array, rows: int) -> None:
