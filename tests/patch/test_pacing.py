@@ -38,14 +38,20 @@ def scheduled(monkeypatch):
     return record
 
 
-def test_a_quantized_prefill_is_paced_with_the_same_text(tokenizer, scheduled):
+def test_a_quantized_prefill_is_paced_with_the_same_text(tokenizer, scheduled, monkeypatch):
     model, _ = tiny_model("qwen2", vocab_size=len(tokenizer), hidden_size=256)  # head dim 64, 2 layers
     prompt_tokens = len(tokenizer.encode(PROMPT))
     assert prompt_tokens >= pacing.MIN_ROWS
-    off = generate(model, tokenizer, PROMPT, **KW)
+    # The same patched run unpaced is the reference (mlx-lm's own quantized
+    # attention has no CUDA kernel for these shapes; the CPU tests compare
+    # with it in test_patch_models.py).
     with mlxlm_flash_patch.patched():
+        with monkeypatch.context() as m:
+            m.setattr(pacing, "enabled", lambda: False)
+            unpaced = generate(model, tokenizer, PROMPT, prefill_step_size=128, **KW)
+        assert not [s for s in scheduled["shapes"] if len(s) == 4]
         on = generate(model, tokenizer, PROMPT, prefill_step_size=128, **KW)
-    assert on == off and len(off) > 0
+    assert on == unpaced and len(on) > 0
     assert not mlxlm_flash_patch.stats()["fallbacks"]
     paced = [s for s in scheduled["shapes"] if len(s) == 4]
     # Both layers' calls of the prefill steps of 128 rows after the first
@@ -78,7 +84,10 @@ def test_a_paced_call_under_compile_runs_unpaced(scheduled):
     k = mx.random.normal((1, 2, 96, 64))
     keys, values = cache.update_and_fetch(k, k * 0.5)
     q = mx.random.normal((1, 4, 96, 64))
-    expected = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.125, mask="causal")
+    # The reference: MLX's SDPA on the exact dequantization (mlx-lm's own
+    # quantized attention has no CUDA kernel for these shapes).
+    kd, vd = (mx.dequantize(*t, group_size=32, bits=4) for t in (keys, values))
+    expected = mx.fast.scaled_dot_product_attention(q, kd, vd, scale=0.125, mask="causal")
     with mlxlm_flash_patch.patched():
         attend = lambda q: base.scaled_dot_product_attention(q, keys, values, cache, scale=0.125, mask="causal")
         out = mx.compile(attend)(q)

@@ -89,10 +89,12 @@ def test_batched_generation_with_padding(tokenizer):
 @pytest.mark.parametrize("precision", ["float32", "native"])
 def test_quantized_kv_cache_goes_through_flash_attention(tokenizer, bits, group_size, precision):
     # mlx-lm's QuantizedKVCache hands over (packed, scales, biases): read in
-    # place, the same greedy text as mlx-lm's own quantized attention.
+    # place, the same greedy text as mlx-lm's own quantized attention. Both on
+    # the CPU: mlx-lm's quantized attention has no CUDA kernel for these
+    # shapes (tests/gpu checks the CUDA kernels on quantized caches).
     model, _ = tiny_model("qwen2", vocab_size=len(tokenizer), hidden_size=256)  # head dim 64
     prompt = "Exceptions are raised"
-    kw = dict(max_tokens=16, kv_bits=bits, kv_group_size=group_size, quantized_kv_start=0)
+    kw = dict(max_tokens=16, kv_bits=bits, kv_group_size=group_size, quantized_kv_start=0, stream=mx.cpu)
     off = generate(model, tokenizer, prompt, **kw)
     with mlxlm_flash_patch.patched(precision):
         on = generate(model, tokenizer, prompt, **kw)
@@ -119,12 +121,14 @@ def test_a_quantized_call_the_kernel_refuses_falls_back_and_is_counted(monkeypat
     k = mx.random.normal((1, 2, 5, 32))
     keys, values = cache.update_and_fetch(k, k + 1)
     q = mx.random.normal((1, 4, 5, 32))
-    # Copies: mlx-lm's quantized attention scales its queries argument in place.
-    expected = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.2, mask="causal")
-    monkeypatch.setattr(attention, "flash_attention", refuse)
-    with mlxlm_flash_patch.patched():
-        out = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.2, mask="causal")
-    assert mx.array_equal(out, expected)
+    # On the CPU: mlx-lm's quantized attention has no CUDA kernel for this
+    # shape. Copies: it scales its queries argument in place.
+    with mx.stream(mx.cpu):
+        expected = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.2, mask="causal")
+        monkeypatch.setattr(attention, "flash_attention", refuse)
+        with mlxlm_flash_patch.patched():
+            out = base.scaled_dot_product_attention(q + 0, keys, values, cache, scale=0.2, mask="causal")
+        assert mx.array_equal(out, expected)
     assert mlxlm_flash_patch.stats()["fallbacks"] == {"quantized_kv_cache": 1}
 
 
