@@ -35,9 +35,6 @@ __device__ long long* g_marks;
 
 using T = __nv_bfloat16;
 
-// The last timeline's output (bytes), for `items` below.
-std::vector<unsigned char> g_last_out;
-
 struct Record {
   long long c0, c1, g0, g1;  // clock64 and globaltimer at start and end
   int sm, pad;
@@ -103,7 +100,6 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaMemcpy(dq, q.data(), nq * sizeof(T), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dk, k.data(), nk * sizeof(T), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dv, v.data(), nk * sizeof(T), cudaMemcpyHostToDevice));
-  CHECK(cudaMemset(dout, 0xff, nq * (F32 ? 4 : sizeof(T))));  // NaN: a row never stored shows
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const bool split = splits > 1;
@@ -144,8 +140,6 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
                                                     S * E, E, H_q * L * E, L * E, E, templ, scratch, tag++);
       },
       reps);
-  g_last_out.resize(nq * (F32 ? 4 : sizeof(T)));
-  CHECK(cudaMemcpy(g_last_out.data(), dout, g_last_out.size(), cudaMemcpyDeviceToHost));
   std::vector<Record> rec(blocks);  // the last launch's
   CHECK(cudaMemcpy(rec.data(), drec, blocks * sizeof(Record), cudaMemcpyDeviceToHost));
 
@@ -249,32 +243,6 @@ int main(int argc, char** argv) {
       timeline<64, 2, 1, true, 0>("qwen05b causal 8K, f32 over bf16, no overlap", 14, 2, 8192, 8192, 1, 20);
       timeline<64, 2, 1, true, 1>("qwen05b causal 8K, f32 over bf16, overlap", 14, 2, 8192, 8192, 1, 20);
     }
-    return 0;
-  }
-  // items: one block per SM taking many row tiles (E = 128) against a row
-  // tile a block, whose outputs must agree bit for bit (the same arithmetic
-  // per row tile), and the times of the former, ROUNDS times.
-  if (argc > 1 && std::strcmp(argv[1], "items") == 0) {
-    struct Shape { const char* name; int L, S, causal; };
-    const Shape shapes[] = {{"hd128 causal 2K", 2048, 2048, 1}, {"hd128 chunk L=2048 S=4096", 2048, 4096, 1},
-                            {"hd128 causal 4K", 4096, 4096, 1}, {"hd128 full 4K", 4096, 4096, 0},
-                            {"hd128 causal 8K", 8192, 8192, 1}};
-    const int rounds = argc > 2 ? std::atoi(argv[2]) : 1;
-    for (int round = 0; round < rounds; ++round)
-      for (const Shape& c : shapes) {
-        char name[96];
-        std::snprintf(name, sizeof name, "%s, a row tile a block", c.name);
-        if (round == 0) timeline<128, 2, 1>(name, 32, 8, c.L, c.S, c.causal, 5);
-        const std::vector<unsigned char> one = g_last_out;
-        std::snprintf(name, sizeof name, "%s, one block per SM", c.name);
-        timeline<128, 2, 2>(name, 32, 8, c.L, c.S, c.causal, c.L <= 2048 ? 50 : 20);
-        if (round == 0) {
-          size_t differ = 0;
-          for (size_t i = 0; i < one.size(); ++i) differ += one[i] != g_last_out[i];
-          std::printf("  outputs of the two launches: %zu of %zu bytes differ%s\n", differ, one.size(),
-                      differ ? "  <-- MISMATCH" : "");
-        }
-      }
     return 0;
   }
   if (argc > 1 && std::strcmp(argv[1], "short") == 0) {

@@ -63,7 +63,7 @@ constexpr int kWhRows = wg_shapes::kRowsPerGroup;
 template <int G, int BC, bool OVERLAP, int ITEMS = 1>
 struct WhShape {
   static_assert(ITEMS == 1 || ITEMS == 2, "one row tile a block, or many (2)");
-  static constexpr int kGroups = G, kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + 1), kItems = ITEMS;
+  static constexpr int kBr = kWhRows * G, kBc = BC, kThreads = 128 * (G + 1), kItems = ITEMS;
   static constexpr bool kOverlap = OVERLAP;
   // Registers per thread after setmaxnreg. The launch (one block per SM)
   // gives every thread kLaunchRegs; the producer keeps 24 (one thread
@@ -86,9 +86,7 @@ struct WhSmem {
   T v[kWhBuffers][Shape::kBc * E];
   uint64_t full[kWhBuffers];   // every thread's copies of the tile have landed
   uint64_t empty[kWhBuffers];  // every thread is done with it
-  // The same for each consumer's rows of Q (with a producer), so that one
-  // that is done with its Q gets the next item's while the others finish.
-  uint64_t q_full[Shape::kGroups], q_empty[Shape::kGroups];
+  uint64_t q_full, q_empty;    // the same for Q (with a producer)
 };
 
 // Copies of ROWS x E tiles into the swizzled layout by THREADS threads,
@@ -246,9 +244,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     mbar_init(&sm.full[tid], kCopiers);
     mbar_init(&sm.empty[tid], kConsumers);
   }
-  if (tid >= kWhBuffers && tid < kWhBuffers + G) {
-    mbar_init(&sm.q_full[tid - kWhBuffers], kCopiers);
-    mbar_init(&sm.q_empty[tid - kWhBuffers], 128);
+  if (tid == kWhBuffers) {
+    mbar_init(&sm.q_full, kCopiers);
+    mbar_init(&sm.q_empty, kConsumers);
   }
   fence_mbar_init();
   __syncthreads();  // the barriers are initialised
@@ -265,7 +263,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     // of blocks do not wait out the making of the maps.
     if (tid % 128 >= 32) return;
     if (tid % 128 == 0) {
-      for (int h = 0; h < G; ++h) mbar_arrive(&sm.q_full[h]);
+      mbar_arrive(&sm.q_full);
       if (n_tiles > 0) mbar_arrive(&sm.full[0]);
     }
     const int batch = units == 0 && !split ? int(gridDim.z) : slices / H_q;
@@ -279,7 +277,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     unsigned char* staging = reinterpret_cast<unsigned char*>(sm.v[kWhBuffers - 1]);
     MapFields f[3] = {fields(q, lay.q, kTT ? EQ : E, L, H_q), fields(k, lay.k, E, S, H_kv),
                       fields(v, lay.v, E, S, H_kv)};
-    f[0].box_rows = kWhRows;  // a consumer's rows
+    f[0].box_rows = kWhBr;
     f[1].box_rows = f[2].box_rows = kWhBc;
     const unsigned char* maps =
         tma_call_maps<3, wg_shapes::kMapSlots, wg_shapes::kMapSlotBytes>(map_slots, tag, *map_template, staging, f,
@@ -290,42 +288,28 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     tma_prefetch_map(map_q);
     tma_prefetch_map(map_k);
     tma_prefetch_map(map_v);
-    constexpr uint32_t kQBytes = kWhRows * EQ * sizeof(T), kKvBytes = 2 * kWhBc * EP * sizeof(T);
-    auto load_tile = [&](int j) {
-      const int gj = it0 + j, b = gj % kWhBuffers;
-      if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
-      mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
-#pragma unroll
-      for (int cb = 0; cb < EP / 64; ++cb) {
-        tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
-        tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
-      }
-    };
+    constexpr uint32_t kQBytes = kWhBr * EQ * sizeof(T), kKvBytes = 2 * kWhBc * EP * sizeof(T);
     for (int i = 0; i < n_items; ++i) {
-      int j = i == 0 ? 1 : 0;
       if (i > 0) {
-        // The item's first tile before its Q: that tile's buffer frees
-        // before the last Q K^T of the item before, which frees Q.
         begin_item(i);
-        if (n_tiles > 0) load_tile(j++);
-        for (int h = 0; h < G; ++h) {  // each consumer's rows once it is done with its last
-          mbar_wait(&sm.q_empty[h], (i - 1) & 1);
-          mbar_arrive_expect_tx(&sm.q_full[h], kQBytes);
-#pragma unroll
-          for (int cb = 0; cb < EQ / 64; ++cb)
-            tma_load_4d(sm.q + cb * kWhBr * 64 + h * kWhRows * 64, map_q, &sm.q_full[h], cb * 64, l0 + h * kWhRows,
-                        blk.h, int(blk.b));
-        }
+        mbar_wait(&sm.q_empty, (i - 1) & 1);
       }
-      if (i + 1 < n_items) {
-        // The next item's Q into L2 now: its copy starts only once the
-        // consumers' last Q K^T of this item is done, and then waits on L2.
-        const PrefillBlock nb = item_block(i + 1);
+      if (i > 0) {
+        mbar_arrive_expect_tx(&sm.q_full, kQBytes);
 #pragma unroll
         for (int cb = 0; cb < EQ / 64; ++cb)
-          for (int h = 0; h < G; ++h) tma_prefetch_l2_4d(map_q, cb * 64, nb.l0 + h * kWhRows, nb.h, int(nb.b));
+          tma_load_4d(sm.q + cb * kWhBr * 64, map_q, &sm.q_full, cb * 64, l0, blk.h, int(blk.b));
       }
-      for (; j < n_tiles; ++j) load_tile(j);
+      for (int j = i == 0 ? 1 : 0; j < n_tiles; ++j) {
+        const int gj = it0 + j, b = gj % kWhBuffers;
+        if (gj >= kWhBuffers) mbar_wait(&sm.empty[b], (gj / kWhBuffers - 1) & 1);
+        mbar_arrive_expect_tx(&sm.full[b], kKvBytes);
+#pragma unroll
+        for (int cb = 0; cb < EP / 64; ++cb) {
+          tma_load_4d(sm.k[b] + cb * kWhBc * 64, map_k, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
+          tma_load_4d(sm.v[b] + cb * kWhBc * 64, map_v, &sm.full[b], cb * 64, key0(j), blk.g, int(blk.b));
+        }
+      }
       it0 += n_tiles;
     }
     return;
@@ -413,22 +397,20 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // A operand; kF32: each term the rounding of what the ones before left.
   auto pack_p = [&] { pack_p_terms<T>(p, s, kPScale); };
   auto need_mask = [&](int j) { return mask.tile_hides(key0(j), kWhBc, row0, kWhRows, S); };
-  // Rare: a tile where some key is hidden from some row of the warpgroup
-  // and some value is not finite (every thread of the warpgroup must ask;
-  // each scans the whole tile, so that no consumer waits for another at an
-  // item's end).
+  // Rare: a tile where some key is hidden from some row of the block and
+  // some value is not finite (block-wide: every thread must ask).
   auto rare = [&](int j) {
-    if (!need_mask(j)) return false;
+    if (!mask.tile_hides(key0(j), kWhBc, l0, kWhBr, S)) return false;
     // 16 bytes a load, the exponent bits tested as integers: this runs on
     // every causal diagonal tile, where a scalar load and conversion per
     // element cost more than the tile's softmax.
     bool bad = false;
     const uint4* sv = reinterpret_cast<const uint4*>(sm.v[buf(j)]);
-    for (int idx = tid % 128; idx < kWhBc * EP / 8; idx += 128) {
+    for (int idx = tid; idx < kWhBc * EP / 8; idx += kConsumers) {
       const uint4 x = sv[idx];
       bad |= pair_nonfinite<T>(x.x) | pair_nonfinite<T>(x.y) | pair_nonfinite<T>(x.z) | pair_nonfinite<T>(x.w);
     }
-    return named_or(3 + G + wg, 128, bad);
+    return named_or(1 + G, kConsumers, bad);
   };
   // Its P V in plain float32 over visible keys only (mma.cuh).
   auto rare_pv = [&](int j) {
@@ -464,55 +446,23 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   }
   const Turns turns(wg, G, total);
   int done = 0;  // tiles of the items before
-  // An item's output: o normalised by the row sums and stored (a piece
-  // merges with its row tile's other pieces first).
-  auto finish = [&](const float (&m)[2], const float (&l)[2], int64_t n_rows, int ra_rows) {
-    if constexpr (kPScale != 1.0f) {
-#pragma unroll
-      for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o[eb][c] *= 1.0f / kPScale;
-    }
-    // A piece: the last of its row tile's pieces to finish stores the rows.
-    bool store = true;
-    if (piece >= 0) {
-      const int64_t tail = int64_t(row_tiles) * slices - split_from;
-      const KeySplit<NO, kConsumers> ks(map_slots, tail, split_at / splits, piece, splits);
-      store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
-    }
-    if (store) {
-      store_output<TO, NO, false>(o, m, l, sink_log2(mask_kind, mask_base, int(n_rows % H_q)),
-                                  out_rows(out, lay.o, n_rows, H_q, L, lse_of(mask_kind, lse)), L, EO, ra_rows, t,
-                                  mask_kind);
-    }
-  };
-  auto start_rows = [&] {
+  for (int i = 0; i < n_items; ++i) {
+    if (i > 0) begin_item(i);
+    // From lane 0, as wg above (with a window, each item starts at its own
+    // key tile: this kept the kernel within 1-2% of its time without).
+    kv0 = __shfl_sync(0xffffffffu, kv0, 0);
+    n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
+    mbar_wait(&sm.q_full, i & 1);  // the item's Q has landed
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)
 #pragma unroll
       for (int c = 0; c < 4; ++c) o[eb][c] = 0.0f;
     m_i[0] = m_i[1] = FA_NEG_INF;
     l_i[0] = l_i[1] = 0.0f;
-  };
-  // chained: the item's first tile is done already (its Q K^T issued under
-  // the P V of the item before: below).
-  bool chained = false;
-  for (int i = 0; i < n_items; ++i) {
-    if (!chained) {
-      if (i > 0) begin_item(i);
-      // From lane 0, as wg above (with a window, each item starts at its own
-      // key tile: this kept the kernel within 1-2% of its time without).
-      kv0 = __shfl_sync(0xffffffffu, kv0, 0);
-      n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
-      mbar_wait(&sm.q_full[wg], i & 1);  // the item's Q has landed
-      start_rows();
-    }
     if constexpr (Shape::kOverlap) {
       // Tile j's turn issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}; the
       // softmax of S_j runs while that P V is in flight, and o takes its
-      // rescale once the P V is done. A tile's buffer is free once its P V is,
-      // and Q once the item's last S is (the producer then loads the next
-      // item's).
+      // rescale once the P V is done. A tile's buffer is free once its P V is.
       // PREV: 0 no tile before, 1 its P V on wgmma, 2 its P V on the rare path.
       // Each step waits for all it issued: a wgmma issued inside a branch and
       // waited for outside it makes ptxas serialise every wgmma of the kernel
@@ -533,7 +483,6 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           wgmma_wait<0>();
         }
         fence_fragments(s);
-        if (j == n_tiles - 1) mbar_arrive(&sm.q_empty[wg]);
         if constexpr (PREV == 2) rare_pv(j - 1);
         float alpha[2];
         softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
@@ -554,7 +503,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         rescale_rows(o, alpha);
         pack_p();
       };
-      for (int j = chained ? 1 : 0; j < n_tiles; ++j) {
+      for (int j = 0; j < n_tiles; ++j) {
         wait_tile(j);
         if (j == 0) {
           step(j, std::integral_constant<int, 0>());
@@ -565,49 +514,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         }
       }
       FA_TIMELINE_MARK(3);
-      chained = false;
-      if (n_tiles == 0) mbar_arrive(&sm.q_empty[wg]);
-      // Many items a block: the last tile's P V runs under the next item's
-      // first Q K^T, and the rows are stored while that Q K^T runs, so that
-      // the tensor cores do not wait out an item's end (docs/cuda.md).
-      bool chain = false;
-      if (Shape::kItems == 2 && units > 0 && i + 1 < n_items && n_tiles > 0) {
-        const PrefillBlock nb = item_block(i + 1);
-        chain = end_tile(nb) > first_tile(nb) && !rare(n_tiles - 1);
-      }
-      if (chain) {
-        issue_pv(n_tiles - 1);
-        wgmma_commit();
-        const int b_last = buf(n_tiles - 1), ra_last = ra;
-        const int64_t n_last = n;
-        const float m_last[2] = {m_i[0], m_i[1]}, l_last[2] = {l_i[0], l_i[1]};
-        it0 += n_tiles;
-        done += n_tiles;
-        begin_item(i + 1);
-        kv0 = __shfl_sync(0xffffffffu, kv0, 0);
-        n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
-        mbar_wait(&sm.q_full[wg], (i + 1) & 1);
-        wait_tile(0);
-        turns.wait();
-        issue_qk(0);
-        wgmma_commit();
-        turns.pass(done, total);
-        wgmma_wait<1>();  // the last P V is done, S_0 may not be
-        fence_fragments(o);
-        fence_terms(p);
-        add_tile();
-        mbar_arrive(&sm.empty[b_last]);
-        finish(m_last, l_last, n_last, ra_last);
-        start_rows();
-        wgmma_wait<0>();
-        fence_fragments(s);
-        if (n_tiles == 1) mbar_arrive(&sm.q_empty[wg]);
-        float alpha[2];  // o is zero: no rescale
-        softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(0), scale_log2, need_mask(0), lane);
-        pack_p();
-        chained = true;
-        continue;
-      }
+      mbar_arrive(&sm.q_empty);  // every Q K^T of the item is done
       if (n_tiles > 0) {  // the last tile's P V
         pv_now(n_tiles - 1);
         mbar_arrive(&sm.empty[buf(n_tiles - 1)]);
@@ -627,9 +534,26 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         pv_now(j);
         mbar_arrive(&sm.empty[buf(j)]);  // this thread's products have read the tile
       }
-      mbar_arrive(&sm.q_empty[wg]);
+      mbar_arrive(&sm.q_empty);
     }
-    finish(m_i, l_i, n, ra);
+
+    if constexpr (kPScale != 1.0f) {
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[eb][c] *= 1.0f / kPScale;
+    }
+    // A piece: the last of its row tile's pieces to finish stores the rows.
+    bool store = true;
+    if (piece >= 0) {
+      const int64_t tail = int64_t(row_tiles) * slices - split_from;
+      const KeySplit<NO, kConsumers> ks(map_slots, tail, split_at / splits, piece, splits);
+      store = ks.finish(o, m_i, l_i, tag, tid, 2 + G);
+    }
+    if (store) {
+      store_output<TO, NO, false>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)),
+                                  out_rows(out, lay.o, n, H_q, L, lse_of(mask_kind, lse)), L, EO, ra, t, mask_kind);
+    }
     FA_TIMELINE_MARK(5);
     it0 += n_tiles;
     done += n_tiles;

@@ -18,7 +18,7 @@ constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
 // prefill_f16_wg.cu (float16 / bfloat16, E = 64, 80, 96 or 128): consumer
 // warpgroups of 64 query rows each, one producer warpgroup that does every
 // copy; Q, three key/value tiles of 128 keys, and two 8-byte barriers per
-// tile and two for each consumer's rows of Q. Three consumers at E = 64 and two at E = 128, each
+// tile and two for Q. Three consumers at E = 64 and two at E = 128, each
 // with the producer and the overlap, were the fastest of the shapes measured
 // on an H200 (benchmarks/cuda-probes/prefill-probe-f16.cu). The producer
 // keeps 24 registers (one thread copies, with TMA) and gives the rest to the
@@ -121,7 +121,7 @@ constexpr long long split_scratch_bytes(long long tail, int splits, int E, int g
 }
 constexpr int f16_smem_bytes(int E, bool narrow = false, bool tt = false) {
   return (f16_rows(E, narrow) * f16_stored_q(E, tt) + 2 * kF16Buffers * f16_bc(E, tt) * f16_stored_e(E, tt)) * 2 +
-         (2 * kF16Buffers + 2 * f16_groups(E, narrow)) * 8;
+         (2 * kF16Buffers + 2) * 8;
 }
 
 }  // namespace fa::wg_shapes
