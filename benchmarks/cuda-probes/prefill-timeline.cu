@@ -18,16 +18,26 @@
 
 // Marks inside a block (prefill_f16_wg.cu's FA_TIMELINE_MARK), clock64 of
 // the first consumer thread (the producer's copying thread for mark 6):
-// 1 item 0's Q and first tile copied, 3 the last Q K^T
+// 1 item 0's Q and first tile copied, 2 an item's Q landed, 3 the last Q K^T
 // and softmax done, 4 the last P V done, 5 the rows stored, 6 the producer
-// has its tensor maps.
+// has its tensor maps. The first consumer thread also sums, per mark, the
+// cycles since its mark before (s_seg): where a block of many row tiles
+// (one block per SM) spends them, item by item.
 constexpr int kMarks = 8;
 __device__ long long* g_marks;
+__device__ long long* g_segs;
+__shared__ long long s_seg[kMarks], s_last;
 #ifndef FA_NO_MARKS  // -DFA_NO_MARKS: none (their registers made the float32 overlap spill)
 #define FA_TIMELINE_MARK(k)                                                                       \
   do {                                                                                            \
-    if (threadIdx.x == 0 || ((k) == 6 && threadIdx.x % 128 == 0))                                 \
-      g_marks[(blockIdx.x + gridDim.x * blockIdx.y) * kMarks + (k)] = clock64();                  \
+    if (threadIdx.x == 0 || ((k) == 6 && threadIdx.x % 128 == 0)) {                               \
+      const long long c_ = clock64();                                                             \
+      g_marks[(blockIdx.x + gridDim.x * blockIdx.y) * kMarks + (k)] = c_;                         \
+      if (threadIdx.x == 0) {                                                                     \
+        if ((k) != 1) s_seg[k] += c_ - s_last;                                                    \
+        s_last = c_;                                                                              \
+      }                                                                                           \
+    }                                                                                             \
   } while (0)
 #endif
 #include "../../packages/flashattn-core/csrc/cuda/kernels/prefill_f16_wg.cu"
@@ -68,7 +78,10 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k
                                                 int slices, int split_from, int splits, FA_LAYOUT_PARAMS,
                                                 const void* map_template, void* scratch, unsigned long long tag) {
   const int b = blockIdx.x + gridDim.x * blockIdx.y;
-  if (threadIdx.x == 0) g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
+  if (threadIdx.x == 0) {
+    g_records[b].c0 = clock64(), g_records[b].g0 = global_ns();
+    for (int k = 0; k < kMarks; ++k) s_seg[k] = 0;
+  }
   using TO = std::conditional_t<F32, float, T>;
   fa::prefill_wg<T, E, Shape<E, G, ITEMS, F32, OV>, F32>(q, k, v, mask, mask_base, static_cast<TO*>(out), nullptr, H_q, H_kv, L,
                                                      S, mask_kind, mask_rs, mask_cs, scale_log2, slices, split_from,
@@ -78,6 +91,7 @@ __global__ void __launch_bounds__(128 * (G + 1), 1) timed(const T* q, const T* k
   if (threadIdx.x == 0) {
     Record& r = g_records[blockIdx.x + gridDim.x * blockIdx.y];
     r.c1 = clock64(), r.g1 = global_ns(), r.sm = sm_id();
+    for (int k = 0; k < kMarks; ++k) g_segs[b * kMarks + k] = s_seg[k];
   }
 }
 
@@ -114,6 +128,9 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaMalloc(&dmarks, blocks * kMarks * sizeof(long long)));
   CHECK(cudaMemset(dmarks, 0, blocks * kMarks * sizeof(long long)));
   CHECK(cudaMemcpyToSymbol(g_marks, &dmarks, sizeof(dmarks)));
+  long long* dsegs;
+  CHECK(cudaMalloc(&dsegs, blocks * kMarks * sizeof(long long)));
+  CHECK(cudaMemcpyToSymbol(g_segs, &dsegs, sizeof(dsegs)));
   // The TMA copies' map template, then scratch: the maps' slots, the pieces' tickets and states.
   unsigned char* templ = nullptr;
   {
@@ -219,6 +236,22 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
                 "softmax %.0f, last PV %.0f, stored %.0f, end %.0f; producer's maps %.0f\n",
                 n, tiles_sum / n, sum[1] / n, sum[3] / n, sum[4] / n, sum[5] / n, end / n, sum[6] / n);
   }
+#ifndef FA_NO_MARKS
+  if (ITEMS == 2) {  // the segments' mean cycles a block, and a block's items and tiles
+    std::vector<long long> segs(size_t(blocks) * kMarks);
+    CHECK(cudaMemcpy(segs.data(), dsegs, segs.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+    double sum[kMarks] = {}, end = 0, tiles_sum = 0;
+    for (int i = 0; i < blocks; ++i) {
+      tiles_sum += tiles[i], end += rec[i].c1 - rec[i].c0;
+      for (int k = 2; k < 6; ++k) sum[k] += segs[size_t(i) * kMarks + k];
+    }
+    const double items = double(row_tiles) * H_q / blocks;
+    std::printf("  segments (cycles a block of %.1f items, %.1f tiles; a block %.0f): to Q landed %.0f, "
+                "tiles %.0f (%.0f a tile), last PV %.0f, store %.0f; a item's end %.0f\n",
+                items, tiles_sum / blocks, end / blocks, sum[2] / blocks, sum[3] / blocks, sum[3] / tiles_sum,
+                sum[4] / blocks, sum[5] / blocks, (sum[2] + sum[4] + sum[5]) / blocks / items);
+  }
+#endif
   std::printf("  cycles per key/value tile of a block: min %.0f, median %.0f, max %.0f\n", per_tile.front(),
               per_tile[per_tile.size() / 2], per_tile.back());
   CHECK(cudaFree(dq));
@@ -227,6 +260,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   CHECK(cudaFree(dout));
   CHECK(cudaFree(drec));
   CHECK(cudaFree(dmarks));
+  CHECK(cudaFree(dsegs));
   CHECK(cudaFree(scratch));
   CHECK(cudaFree(templ));
 }

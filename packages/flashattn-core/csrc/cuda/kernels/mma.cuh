@@ -70,6 +70,18 @@ __device__ __forceinline__ void mma1688_tf32(float* c, const uint32_t* a, uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// o += what c holds, in float32 (rounded to nearest). The tensor cores
+// round the sums they accumulate toward zero: a float32 accumulator carried
+// by them over every key tile loses about half an ulp an addition, the
+// same way each time, and where o's sum only grows (values of one sign)
+// that drifted to 3.6e-4 against float64 over 16,384 keys (H200). So the
+// float32 kernels take each step's P V in a fresh accumulator and add it
+// here (docs/cuda.md).
+__device__ __forceinline__ void add_fresh(float (&o)[4], const float (&c)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] += c[i];
+}
+
 // x = hi + lo for the 3xTF32 split (hi*hi + hi*lo + lo*hi recovers float32
 // accuracy on TF32 tensor cores). hi is x truncated to TF32 (one logic op;
 // a rounding conversion costs four instructions on sm_90) and lo = x - hi

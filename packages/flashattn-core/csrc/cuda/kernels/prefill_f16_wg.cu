@@ -453,6 +453,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     kv0 = __shfl_sync(0xffffffffu, kv0, 0);
     n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
     mbar_wait(&sm.q_full, i & 1);  // the item's Q has landed
+    FA_TIMELINE_MARK(2);
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb)
 #pragma unroll

@@ -156,9 +156,11 @@ __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_da
           uint32_t bh0, bl0, bh1, bl1;
           split_tf32(v_tile[(kb * 8 + t) * LDV + eb * 8 + g], bh0, bl0);
           split_tf32(v_tile[(kb * 8 + t + 4) * LDV + eb * 8 + g], bh1, bl1);
-          mma1688_tf32(o[eb], al, bh0, bh1);
-          mma1688_tf32(o[eb], ah, bl0, bl1);
-          mma1688_tf32(o[eb], ah, bh0, bh1);
+          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // these 8 keys' terms, then into o (add_fresh)
+          mma1688_tf32(c, al, bh0, bh1);
+          mma1688_tf32(c, ah, bl0, bl1);
+          mma1688_tf32(c, ah, bh0, bh1);
+          add_fresh(o[eb], c);
         }
       }
     }

@@ -248,7 +248,9 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
         split_finite(s[kb][3], ah[3], al[3]);  // row g + 8
 #pragma unroll
         for (int eb = 0; eb < NO; ++eb) {
-          mma_pairs(o[eb], ah, al, sm.vt + (eb * 8 + g) * tp::kLdVt + kb * 16 + 4 * t);
+          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // these 8 keys' terms, then into o (add_fresh)
+          mma_pairs(c, ah, al, sm.vt + (eb * 8 + g) * tp::kLdVt + kb * 16 + 4 * t);
+          add_fresh(o[eb], c);
         }
       }
     } else {

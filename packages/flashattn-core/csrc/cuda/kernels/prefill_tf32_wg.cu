@@ -395,17 +395,23 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
         split_finite(s[kb][1], ph[kb][2], pl[kb][2]);  // row g, key t + 4
         split_finite(s[kb][3], ph[kb][3], pl[kb][3]);  // row g + 8, key t + 4
       }
+      // The tile's P V in a fresh accumulator (s's registers: P is in its
+      // split parts now), added to o in float32 (mma.cuh's add_fresh).
+      static_assert(NB == NO, "the tile's P V takes s's shape");
+      float (&pv)[NO][4] = s;
       wgmma_fence();
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {
         const uint64_t vk = kb * kStepK + b_off;
-        wgmma_64x64x8_rs(o, pl[kb], d_vh + vk);
-        wgmma_64x64x8_rs(o, ph[kb], d_vl + vk);
-        wgmma_64x64x8_rs(o, ph[kb], d_vh + vk);
+        wgmma_64x64x8_rs(pv, pl[kb], d_vh + vk, kb > 0);
+        wgmma_64x64x8_rs(pv, ph[kb], d_vl + vk);
+        wgmma_64x64x8_rs(pv, ph[kb], d_vh + vk);
       }
       wgmma_commit();
       wgmma_wait_all();
-      fence_fragments(o);
+      fence_fragments(pv);
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], pv[eb]);
     } else {
       // The rare path (an infinite value, or a NaN one where some key is
       // hidden). Each warp sums P V over the keys its rows see, in plain
