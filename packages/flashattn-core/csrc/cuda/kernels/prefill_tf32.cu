@@ -134,6 +134,11 @@ __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_da
     if (guard) {
       add_pv_fma<NB, NO>(o, s, [&](int c, int e) { return v_tile[c * LDV + e]; }, mask, n, ra, L, S, c0, count, lane);
     } else {
+      // P V in a fresh accumulator, added to o in float32 (mma.cuh's
+      // add_fresh): the tile's up to E = 128; above, each 8 keys' (the
+      // tile's would not fit in registers beside o).
+      constexpr bool kTileSum = NO <= 16;
+      float pv[kTileSum ? NO : 1][4] = {};
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {
         // P (keys 8kb..8kb+7) from the accumulator layout to the A layout.
@@ -156,12 +161,17 @@ __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_da
           uint32_t bh0, bl0, bh1, bl1;
           split_tf32(v_tile[(kb * 8 + t) * LDV + eb * 8 + g], bh0, bl0);
           split_tf32(v_tile[(kb * 8 + t + 4) * LDV + eb * 8 + g], bh1, bl1);
-          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // these 8 keys' terms, then into o (add_fresh)
-          mma1688_tf32(c, al, bh0, bh1);
-          mma1688_tf32(c, ah, bl0, bl1);
-          mma1688_tf32(c, ah, bh0, bh1);
-          add_fresh(o[eb], c);
+          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          float (&acc)[4] = kTileSum ? pv[kTileSum ? eb : 0] : c;
+          mma1688_tf32(acc, al, bh0, bh1);
+          mma1688_tf32(acc, ah, bl0, bl1);
+          mma1688_tf32(acc, ah, bh0, bh1);
+          if constexpr (!kTileSum) add_fresh(o[eb], c);
         }
+      }
+      if constexpr (kTileSum) {
+#pragma unroll
+        for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], pv[eb]);
       }
     }
     __syncthreads();

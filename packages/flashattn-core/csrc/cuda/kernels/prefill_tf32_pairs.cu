@@ -239,6 +239,10 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
                          lane);
 
     if (!guard) {
+      // The tile's P V in a fresh accumulator, added to o in float32 once
+      // the tile is done (mma.cuh's add_fresh). A fresh one every 8 keys
+      // took 1.26-1.27x the time at E = 128 (its accumulators spilled).
+      float pv[NO][4] = {};
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {
         uint32_t ah[4], al[4];
@@ -248,11 +252,11 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
         split_finite(s[kb][3], ah[3], al[3]);  // row g + 8
 #pragma unroll
         for (int eb = 0; eb < NO; ++eb) {
-          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // these 8 keys' terms, then into o (add_fresh)
-          mma_pairs(c, ah, al, sm.vt + (eb * 8 + g) * tp::kLdVt + kb * 16 + 4 * t);
-          add_fresh(o[eb], c);
+          mma_pairs(pv[eb], ah, al, sm.vt + (eb * 8 + g) * tp::kLdVt + kb * 16 + 4 * t);
         }
       }
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], pv[eb]);
     } else {
       // split_tf32 kept lo = 0 beside an infinite hi: hi + lo is the value.
       auto v_at = [&](int c, int e) {
