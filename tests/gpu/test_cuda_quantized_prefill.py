@@ -108,9 +108,8 @@ def test_matches_float64_on_the_dequantized_cache(r):
 def test_values_at_the_codes_extremes(E):
     # Every code 0 or all ones (15 / 255): the expansion's shifts and masks
     # reach each field whole. Values 0.3 and 0.45 over 256 keys: an output
-    # that cancels to near zero, or values of one sign over thousands of
-    # keys (where the float32 kernels on the same plain values are 3e-5 off:
-    # docs/cuda.md, limits), would measure the arithmetic, not this.
+    # that cancels to near zero would measure the arithmetic, not this (long
+    # sums of one sign: tests/gpu/test_cuda.py).
     rng = np.random.default_rng(4)
     L, S = 64, 256
     q = mx.array(rng.standard_normal((1, 8, L, E))).astype(mx.bfloat16)
