@@ -258,8 +258,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)
       input_operand<kSplit, true>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
       mma_terms<kSplit>(part, ah[kb], al[kb], bh0, bh1, bl0, bl1);
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[eb][i] += part[i];
+    add_fresh(acc[eb], part);
   }
 }
 

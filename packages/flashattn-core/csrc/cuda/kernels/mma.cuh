@@ -75,8 +75,9 @@ __device__ __forceinline__ void mma1688_tf32(float* c, const uint32_t* a, uint32
 // by them over every key tile loses about half an ulp an addition, the
 // same way each time, and where o's sum only grows (values of one sign)
 // that drifted to 3.6e-4 against float64 over 16,384 keys (H200). So the
-// float32 kernels take each key tile's P V (or each 8 keys') in a fresh
-// accumulator and add it here (docs/cuda.md).
+// kernels that promise float32 accuracy (forward and backward) take each key
+// tile's products (or each 8 keys') in a fresh accumulator and add it here
+// (docs/cuda.md).
 __device__ __forceinline__ void add_fresh(float (&o)[4], const float (&c)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) o[i] += c[i];

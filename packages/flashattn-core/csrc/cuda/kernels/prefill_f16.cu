@@ -91,8 +91,8 @@ __device__ __forceinline__ void pv_terms(float (&o)[E / 8][4], const uint32_t (&
         mma16816<T>(acc[1], a[term][kk], bv[2], bv[3]);
       }
     }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) o[2 * eb2][c] += acc[0][c], o[2 * eb2 + 1][c] += acc[1][c];
+    add_fresh(o[2 * eb2], acc[0]);
+    add_fresh(o[2 * eb2 + 1], acc[1]);
   }
 }
 

@@ -344,9 +344,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     if constexpr (kF32) {
       fence_fragments(o_tile);
 #pragma unroll
-      for (int eb = 0; eb < NO; ++eb)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o[eb][c] += o_tile[eb][c];
+      for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], o_tile[eb]);
     }
   };
   float m_i[2], l_i[2];
