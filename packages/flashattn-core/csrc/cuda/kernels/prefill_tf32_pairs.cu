@@ -194,12 +194,24 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
   const int tiles = c_begin < blk.kv_end ? (blk.kv_end - c_begin + BC - 1) / BC : 0;
   KPairs<E> kt;
   VPairs<E> vt;
-  if (tiles > 0) {
-    kt.load(k_head, lay.k.sr, c_begin, min(BC, S - c_begin), w, lane);
+  auto load = [&](int c0) {
+    const int count = min(BC, S - c0);
+    kt.load(k_head, lay.k.sr, c0, count, w, lane);
+    vt.load(v_head, lay.v.sr, c0, count, w, lane);
+  };
+  auto store = [&](int c0) {
+    bool bad = false;
     kt.store(sm.k, w, lane);
+    vt.store(sm.vt, w, lane, mask.tile_hides(c0, BC, l0, BR, S), bad);
+    return bad;
+  };
+  bool bad = false;
+  if (tiles > 0) {
+    load(c_begin);
+    bad = store(c_begin);
   }
   cp_async_wait_all();
-  __syncthreads();
+  bool guard = __syncthreads_or(bad);
 
   const int ra = l0 + w * 16 + g;
   const float* q_a = sm.q + (w * 16 + g) * Smem::LDQ + 2 * t;  // row g; row g + 8 lies 8 rows on
@@ -208,9 +220,6 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
 
   for (int j = 0; j < tiles; ++j) {
     const int c0 = c_begin + j * BC;
-    // V's tile loads while S = Q K^T runs (every warp is done with the last
-    // tile's V^T: the barrier that ended it).
-    vt.load(v_head, lay.v.sr, c0, min(BC, S - c0), w, lane);
     float s[NB][4] = {};
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
@@ -226,11 +235,6 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
         mma_pairs(s[nb], ah, al, sm.k + (nb * 8 + g) * Smem::LDK + kk * 16 + 4 * t);
       }
     }
-    bool bad = false;
-    vt.store(sm.vt, w, lane, mask.tile_hides(c0, BC, l0, BR, S), bad);
-    // The next tile's K loads while P V runs; stored once it is done.
-    if (j + 1 < tiles) kt.load(k_head, lay.k.sr, c0 + BC, min(BC, S - c0 - BC), w, lane);
-    const bool guard = __syncthreads_or(bad);  // V^T stored; every warp is done with K
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, mask.tile_hides(c0, BC, l0, BR, S),
                          lane);
 
@@ -261,8 +265,13 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
       };
       add_pv_fma<NB, NO>(o, s, v_at, mask, n, ra, L, S, c0, min(BC, S - c0), lane);
     }
-    if (j + 1 < tiles) kt.store(sm.k, w, lane);
-    __syncthreads();  // the next K stored; every warp is done with V^T
+    __syncthreads();  // every warp is done with the tile
+    bad = false;
+    if (j + 1 < tiles) {
+      load(c0 + BC);
+      bad = store(c0 + BC);
+    }
+    guard = __syncthreads_or(bad);
   }
 
   store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)),
