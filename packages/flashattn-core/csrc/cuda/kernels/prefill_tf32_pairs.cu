@@ -107,18 +107,12 @@ struct KPairs {
       x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
     }
   }
-  // bad: set when a key element is +-inf (the tile's Q K^T then splits the
-  // queries with split_tf32_query).
-  __device__ __forceinline__ void store(float* k_s, int w, int lane, bool& bad) const {
-    float big = 0.0f;
+  __device__ __forceinline__ void store(float* k_s, int w, int lane) const {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int r = row(i, w, lane);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) big = fmaxf(big, fabsf(x[i][j]));
       store_pairs(k_s + r * PairsSmem<E>::LDK, 2 * col(i, w, lane), x[i], r & 1);
     }
-    bad |= big == INFINITY;
   }
 };
 
@@ -207,7 +201,7 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
   };
   auto store = [&](int c0) {
     bool bad = false;
-    kt.store(sm.k, w, lane, bad);
+    kt.store(sm.k, w, lane);
     vt.store(sm.vt, w, lane, mask.tile_hides(c0, BC, l0, BR, S), bad);
     return bad;
   };
@@ -218,11 +212,6 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
   }
   cp_async_wait_all();
   bool guard = __syncthreads_or(bad);
-  // Any infinite query element: every tile then splits the queries with
-  // split_tf32_query (which keeps inf x 0 from making a NaN).
-  bool q_inf = false;
-  for (int idx = tid; idx < BR * E; idx += tp::kThreads) q_inf |= fabsf(sm.q[idx / E * Smem::LDQ + idx % E]) == INFINITY;
-  q_inf = __syncthreads_or(q_inf);
 
   const int ra = l0 + w * 16 + g;
   const float* q_a = sm.q + (w * 16 + g) * Smem::LDQ + 2 * t;  // row g; row g + 8 lies 8 rows on
@@ -232,29 +221,19 @@ __device__ __forceinline__ void prefill_tf32_pairs(const float* __restrict__ q, 
   for (int j = 0; j < tiles; ++j) {
     const int c0 = c_begin + j * BC;
     float s[NB][4] = {};
-    // S = Q K^T. split_tf32_query guards an infinite key or query element
-    // (six instructions an element); where the tile and Q hold none (the
-    // common case), split_finite's two do.
-    auto qk = [&](auto split_q) {
 #pragma unroll
-      for (int kk = 0; kk < E / 8; ++kk) {
-        const float2 qa = *reinterpret_cast<const float2*>(q_a + kk * 8);
-        const float2 qb = *reinterpret_cast<const float2*>(q_a + 8 * Smem::LDQ + kk * 8);
-        uint32_t ah[4], al[4];
-        split_q(qa.x, ah[0], al[0]);  // row g, slot t
-        split_q(qb.x, ah[1], al[1]);  // row g + 8, slot t
-        split_q(qa.y, ah[2], al[2]);  // row g, slot t + 4
-        split_q(qb.y, ah[3], al[3]);  // row g + 8, slot t + 4
+    for (int kk = 0; kk < E / 8; ++kk) {
+      const float2 qa = *reinterpret_cast<const float2*>(q_a + kk * 8);
+      const float2 qb = *reinterpret_cast<const float2*>(q_a + 8 * Smem::LDQ + kk * 8);
+      uint32_t ah[4], al[4];
+      split_tf32_query(qa.x, ah[0], al[0]);  // row g, slot t
+      split_tf32_query(qb.x, ah[1], al[1]);  // row g + 8, slot t
+      split_tf32_query(qa.y, ah[2], al[2]);  // row g, slot t + 4
+      split_tf32_query(qb.y, ah[3], al[3]);  // row g + 8, slot t + 4
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-          mma_pairs(s[nb], ah, al, sm.k + (nb * 8 + g) * Smem::LDK + kk * 16 + 4 * t);
-        }
+      for (int nb = 0; nb < NB; ++nb) {
+        mma_pairs(s[nb], ah, al, sm.k + (nb * 8 + g) * Smem::LDK + kk * 16 + 4 * t);
       }
-    };
-    if (guard || q_inf) {
-      qk([](float x, uint32_t& h, uint32_t& l) { split_tf32_query(x, h, l); });
-    } else {
-      qk([](float x, uint32_t& h, uint32_t& l) { split_finite(x, h, l); });
     }
     softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, mask.tile_hides(c0, BC, l0, BR, S),
                          lane);
