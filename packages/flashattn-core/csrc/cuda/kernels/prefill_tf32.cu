@@ -138,7 +138,7 @@ __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_da
       // add_fresh): the tile's up to E = 128; above, each 8 keys' (the
       // tile's would not fit in registers beside o).
       constexpr bool kTileSum = NO <= 16;
-      float pv[kTileSum ? NO : 1][4] = {};
+      float pv[kTileSum ? NO : 1][4] = {};  // unused above E = 128
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {
         // P (keys 8kb..8kb+7) from the accumulator layout to the A layout.
@@ -161,12 +161,18 @@ __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_da
           uint32_t bh0, bl0, bh1, bl1;
           split_tf32(v_tile[(kb * 8 + t) * LDV + eb * 8 + g], bh0, bl0);
           split_tf32(v_tile[(kb * 8 + t + 4) * LDV + eb * 8 + g], bh1, bl1);
-          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          float (&acc)[4] = kTileSum ? pv[kTileSum ? eb : 0] : c;
-          mma1688_tf32(acc, al, bh0, bh1);
-          mma1688_tf32(acc, ah, bl0, bl1);
-          mma1688_tf32(acc, ah, bh0, bh1);
-          if constexpr (!kTileSum) add_fresh(o[eb], c);
+          auto products = [&](float (&acc)[4]) {
+            mma1688_tf32(acc, al, bh0, bh1);
+            mma1688_tf32(acc, ah, bl0, bl1);
+            mma1688_tf32(acc, ah, bh0, bh1);
+          };
+          if constexpr (kTileSum) {
+            products(pv[eb]);
+          } else {
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            products(c);
+            add_fresh(o[eb], c);
+          }
         }
       }
       if constexpr (kTileSum) {
