@@ -18,14 +18,14 @@
 __global__ void __launch_bounds__(fa::Tf32Smem<64>::THREADS) mma_kernel(
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base, float* out, int H_q,
     int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32<64>(q, k, v, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                       scale_log2, FA_LAYOUT);
+  fa::prefill_tf32<64>(fa::Tf32Rows{q, k, v, FA_LAYOUT}, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind,
+                       mask_rs, mask_cs, scale_log2);
 }
 __global__ void __launch_bounds__(fa::kWgThreads, 1) wg_kernel(
     const float* q, const float* k, const float* v, const void* mask, const int64_t* mask_base, float* out, int H_q,
     int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs, float scale_log2, FA_LAYOUT_PARAMS) {
-  fa::prefill_tf32_wg<64>(q, k, v, mask, mask_base, out, nullptr, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs,
-                          scale_log2, FA_LAYOUT);
+  fa::prefill_tf32_wg<64>(fa::Tf32Rows{q, k, v, FA_LAYOUT}, mask, mask_base, out, nullptr, H_q, H_kv, L, S,
+                          mask_kind, mask_rs, mask_cs, scale_log2);
 }
 
 int main(int argc, char** argv) {
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   probe::print_gpu();
   const std::vector<probe::Launch<float>> launches = {
       {"mma.sync 3xTF32", mma_kernel, 64, 128, int(sizeof(fa::Tf32Smem<64>))},
-      {"wgmma 3xTF32", wg_kernel, fa::kWgBr, fa::kWgThreads, int(sizeof(fa::WgSmem<64>))},
+      {"wgmma 3xTF32", wg_kernel, fa::kWgBr, fa::kWgThreads, fa::wg_shapes::tf32_smem_bytes(64)},
   };
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
   run<float, 64>({14, 2, 8192, 8192, 1, -1}, launches, reps);

@@ -39,7 +39,7 @@ EXPECTED = (
 )
 # Hopper's arch-specific instructions (wgmma): sm_90a machine code, no PTX.
 HOPPER_ONLY = (
-    {"fa_prefill_wg_float32_64"}
+    {f"fa_prefill_wg_float32_{e}" for e in (64, 128)}
     | {f"fa_prefill_wgq_{d}_64" for d in DTYPES}
     | {f"fa_prefill_{f}_{d}_{e}" for f in ("wg", "wg32", "wg32h") for d in ("float16", "bfloat16")
        for e in (64, 80, 96, 128)}

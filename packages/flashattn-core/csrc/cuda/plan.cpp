@@ -14,7 +14,7 @@
 //       for E in {64, 80, 96, 128} on Hopper, on wgmma (prefill_f16_wg.cu;
 //       80 and 96 in the 128 kernel's tiles)
 //   float32, E in {64, 80, 96, 128, 256}, L > 8: 3xTF32 tensor-core prefill;
-//       for E = 64 on Hopper, on wgmma (prefill_tf32_wg.cu)
+//       for E = 64 and 128 on Hopper, on wgmma (prefill_tf32_wg.cu)
 //       (a prefill kernel whose block needs more shared memory than the GPU
 //       has, 16-bit E = 256 or float32 E = 128 on sm_86 / sm_89: the
 //       generic kernel)

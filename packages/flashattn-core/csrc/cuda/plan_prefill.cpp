@@ -210,7 +210,8 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
   int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
   if (smem > shared_memory_limit(device_index)) return std::nullopt;  // it would not launch: the generic kernel
-  // float32 at E = 80, 96 and 128: prefill_tf32_pairs.cu where its block fits.
+  // float32 at E = 80, 96 and 128: prefill_tf32_pairs.cu where its block fits
+  // (on Hopper at E = 128 the wgmma kernel below).
   namespace tp = fa::tf32_shapes::pairs;
   if (dtype == mx::float32 && tp::has(d.E) && tp::smem_bytes(d.E) <= shared_memory_limit(device_index)) {
     const std::string pairs_kernel = "fa_prefill_pairs_float32_" + std::to_string(d.E);
@@ -232,7 +233,9 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   // The 16-bit ones copy with tensor maps: without them, the mma.sync kernel.
   const bool needs_maps = dtype != mx::float32;
   const std::vector<int> maps = needs_maps ? map_template(dtype) : std::vector<int>{};
-  const bool wg = !d.fold && (!needs_maps || !maps.empty()) && find_image(wg_kernel, device_index);
+  const bool wg = !d.fold && (!needs_maps || !maps.empty()) &&
+                  (needs_maps || ws::tf32_smem_bytes(d.E) <= shared_memory_limit(device_index)) &&
+                  find_image(wg_kernel, device_index);
   WgLaunch wg_launch;
   std::optional<std::tuple<int, int, int>> grid;
   int schedule_slices = 0;
@@ -240,7 +243,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   if (wg) {
     kernel = wg_kernel;
     if (dtype == mx::float32) {
-      rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::kTf32SmemBytes;
+      rows = ws::kTf32Rows, threads = ws::kTf32Threads, smem = ws::tf32_smem_bytes(d.E);
     } else {
       const std::string wg2_kernel = "fa_prefill_wg2_" + d.dt + "_64";
       const int sms = multiprocessors(device_index);

@@ -8,10 +8,12 @@
 // split once per block, as it is stored to shared memory, into the layouts
 // wgmma reads directly; a product is then one instruction per 64 x 64 x 8.
 //
-// Block: two warpgroups x 64 query rows; key/value tiles of 64, in three
-// shared-memory buffers. Q is split once into registers (the A operand of
-// S = Q K^T: with both operands in shared memory those products would ask
-// more of its bandwidth than it has at full tensor rate). Per tile:
+// Block: two warpgroups x 64 query rows; key/value tiles of 64 keys in
+// three shared-memory buffers at E = 64, of 32 in two at E = 128
+// (wg_shapes.h). Q is split once into registers (the A operand of S = Q K^T:
+// with both operands in shared memory those products would ask more of its
+// bandwidth than it has at full tensor rate); at E = 128 only its high part,
+// the low part's product reading it from shared memory. Per tile:
 //   1. S = Q K^T is issued: 3 wgmma per 8 head-dim columns (lo*hi, hi*lo,
 //      hi*hi), K from shared memory;
 //   2. while it runs, the next tile (loaded into registers during the last
@@ -20,13 +22,16 @@
 //      keys, as wgmma's B operand of P V must be); the tile after it is
 //      loaded from global memory;
 //   3. online softmax on the accumulators (softmax.cuh), then O += P V: P split
-//      in registers (A operand), V^T from shared memory.
+//      in registers (A operand), V^T from shared memory (at E = 128 in two
+//      halves of 64 columns).
 // The two warpgroups run skewed (pingpong.cuh): they take turns to issue
 // their products, so one's softmax runs while the other's products do; the
 // buffers' full / empty barriers replace a block-wide barrier per tile, and
 // the third buffer is the slack the skew needs (a warpgroup stores tile j + 1
-// while the other may still read tile j - 1).
-// Only Hopper runs it (the planner asks); other GPUs take prefill_tf32.cu.
+// while the other may still read tile j - 1; at E = 128, with two, that store
+// waits for it).
+// Only Hopper runs it (the planner asks); other GPUs take prefill_tf32.cu
+// (prefill_tf32_pairs.cu at E = 128).
 
 #include "unit.cuh"
 #include "wg_shapes.h"
@@ -38,23 +43,23 @@ namespace fa {
 
 constexpr int kWgRows = wg_shapes::kRowsPerGroup;  // query rows per warpgroup (wgmma's M)
 constexpr int kWgBr = wg_shapes::kTf32Rows;
-constexpr int kWgBc = wg_shapes::kTf32Bc;            // keys per tile
 constexpr int kWgThreads = wg_shapes::kTf32Threads;
 constexpr int kWgGroups = wg_shapes::kTf32Groups;
-constexpr int kWgBuffers = wg_shapes::kTf32Buffers;
 
 // Operands in wgmma's K-major core-matrix layout (wgmma.cuh), TF32 high and
-// low parts apart; three key/value tiles, tile j in buffer j % 3, each with
-// its barriers and its rare-path flag.
+// low parts apart; the key/value tiles (tile j in buffer j % B), each with
+// its barriers and its rare-path flag. (At E = 128 Q's low part comes first,
+// before this: wg_shapes.h.)
 template <int E>
 struct WgSmem {
+  static constexpr int Bc = wg_shapes::tf32_bc(E), B = wg_shapes::tf32_buffers(E);
   struct Tile {
-    float k_hi[kWgBc * E], k_lo[kWgBc * E];  // rows: keys (paired order); K: head dim
-    float v_hi[E * kWgBc], v_lo[E * kWgBc];  // V^T: rows: head dim; K: keys
-  } kv[kWgBuffers];
-  uint64_t full[kWgBuffers];   // every thread has stored its part of the tile
-  uint64_t empty[kWgBuffers];  // every thread is done reading it
-  int rare[kWgBuffers];        // j + 1 when tile j takes the rare path (VTile::store)
+    float k_hi[Bc * E], k_lo[Bc * E];  // rows: keys (paired order); K: head dim
+    float v_hi[E * Bc], v_lo[E * Bc];  // V^T: rows: head dim; K: keys
+  } kv[B];
+  uint64_t full[B];   // every thread has stored its part of the tile
+  uint64_t empty[B];  // every thread is done reading it
+  int rare[B];        // j + 1 when tile j takes the rare path (VTile::store)
 };
 
 // Row r of a K tile in shared memory holds key paired_key(r) of the tile:
@@ -129,10 +134,10 @@ struct RowTile {
 // One thread's part of a V tile, stored transposed: element idx holds 4
 // consecutive keys of head-dim column idx % E (a warp's loads read 32
 // consecutive floats of a key row), one core-matrix row of V^T.
-template <int E>
+template <int E, int BC>
 struct VTile {
-  static constexpr int N = E * kWgBc / 4 / kWgThreads;
-  static_assert(E * kWgBc / 4 % kWgThreads == 0, "tile must divide over the block");
+  static constexpr int N = E * BC / 4 / kWgThreads;
+  static_assert(E * BC / 4 % kWgThreads == 0, "tile must divide over the block");
   float x[N][4];
 
   __device__ __forceinline__ void load(const F32Rows& rows, int first, int count, int tid) {
@@ -140,7 +145,7 @@ struct VTile {
   }
   __device__ __forceinline__ void load(const float* src, int64_t stride, int first, int count, int tid) {
     src += first * stride;
-    const bool full = count >= kWgBc;
+    const bool full = count >= BC;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int idx = tid + i * kWgThreads, e = idx % E, key = (idx / E) * 4;
@@ -157,7 +162,7 @@ struct VTile {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int idx = tid + i * kWgThreads, e = idx % E, kc = idx / E;
-      const int at = ((e >> 3) * (kWgBc / 4) + kc) * 32 + (e & 7) * 4;
+      const int at = ((e >> 3) * (BC / 4) + kc) * 32 + (e & 7) * 4;
       const float4 v = make_float4(x[i][0], x[i][1], x[i][2], x[i][3]);
       if (masked) bad |= !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w));
       big = fmaxf(big, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
@@ -205,10 +210,10 @@ struct QuantRowTile {
 // VTile's layout from quantized rows: a thread element is 4 consecutive
 // keys x 4 consecutive columns (4 words, scales and biases for 16 values),
 // stored as 4 of VTile's (4 keys of one column each).
-template <int E, typename T>
+template <int E, int BC, typename T>
 struct QuantVTile {
-  static constexpr int N = E * kWgBc / 16 / kWgThreads;
-  static_assert(E * kWgBc / 16 % kWgThreads == 0, "tile must divide over the block");
+  static constexpr int N = E * BC / 16 / kWgThreads;
+  static_assert(E * BC / 16 % kWgThreads == 0, "tile must divide over the block");
   QuantRaw<T> x[N][4];
   int bits;
   __device__ __forceinline__ void load(const QuantHead<T>& h, int first, int count, int tid) {
@@ -232,7 +237,7 @@ struct QuantVTile {
       for (int j = 0; j < 4; ++j) keys[j] = expand_quant4(x[i][j], col, bits);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int e = col + c, at = ((e >> 3) * (kWgBc / 4) + kc) * 32 + (e & 7) * 4;
+        const int e = col + c, at = ((e >> 3) * (BC / 4) + kc) * 32 + (e & 7) * 4;
         auto pick = [&](const float4& k) { return c == 0 ? k.x : c == 1 ? k.y : c == 2 ? k.z : k.w; };
         const float4 v = make_float4(pick(keys[0]), pick(keys[1]), pick(keys[2]), pick(keys[3]));
         if (masked) bad |= !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w));
@@ -252,13 +257,13 @@ template <int E, class Rows>
 struct WgTiles;
 template <int E>
 struct WgTiles<E, F32Rows> {
-  using K = RowTile<E, kWgBc, true>;
-  using V = VTile<E>;
+  using K = RowTile<E, wg_shapes::tf32_bc(E), true>;
+  using V = VTile<E, wg_shapes::tf32_bc(E)>;
 };
 template <int E, typename T>
 struct WgTiles<E, QuantHead<T>> {
-  using K = QuantRowTile<E, kWgBc, true, T>;
-  using V = QuantVTile<E, T>;
+  using K = QuantRowTile<E, wg_shapes::tf32_bc(E), true, T>;
+  using V = QuantVTile<E, wg_shapes::tf32_bc(E), T>;
 };
 
 template <int E, class Src>
@@ -267,18 +272,24 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
                                                 float* __restrict__ lse,
                                                 int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs,
                                                 int mask_cs, float scale_log2) {
-  constexpr int NB = kWgBc / 8, NO = E / 8;
-  static_assert(E == wg_shapes::kTf32E, "the wgmma products are written for 64 x 64 tiles");
-  static_assert(sizeof(WgSmem<E>) == wg_shapes::kTf32SmemBytes, "the planner's shared memory");
+  static_assert(wg_shapes::tf32_has(E), "the wgmma products are written for E = 64 and 128");
+  constexpr int Bc = wg_shapes::tf32_bc(E), B = wg_shapes::tf32_buffers(E);
+  constexpr int NB = Bc / 8, NO = E / 8;
+  constexpr bool kQLoShared = wg_shapes::tf32_q_lo_shared(E);
   using Smem = WgSmem<E>;
+  static_assert(wg_shapes::tf32_q_lo_bytes(E) + sizeof(Smem) == wg_shapes::tf32_smem_bytes(E),
+                "the planner's shared memory");
   // Descriptor strides (bytes): core matrices along K are adjacent (128 B);
   // along rows, one 8-row band of the whole K extent apart. Stepping 8
   // columns along K adds 256 B (16 in the descriptor's units); stepping to
-  // the other key/value buffer adds sizeof(Tile).
-  constexpr uint32_t kLbo = 128, kSboRows = 8 * E * 4, kSboV = 8 * kWgBc * 4;
+  // the other key/value buffer adds sizeof(Tile); P V's second 64 output
+  // columns (E = 128) are 8 bands of V^T on.
+  constexpr uint32_t kLbo = 128, kSboRows = 8 * E * 4, kSboV = 8 * Bc * 4;
   constexpr uint64_t kStepK = 256 >> 4, kStepBuf = sizeof(typename Smem::Tile) >> 4;
+  constexpr uint64_t kStepHalf = (8 * kSboV) >> 4;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<Smem*>(smem_raw);
+  float* q_lo = reinterpret_cast<float*>(smem_raw);  // E = 128: Q's low parts, RowTile's layout
+  auto& sm = *reinterpret_cast<Smem*>(smem_raw + wg_shapes::tf32_q_lo_bytes(E));
   // wg from lane 0: ptxas then knows it is warp-uniform (uniform registers for
   // what derives from it, as in prefill_f16_wg.cu).
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), w = (tid >> 5) & 3, lane = tid & 31,
@@ -289,29 +300,50 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
   // key tile's start) stand for all of them, renumbered from 0: the causal
   // offset S - L follows. (Offsetting each tile's start instead was 2%
   // slower, 16% with that start read from lane 0.)
-  const int c_first = blk.kv_begin / kWgBc * kWgBc;
+  const int c_first = blk.kv_begin / Bc * Bc;
   S -= c_first;
   const int l0 = blk.l0, kv_end = blk.kv_end - c_first;
   const typename Src::Head rows = src.head(blk, c_first);
   const Mask mask{mask_kind, mask_data, mask_base, mask_rs, mask_cs, L, S};
-  auto masked = [&](int c0, int first, int rows) { return mask.tile_hides(c0, kWgBc, first, rows, S); };
+  auto masked = [&](int c0, int first, int rows) { return mask.tile_hides(c0, Bc, first, rows, S); };
 
-  const int tiles = (kv_end + kWgBc - 1) / kWgBc;
-  if (tid < kWgBuffers) {
+  const int tiles = (kv_end + Bc - 1) / Bc;
+  if (tid < B) {
     mbar_init(&sm.full[tid], kWgThreads);
     mbar_init(&sm.empty[tid], kWgThreads);
     sm.rare[tid] = 0;
   }
+  if constexpr (kQLoShared) {
+    // The block's Q rows, split once: the low parts into shared memory.
+    RowTile<E, kWgBr, false> qt;
+    qt.load(rows.q, rows.q_sr, l0, L - l0, tid);
+#pragma unroll
+    for (int i = 0; i < qt.N; ++i) {
+      const float xs[4] = {qt.x[i].x, qt.x[i].y, qt.x[i].z, qt.x[i].w};
+      uint32_t h, l[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) split_tf32_query(xs[k], h, l[k]);
+      *reinterpret_cast<uint4*>(q_lo + (tid + i * kWgThreads) * 4) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+    fence_proxy_async();
+  }
   __syncthreads();
 
-  // Tile j, held in registers, into buffer j % 3 once every thread has read
-  // tile j - 3 there; then tile j + 1 from global memory into the registers.
+  // Tile j, held in registers, into buffer j % B once every thread has read
+  // tile j - B there; then tile j + 1 from global memory into the registers
+  // (at E = 128 once this tile's P V is done: registers).
   using Tiles = WgTiles<E, decltype(rows.k)>;
   typename Tiles::K kt;
   typename Tiles::V vt;
+  constexpr bool kLoadLate = E > 64;
+  auto load_tile = [&](int j) {
+    const int c = j * Bc;
+    kt.load(rows.k, c, min(Bc, S - c), tid);
+    vt.load(rows.v, c, min(Bc, S - c), tid);
+  };
   auto store_tile = [&](int j) {
-    const int b = j % kWgBuffers, c = j * kWgBc;
-    if (j >= kWgBuffers) mbar_wait(&sm.empty[b], (j / kWgBuffers - 1) & 1);
+    const int b = j % B, c = j * Bc;
+    if (j >= B) mbar_wait(&sm.empty[b], (j / B - 1) & 1);
     auto& dst = sm.kv[b];
     bool bad = false;
     kt.store(dst.k_hi, dst.k_lo, tid);
@@ -319,33 +351,37 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
     if (bad) sm.rare[b] = j + 1;
     fence_proxy_async();
     mbar_arrive(&sm.full[b]);
-    if (c + kWgBc < kv_end) {
-      kt.load(rows.k, c + kWgBc, min(kWgBc, S - c - kWgBc), tid);
-      vt.load(rows.v, c + kWgBc, min(kWgBc, S - c - kWgBc), tid);
+    if (!kLoadLate && c + Bc < kv_end) {
+      kt.load(rows.k, c + Bc, min(Bc, S - c - Bc), tid);
+      vt.load(rows.v, c + Bc, min(Bc, S - c - Bc), tid);
     }
   };
   if (tiles > 0) {
-    kt.load(rows.k, 0, min(kWgBc, S), tid);
-    vt.load(rows.v, 0, min(kWgBc, S), tid);
+    load_tile(0);
     store_tile(0);
+    if (kLoadLate && tiles > 1) load_tile(1);
   }
 
   const int row0 = l0 + wg * kWgRows;               // this warpgroup's first row
   const int ra = row0 + w * 16 + g;
-  // Q stays in registers as the A operand of S = Q K^T (shared memory would
-  // carry both operands of those products, more than its bandwidth at full
-  // tensor rate): rows ra, ra + 8, columns 8 kk + t, + 4, split once.
-  uint32_t qh[E / 8][4], ql[E / 8][4];
+  // Q's high parts stay in registers as the A operand of S = Q K^T (shared
+  // memory would carry both operands of those products, more than its
+  // bandwidth at full tensor rate): rows ra, ra + 8, columns 8 kk + t, + 4,
+  // split once; at E = 64 the low parts too.
+  uint32_t qh[E / 8][4], ql[kQLoShared ? 1 : E / 8][4];
   {
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = ra + (i & 1) * 8, e = kk * 8 + t + (i >> 1) * 4;
-        split_tf32_query(r < L ? to_f(rows.q[int64_t(r) * rows.q_sr + e]) : 0.0f, qh[kk][i], ql[kk][i]);
+        uint32_t lo;
+        split_tf32_query(r < L ? to_f(rows.q[int64_t(r) * rows.q_sr + e]) : 0.0f, qh[kk][i],
+                         kQLoShared ? lo : ql[kQLoShared ? 0 : kk][i]);
       }
     }
   }
+  const uint64_t d_ql = wgmma_desc(q_lo + wg * kWgRows * E, kLbo, kSboRows);
   const uint64_t d_kh = wgmma_desc(sm.kv[0].k_hi, kLbo, kSboRows);
   const uint64_t d_kl = wgmma_desc(sm.kv[0].k_lo, kLbo, kSboRows);
   const uint64_t d_vh = wgmma_desc(sm.kv[0].v_hi, kLbo, kSboV);
@@ -357,9 +393,9 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
   const Turns turns(wg, kWgGroups, tiles);
 
   for (int j = 0; j < tiles; ++j) {
-    const int c0 = j * kWgBc, buf = j % kWgBuffers;
+    const int c0 = j * Bc, buf = j % B;
     const bool need_mask = masked(c0, row0, kWgRows);
-    mbar_wait(&sm.full[buf], (j / kWgBuffers) & 1);  // stored, and visible to wgmma
+    mbar_wait(&sm.full[buf], (j / B) & 1);  // stored, and visible to wgmma
     const bool guard = sm.rare[buf] == j + 1;
     const uint64_t b_off = buf * kStepBuf;
 
@@ -373,9 +409,13 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
 #pragma unroll
     for (int kk = 0; kk < E / 8; ++kk) {
       const uint64_t kb = kk * kStepK + b_off;
-      wgmma_64x64x8_rs(s, ql[kk], d_kh + kb, kk > 0);
-      wgmma_64x64x8_rs(s, qh[kk], d_kl + kb);
-      wgmma_64x64x8_rs(s, qh[kk], d_kh + kb);
+      if constexpr (kQLoShared) {
+        wgmma_tf32_ss(s, d_ql + kk * kStepK, d_kh + kb, kk > 0);
+      } else {
+        wgmma_tf32_rs(s, ql[kk], d_kh + kb, kk > 0);
+      }
+      wgmma_tf32_rs(s, qh[kk], d_kl + kb);
+      wgmma_tf32_rs(s, qh[kk], d_kh + kb);
     }
     wgmma_commit();
     turns.pass(j, tiles);
@@ -386,8 +426,11 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
     wgmma_wait_all();
     fence_fragments(s);
     softmax_step<NB, NO, true>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
-    if (!guard) {  // O += P V, P (already in the A layout) split in registers
-      uint32_t ph[NB][4], pl[NB][4];
+    // O += P V, P (already in the A layout) split in registers; the tile's
+    // P V in a fresh accumulator, added to o in float32 (mma.cuh's
+    // add_fresh), 64 output columns at a time.
+    uint32_t ph[NB][4], pl[NB][4];
+    auto split_p = [&] {
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {
         split_finite(s[kb][0], ph[kb][0], pl[kb][0]);  // row g, key t
@@ -395,14 +438,12 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
         split_finite(s[kb][1], ph[kb][2], pl[kb][2]);  // row g, key t + 4
         split_finite(s[kb][3], ph[kb][3], pl[kb][3]);  // row g + 8, key t + 4
       }
-      // The tile's P V in a fresh accumulator (s's registers: P is in its
-      // split parts now), added to o in float32 (mma.cuh's add_fresh).
-      static_assert(NB == NO, "the tile's P V takes s's shape");
-      float (&pv)[NO][4] = s;
+    };
+    auto products = [&](int h, float (&pv)[8][4]) {
       wgmma_fence();
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {
-        const uint64_t vk = kb * kStepK + b_off;
+        const uint64_t vk = kb * kStepK + h * kStepHalf + b_off;
         wgmma_64x64x8_rs(pv, pl[kb], d_vh + vk, kb > 0);
         wgmma_64x64x8_rs(pv, ph[kb], d_vl + vk);
         wgmma_64x64x8_rs(pv, ph[kb], d_vh + vk);
@@ -410,42 +451,99 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
       wgmma_commit();
       wgmma_wait_all();
       fence_fragments(pv);
+    };
+    // The rare path (an infinite value, or a NaN one where some key is
+    // hidden) sums P V over the keys each row sees in plain float32, where
+    // this tile's K was (both warpgroups take this path for the tile, and
+    // each has waited for its Q K^T before the barrier): a value reaches
+    // only the rows that see it (0 x NaN would not stay 0), and p x inf is
+    // inf.
+    if constexpr (NB == 8) {  // E = 64
+      if (!guard) {
+        split_p();
+        products(0, s);  // into s's registers: P is in its split parts now
 #pragma unroll
-      for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], pv[eb]);
-    } else {
-      // The rare path (an infinite value, or a NaN one where some key is
-      // hidden). Each warp sums P V over the keys its rows see, in plain
-      // float32, into a 16 x E buffer where this tile's K was (both
-      // warpgroups take this path for the tile, and each has waited for its
-      // Q K^T before the barrier): a value reaches only
-      // the rows that see it (0 x NaN would not stay 0), and p x inf is inf.
-      __syncthreads();
-      auto& cur = sm.kv[buf];
-      float* delta = cur.k_hi + (tid >> 5) * 16 * E;
-      for (int i = lane; i < 16 * E; i += 32) delta[i] = 0.0f;
-      __syncwarp();
+        for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], s[eb]);
+      } else {
+        // Into a 16 x E buffer a warp, by atomics.
+        __syncthreads();
+        auto& cur = sm.kv[buf];
+        float* delta = cur.k_hi + (tid >> 5) * 16 * E;
+        for (int i = lane; i < 16 * E; i += 32) delta[i] = 0.0f;
+        __syncwarp();
 #pragma unroll
-      for (int kb = 0; kb < NB; ++kb) {
+        for (int kb = 0; kb < NB; ++kb) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int rr = i >> 1, r = ra + rr * 8, c = kb * 8 + t + 4 * (i & 1), key = c0 + c;
-          if (mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, key, L, S)) continue;
-          const float p = s[kb][i];
+          for (int i = 0; i < 4; ++i) {
+            const int rr = i >> 1, r = ra + rr * 8, c = kb * 8 + t + 4 * (i & 1), key = c0 + c;
+            if (mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, key, L, S)) continue;
+            const float p = s[kb][i];
 #pragma unroll 1
-          for (int e = 0; e < E; ++e) {
-            const int at = ((e >> 3) * (kWgBc / 4) + (c >> 2)) * 32 + (e & 7) * 4 + (c & 3);
-            const float hi = cur.v_hi[at];  // lo is NaN where hi is +-inf (split_finite)
-            atomicAdd(&delta[(g + 8 * rr) * E + e], p * (isinf(hi) ? hi : hi + cur.v_lo[at]));
+            for (int e = 0; e < E; ++e) {
+              const int at = ((e >> 3) * (Bc / 4) + (c >> 2)) * 32 + (e & 7) * 4 + (c & 3);
+              const float hi = cur.v_hi[at];  // lo is NaN where hi is +-inf (split_finite)
+              atomicAdd(&delta[(g + 8 * rr) * E + e], p * (isinf(hi) ? hi : hi + cur.v_lo[at]));
+            }
           }
         }
+        __syncwarp();
+#pragma unroll
+        for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[eb][i] += delta[(g + (i >> 1) * 8) * E + eb * 8 + 2 * t + (i & 1)];
       }
-      __syncwarp();
+    } else {
+      // E = 128: the rare path takes P V's place, each thread summing its
+      // own accumulator elements from P (-1 where the key is hidden) in
+      // loops that are not unrolled. (The path above, its sums added to o
+      // after loops of their own, made ptxas spill o in the main loop, which
+      // then took 1.5x the time: H200, hd128 causal 8K. At E = 64 this one
+      // spilled more than that one.)
+      auto& cur = sm.kv[buf];
+      float* pw = cur.k_hi + (tid >> 5) * 16 * Bc;
+      if (!guard) {
+        split_p();
+      } else {
+        __syncthreads();
 #pragma unroll
-      for (int eb = 0; eb < NO; ++eb)
+        for (int kb = 0; kb < NB; ++kb)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) o[eb][i] += delta[(g + (i >> 1) * 8) * E + eb * 8 + 2 * t + (i & 1)];
+          for (int i = 0; i < 4; ++i) {
+            const int r = ra + (i >> 1) * 8, c = kb * 8 + t + 4 * (i & 1);
+            const bool hidden = mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, c0 + c, L, S);
+            pw[(g + 8 * (i >> 1)) * Bc + c] = hidden ? -1.0f : s[kb][i];
+          }
+        __syncwarp();
+      }
+#pragma unroll
+      for (int h = 0; h < NO / 8; ++h) {
+        float pv[8][4];
+        if (!guard) {
+          products(h, pv);
+        } else {
+#pragma unroll
+          for (int eb = 0; eb < 8; ++eb)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int r = g + (i >> 1) * 8, e = h * 64 + eb * 8 + 2 * t + (i & 1);
+              float acc = 0.0f;
+#pragma unroll 1
+              for (int c = 0; c < Bc; ++c) {
+                const float p = pw[r * Bc + c];
+                if (p < 0.0f) continue;
+                const int at = ((e >> 3) * (Bc / 4) + (c >> 2)) * 32 + (e & 7) * 4 + (c & 3);
+                const float hi = cur.v_hi[at];  // lo is NaN where hi is +-inf (split_finite)
+                acc += p * (isinf(hi) ? hi : hi + cur.v_lo[at]);
+              }
+              pv[eb][i] = acc;
+            }
+        }
+#pragma unroll
+        for (int eb = 0; eb < 8; ++eb) add_fresh(o[h * 8 + eb], pv[eb]);
+      }
     }
     mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
+    if (kLoadLate && j + 2 < tiles) load_tile(j + 2);
   }
 
   store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)),

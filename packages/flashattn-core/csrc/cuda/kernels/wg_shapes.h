@@ -8,12 +8,32 @@ namespace fa::wg_shapes {
 
 constexpr int kRowsPerGroup = 64;  // query rows per warpgroup (wgmma's M)
 
-// prefill_tf32_wg.cu (float32, E = 64): two warpgroups; three key/value tiles
-// of 64 keys, each as TF32 high and low parts of K and of V^T; then 64 bytes
-// of barriers and flags (two 8-byte barriers and a 4-byte flag per tile).
-constexpr int kTf32Groups = 2, kTf32Bc = 64, kTf32E = 64, kTf32Buffers = 3;
+// prefill_tf32_wg.cu (float32, E = 64 or 128): two warpgroups of 64 query
+// rows; key/value tiles, each as TF32 high and low parts of K and of V^T;
+// then each tile's barriers and flag (two 8-byte barriers and a 4-byte flag).
+// E = 64: three tiles of 64 keys, Q's parts in registers. E = 128: Q's
+// high and low parts, o and P V's accumulator would take about 300
+// registers a thread, so Q's low part is in shared memory (the A operand
+// of one of S's three products), which leaves room for two tiles of 32 keys.
+// (The kernel calls these too.)
+#if defined(__CUDACC__)
+#define FA_WG_HD __host__ __device__
+#else
+#define FA_WG_HD
+#endif
+constexpr int kTf32Groups = 2;
 constexpr int kTf32Rows = kRowsPerGroup * kTf32Groups, kTf32Threads = 128 * kTf32Groups;
-constexpr int kTf32SmemBytes = kTf32Buffers * 4 * kTf32Bc * kTf32E * 4 + 64;
+FA_WG_HD constexpr bool tf32_has(int E) { return E == 64 || E == 128; }
+FA_WG_HD constexpr int tf32_bc(int E) { return E > 64 ? 32 : 64; }  // keys a tile
+FA_WG_HD constexpr int tf32_buffers(int E) { return E > 64 ? 2 : 3; }
+FA_WG_HD constexpr bool tf32_q_lo_shared(int E) { return E > 64; }
+FA_WG_HD constexpr int tf32_q_lo_bytes(int E) { return tf32_q_lo_shared(E) ? kTf32Rows * E * 4 : 0; }
+FA_WG_HD constexpr int tf32_smem_bytes(int E) {
+  return tf32_q_lo_bytes(E) + tf32_buffers(E) * 4 * tf32_bc(E) * E * 4 + (tf32_buffers(E) * 20 + 7) / 8 * 8;
+}
+#undef FA_WG_HD
+// The quantized variant (fa_prefill_wgq_) exists at E = 64 only.
+constexpr int kTf32E = 64, kTf32SmemBytes = tf32_smem_bytes(kTf32E);
 
 // prefill_f16_wg.cu (float16 / bfloat16, E = 64, 80, 96 or 128): consumer
 // warpgroups of 64 query rows each, one producer warpgroup that does every
