@@ -119,20 +119,6 @@ struct RowTile {
       }
     }
   }
-  // load's rows copied asynchronously into this thread's slots of stage
-  // (cp.async: no registers while in flight), and taken from there.
-  __device__ __forceinline__ void copy(const F32Rows& rows, int first, int count, int tid, float* stage) const {
-    const float* src = rows.p + first * rows.sr;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int idx = tid + i * kWgThreads, r = row_of(idx);
-      cp_async16(stage + idx * 4, r < count ? static_cast<const void*>(at(src, rows.sr, r, idx)) : src, r < count);
-    }
-  }
-  __device__ __forceinline__ void take(const float* stage, int tid) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = *reinterpret_cast<const float4*>(stage + (tid + i * kWgThreads) * 4);
-  }
   __device__ __forceinline__ void store(float* hi, float* lo, int tid) const {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
@@ -165,26 +151,6 @@ struct VTile {
       const int idx = tid + i * kWgThreads, e = idx % E, key = (idx / E) * 4;
 #pragma unroll
       for (int j = 0; j < 4; ++j) x[i][j] = full || key + j < count ? src[(key + j) * stride + e] : 0.0f;
-    }
-  }
-  // As RowTile's: each element's 4 keys in one 16-byte slot.
-  __device__ __forceinline__ void copy(const F32Rows& rows, int first, int count, int tid, float* stage) const {
-    const float* src = rows.p + first * rows.sr;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int idx = tid + i * kWgThreads, e = idx % E, key = (idx / E) * 4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool ok = key + j < count;
-        cp_async4(stage + idx * 4 + j, ok ? src + (key + j) * rows.sr + e : src, ok);
-      }
-    }
-  }
-  __device__ __forceinline__ void take(const float* stage, int tid) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float4 v = *reinterpret_cast<const float4*>(stage + (tid + i * kWgThreads) * 4);
-      x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
     }
   }
   // bad: set when a value is +-inf, or NaN in a tile with hidden keys
@@ -311,9 +277,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
   constexpr int NB = Bc / 8, NO = E / 8;
   constexpr bool kQLoShared = wg_shapes::tf32_q_lo_shared(E);
   using Smem = WgSmem<E>;
-  constexpr bool kStaged = wg_shapes::tf32_staged(E);
-  constexpr int kPrefix = wg_shapes::tf32_q_lo_bytes(E) + wg_shapes::tf32_stage_bytes(E);
-  static_assert(kPrefix + sizeof(Smem) == wg_shapes::tf32_smem_bytes(E),
+  static_assert(wg_shapes::tf32_q_lo_bytes(E) + sizeof(Smem) == wg_shapes::tf32_smem_bytes(E),
                 "the planner's shared memory");
   // Descriptor strides (bytes): core matrices along K are adjacent (128 B);
   // along rows, one 8-row band of the whole K extent apart. Stepping 8
@@ -324,10 +288,8 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
   constexpr uint64_t kStepK = 256 >> 4, kStepBuf = sizeof(typename Smem::Tile) >> 4;
   constexpr uint64_t kStepHalf = (8 * kSboV) >> 4;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // E = 128: Q's low parts (RowTile's layout), then the next tile as copied.
-  float* q_lo = reinterpret_cast<float*>(smem_raw);
-  float* stage = reinterpret_cast<float*>(smem_raw + wg_shapes::tf32_q_lo_bytes(E));
-  auto& sm = *reinterpret_cast<Smem*>(smem_raw + kPrefix);
+  float* q_lo = reinterpret_cast<float*>(smem_raw);  // E = 128: Q's low parts, RowTile's layout
+  auto& sm = *reinterpret_cast<Smem*>(smem_raw + wg_shapes::tf32_q_lo_bytes(E));
   // wg from lane 0: ptxas then knows it is warp-uniform (uniform registers for
   // what derives from it, as in prefill_f16_wg.cu).
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), w = (tid >> 5) & 3, lane = tid & 31,
@@ -369,30 +331,19 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
 
   // Tile j, held in registers, into buffer j % B once every thread has read
   // tile j - B there; then tile j + 1 from global memory into the registers
-  // (E = 64), or into `stage` by cp.async (E = 128: registers), which tile
-  // j + 1's store takes back once this thread's copies have landed (each
-  // thread reads only its own).
+  // (at E = 128 once this tile's P V is done: registers).
   using Tiles = WgTiles<E, decltype(rows.k)>;
   typename Tiles::K kt;
   typename Tiles::V vt;
-  auto next_tile = [&](int c, int count) {  // count keys from key c on
-    if constexpr (kStaged) {
-      kt.copy(rows.k, c, count, tid, stage);
-      vt.copy(rows.v, c, count, tid, stage + Bc * E);
-      cp_async_commit();
-    } else {
-      kt.load(rows.k, c, count, tid);
-      vt.load(rows.v, c, count, tid);
-    }
+  constexpr bool kLoadLate = E > 64;
+  auto load_tile = [&](int j) {
+    const int c = j * Bc;
+    kt.load(rows.k, c, min(Bc, S - c), tid);
+    vt.load(rows.v, c, min(Bc, S - c), tid);
   };
   auto store_tile = [&](int j) {
     const int b = j % B, c = j * Bc;
     if (j >= B) mbar_wait(&sm.empty[b], (j / B - 1) & 1);
-    if constexpr (kStaged) {
-      cp_async_wait_all();
-      kt.take(stage, tid);
-      vt.take(stage + Bc * E, tid);
-    }
     auto& dst = sm.kv[b];
     bool bad = false;
     kt.store(dst.k_hi, dst.k_lo, tid);
@@ -400,11 +351,15 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
     if (bad) sm.rare[b] = j + 1;
     fence_proxy_async();
     mbar_arrive(&sm.full[b]);
-    if (c + Bc < kv_end) next_tile(c + Bc, min(Bc, S - c - Bc));
+    if (!kLoadLate && c + Bc < kv_end) {
+      kt.load(rows.k, c + Bc, min(Bc, S - c - Bc), tid);
+      vt.load(rows.v, c + Bc, min(Bc, S - c - Bc), tid);
+    }
   };
   if (tiles > 0) {
-    next_tile(0, min(Bc, S));
+    load_tile(0);
     store_tile(0);
+    if (kLoadLate && tiles > 1) load_tile(1);
   }
 
   const int row0 = l0 + wg * kWgRows;               // this warpgroup's first row
@@ -588,6 +543,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
       }
     }
     mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
+    if (kLoadLate && j + 2 < tiles) load_tile(j + 2);
   }
 
   store_rows<float, NO>(o, m_i, l_i, sink_log2(mask_kind, mask_base, int(n % H_q)),

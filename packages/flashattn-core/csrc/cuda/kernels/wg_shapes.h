@@ -28,13 +28,8 @@ FA_WG_HD constexpr int tf32_bc(int E) { return E > 64 ? 32 : 64; }  // keys a ti
 FA_WG_HD constexpr int tf32_buffers(int E) { return E > 64 ? 2 : 3; }
 FA_WG_HD constexpr bool tf32_q_lo_shared(int E) { return E > 64; }
 FA_WG_HD constexpr int tf32_q_lo_bytes(int E) { return tf32_q_lo_shared(E) ? kTf32Rows * E * 4 : 0; }
-// E = 128: the next K and V tile, as loaded, copied asynchronously (no
-// registers) into 32 KB of their own, which the 227 KB an SM still has room for.
-FA_WG_HD constexpr bool tf32_staged(int E) { return E > 64; }
-FA_WG_HD constexpr int tf32_stage_bytes(int E) { return tf32_staged(E) ? 2 * tf32_bc(E) * E * 4 : 0; }
 FA_WG_HD constexpr int tf32_smem_bytes(int E) {
-  return tf32_q_lo_bytes(E) + tf32_stage_bytes(E) + tf32_buffers(E) * 4 * tf32_bc(E) * E * 4 +
-         (tf32_buffers(E) * 20 + 7) / 8 * 8;
+  return tf32_q_lo_bytes(E) + tf32_buffers(E) * 4 * tf32_bc(E) * E * 4 + (tf32_buffers(E) * 20 + 7) / 8 * 8;
 }
 #undef FA_WG_HD
 // The quantized variant (fa_prefill_wgq_) exists at E = 64 only.
