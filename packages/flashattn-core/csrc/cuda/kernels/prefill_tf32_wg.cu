@@ -51,28 +51,15 @@ constexpr int kWgGroups = wg_shapes::kTf32Groups;
 // its barriers and its rare-path flag. (At E = 128 Q's low part comes first,
 // before this: wg_shapes.h.)
 template <int E>
-struct WgTile {
-  static constexpr int Bc = wg_shapes::tf32_bc(E);
-  float k_hi[Bc * E], k_lo[Bc * E];  // rows: keys (paired order); K: head dim
-  float v_hi[E * Bc], v_lo[E * Bc];  // V^T: rows: head dim; K: keys
-};
-template <int E, bool SplitKV = wg_shapes::tf32_split_kv(E)>
 struct WgSmem {
-  static constexpr int B = wg_shapes::tf32_buffers(E);
-  using Tile = WgTile<E>;
-  Tile kv[B];
+  static constexpr int Bc = wg_shapes::tf32_bc(E), B = wg_shapes::tf32_buffers(E);
+  struct Tile {
+    float k_hi[Bc * E], k_lo[Bc * E];  // rows: keys (paired order); K: head dim
+    float v_hi[E * Bc], v_lo[E * Bc];  // V^T: rows: head dim; K: keys
+  } kv[B];
   uint64_t full[B];   // every thread has stored its part of the tile
   uint64_t empty[B];  // every thread is done reading it
   int rare[B];        // j + 1 when tile j takes the rare path (VTile::store)
-};
-// The same with K's barriers (full, empty) apart from V's.
-template <int E>
-struct WgSmem<E, true> {
-  static constexpr int B = wg_shapes::tf32_buffers(E);
-  using Tile = WgTile<E>;
-  Tile kv[B];
-  uint64_t full[B], empty[B], full_v[B], empty_v[B];
-  int rare[B];
 };
 
 // Row r of a K tile in shared memory holds key paired_key(r) of the tile:
@@ -321,14 +308,9 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
   auto masked = [&](int c0, int first, int rows) { return mask.tile_hides(c0, Bc, first, rows, S); };
 
   const int tiles = (kv_end + Bc - 1) / Bc;
-  constexpr bool kSplitKV = wg_shapes::tf32_split_kv(E);
   if (tid < B) {
     mbar_init(&sm.full[tid], kWgThreads);
     mbar_init(&sm.empty[tid], kWgThreads);
-    if constexpr (kSplitKV) {
-      mbar_init(&sm.full_v[tid], kWgThreads);
-      mbar_init(&sm.empty_v[tid], kWgThreads);
-    }
     sm.rare[tid] = 0;
   }
   if constexpr (kQLoShared) {
@@ -374,34 +356,9 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
       vt.load(rows.v, c + Bc, min(Bc, S - c - Bc), tid);
     }
   };
-  // E = 128: K's part once every thread's Q K^T has read tile j - B's K,
-  // V's once every thread's P V has read its V^T.
-  auto store_k = [&](int j) {
-    const int b = j % B;
-    if (j >= B) mbar_wait(&sm.empty[b], (j / B - 1) & 1);
-    kt.store(sm.kv[b].k_hi, sm.kv[b].k_lo, tid);
-    fence_proxy_async();
-    mbar_arrive(&sm.full[b]);
-  };
-  auto store_v = [&](int j) {
-    if constexpr (kSplitKV) {
-      const int b = j % B;
-      if (j >= B) mbar_wait(&sm.empty_v[b], (j / B - 1) & 1);
-      bool bad = false;
-      vt.store(sm.kv[b].v_hi, sm.kv[b].v_lo, tid, masked(j * Bc, l0, kWgBr), bad);
-      if (bad) sm.rare[b] = j + 1;
-      fence_proxy_async();
-      mbar_arrive(&sm.full_v[b]);
-    }
-  };
   if (tiles > 0) {
     load_tile(0);
-    if constexpr (kSplitKV) {
-      store_k(0);
-      store_v(0);
-    } else {
-      store_tile(0);
-    }
+    store_tile(0);
     if (kLoadLate && tiles > 1) load_tile(1);
   }
 
@@ -439,7 +396,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
     const int c0 = j * Bc, buf = j % B;
     const bool need_mask = masked(c0, row0, kWgRows);
     mbar_wait(&sm.full[buf], (j / B) & 1);  // stored, and visible to wgmma
-    bool guard = kSplitKV ? false : sm.rare[buf] == j + 1;
+    const bool guard = sm.rare[buf] == j + 1;
     const uint64_t b_off = buf * kStepBuf;
 
     // S = Q K^T, issued in this warpgroup's turn. (Also where the causal mask
@@ -464,25 +421,11 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
     turns.pass(j, tiles);
     // While the products run: the next tile into its buffer, and the one
     // after it on its way from global memory.
-    if (j + 1 < tiles) {
-      if constexpr (kSplitKV) {
-        store_k(j + 1);
-      } else {
-        store_tile(j + 1);
-      }
-    }
+    if (j + 1 < tiles) store_tile(j + 1);
 
     wgmma_wait_all();
     fence_fragments(s);
     softmax_step<NB, NO, true>(s, o, m_i, l_i, mask, n, ra, L, S, c0, scale_log2, need_mask, lane);
-    if constexpr (kSplitKV) {
-      if (j + 1 < tiles) store_v(j + 1);
-      mbar_wait(&sm.full_v[buf], (j / B) & 1);
-      guard = sm.rare[buf] == j + 1;
-      // K's part is free once this thread's Q K^T is done, unless the rare
-      // path is to use it.
-      if (!guard) mbar_arrive(&sm.empty[buf]);
-    }
     // O += P V, P (already in the A layout) split in registers; the tile's
     // P V in a fresh accumulator, added to o in float32 (mma.cuh's
     // add_fresh), 64 output columns at a time.
@@ -599,12 +542,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
         for (int eb = 0; eb < 8; ++eb) add_fresh(o[h * 8 + eb], pv[eb]);
       }
     }
-    if constexpr (kSplitKV) {
-      if (guard) mbar_arrive(&sm.empty[buf]);
-      mbar_arrive(&sm.empty_v[buf]);
-    } else {
-      mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
-    }
+    mbar_arrive(&sm.empty[buf]);  // this thread's products have read the tile
     if (kLoadLate && j + 2 < tiles) load_tile(j + 2);
   }
 

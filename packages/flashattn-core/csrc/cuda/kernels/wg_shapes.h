@@ -28,12 +28,8 @@ FA_WG_HD constexpr int tf32_bc(int E) { return E > 64 ? 32 : 64; }  // keys a ti
 FA_WG_HD constexpr int tf32_buffers(int E) { return E > 64 ? 2 : 3; }
 FA_WG_HD constexpr bool tf32_q_lo_shared(int E) { return E > 64; }
 FA_WG_HD constexpr int tf32_q_lo_bytes(int E) { return tf32_q_lo_shared(E) ? kTf32Rows * E * 4 : 0; }
-// E = 128: K's and V's parts of a tile with barriers of their own, so that
-// K can be stored once both warpgroups' Q K^T of the tile before is done.
-FA_WG_HD constexpr bool tf32_split_kv(int E) { return E > 64; }
 FA_WG_HD constexpr int tf32_smem_bytes(int E) {
-  return tf32_q_lo_bytes(E) + tf32_buffers(E) * 4 * tf32_bc(E) * E * 4 +
-         (tf32_buffers(E) * (tf32_split_kv(E) ? 36 : 20) + 7) / 8 * 8;
+  return tf32_q_lo_bytes(E) + tf32_buffers(E) * 4 * tf32_bc(E) * E * 4 + (tf32_buffers(E) * 20 + 7) / 8 * 8;
 }
 #undef FA_WG_HD
 // The quantized variant (fa_prefill_wgq_) exists at E = 64 only.
