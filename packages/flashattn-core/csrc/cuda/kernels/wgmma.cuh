@@ -109,16 +109,25 @@ __device__ __forceinline__ void wgmma_64x64x8_rs(float (&d)[8][4], const uint32_
 #define FA_D32 FA_D8(0), FA_D8(1), FA_D8(2), FA_D8(3)
 #define FA_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 
-// The same at N = 32 (prefill_tf32_wg.cu's key tiles of 32 at E = 128).
-__device__ __forceinline__ void wgmma_64x32x8_ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
+// The TF32 products by the accumulator's width (N = 8 x its first extent:
+// 64, or 32 for prefill_tf32_wg.cu's key tiles of 32 at E = 128).
+__device__ __forceinline__ void wgmma_tf32_ss(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
+  wgmma_64x64x8_ss(d, a, b, accumulate);
+}
+__device__ __forceinline__ void wgmma_tf32_ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 " FA_R16 ", %16, %17, p, 1, 1;\n}\n"
       : FA_D32
       : "l"(a), "l"(b), "r"(accumulate));
 }
-__device__ __forceinline__ void wgmma_64x32x8_rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t b,
-                                                 int accumulate = 1) {
+__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                              int accumulate = 1) {
+  wgmma_64x64x8_rs(d, a, b, accumulate);
+}
+
+__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t b,
+                                              int accumulate = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 " FA_R16
@@ -132,22 +141,6 @@ __device__ __forceinline__ void wgmma_64x32x8_rs(float (&d)[4][4], const uint32_
 #undef FA_D64
 #undef FA_R16
 #undef FA_R32
-
-// The TF32 products by the accumulator's width (N = 8 x its first extent).
-__device__ __forceinline__ void wgmma_tf32_ss(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
-  wgmma_64x64x8_ss(d, a, b, accumulate);
-}
-__device__ __forceinline__ void wgmma_tf32_ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
-  wgmma_64x32x8_ss(d, a, b, accumulate);
-}
-__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
-                                              int accumulate = 1) {
-  wgmma_64x64x8_rs(d, a, b, accumulate);
-}
-__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t b,
-                                              int accumulate = 1) {
-  wgmma_64x32x8_rs(d, a, b, accumulate);
-}
 
 // 16-bit operands (float16 / bfloat16: K = 16 per instruction), N = 64 or
 // 128 columns (P V also 80 and 96: the head dim of prefill_f16_wg.cu's
