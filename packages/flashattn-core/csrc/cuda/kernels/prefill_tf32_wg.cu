@@ -266,6 +266,51 @@ struct WgTiles<E, QuantHead<T>> {
   using V = QuantVTile<E, wg_shapes::tf32_bc(E), T>;
 };
 
+// The rare path's P V at E = 64 for one warp's 16 rows (P's accumulator
+// layout, -1 where the key is hidden: no exponential gives it) into delta
+// (16 x E floats): each column's sum over the thread's 16 keys, then over
+// its quad's (all 64), stored by the quad's first lane. Not inlined, so that
+// its registers stay out of the main loop's. (Shared-memory float atomics
+// into delta, four lanes an address, took 3.17-3.19 ms for 4 heads x 77
+// causal rows with a NaN value row, 0.041-0.043 ms this way; the main loop
+// did not slow: H200, benchmarks/cuda-probes/prefill-probe.cu.)
+template <int NB>
+struct RareP {
+  float x[NB][4];
+};
+template <int E>
+__device__ __noinline__ void rare_pv(const RareP<8> p, const float* v_hi, const float* v_lo, float* delta, int g,
+                                     int t) {
+  constexpr int Bc = 64;
+#pragma unroll 1
+  for (int e = 0; e < E; ++e) {
+    float acc[2] = {0.0f, 0.0f};  // rows g, g + 8
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh) {  // keys t, t + 4 of the 8
+        const int c = kb * 8 + t + 4 * kh;
+        const int at = ((e >> 3) * (Bc / 4) + (c >> 2)) * 32 + (e & 7) * 4 + (c & 3);
+        const float hi = v_hi[at];  // lo is NaN where hi is +-inf (split_finite)
+        const float v = isinf(hi) ? hi : hi + v_lo[at];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float pr = p.x[kb][2 * rr + kh];
+          if (pr != -1.0f) acc[rr] += pr * v;  // a value reaches only the rows that see it
+        }
+      }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], 1);
+      acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], 2);
+    }
+    if (t == 0) {
+      delta[g * E + e] = acc[0];
+      delta[(g + 8) * E + e] = acc[1];
+    }
+  }
+}
+
 template <int E, class Src>
 __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask_data,
                                                 const int64_t* __restrict__ mask_base, float* __restrict__ out,
@@ -465,27 +510,20 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
 #pragma unroll
         for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], s[eb]);
       } else {
-        // Into a 16 x E buffer a warp, by atomics.
+        // Into a 16 x E buffer a warp (rare_pv), then added to o.
         __syncthreads();
         auto& cur = sm.kv[buf];
         float* delta = cur.k_hi + (tid >> 5) * 16 * E;
-        for (int i = lane; i < 16 * E; i += 32) delta[i] = 0.0f;
-        __syncwarp();
+        RareP<NB> p;
 #pragma unroll
-        for (int kb = 0; kb < NB; ++kb) {
+        for (int kb = 0; kb < NB; ++kb)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const int rr = i >> 1, r = ra + rr * 8, c = kb * 8 + t + 4 * (i & 1), key = c0 + c;
-            if (mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, key, L, S)) continue;
-            const float p = s[kb][i];
-#pragma unroll 1
-            for (int e = 0; e < E; ++e) {
-              const int at = ((e >> 3) * (Bc / 4) + (c >> 2)) * 32 + (e & 7) * 4 + (c & 3);
-              const float hi = cur.v_hi[at];  // lo is NaN where hi is +-inf (split_finite)
-              atomicAdd(&delta[(g + 8 * rr) * E + e], p * (isinf(hi) ? hi : hi + cur.v_lo[at]));
-            }
+            const int r = ra + (i >> 1) * 8, key = c0 + kb * 8 + t + 4 * (i & 1);
+            const bool hidden = mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, key, L, S);
+            p.x[kb][i] = hidden ? -1.0f : s[kb][i];
           }
-        }
+        rare_pv<E>(p, cur.v_hi, cur.v_lo, delta, g, t);
         __syncwarp();
 #pragma unroll
         for (int eb = 0; eb < NO; ++eb)
