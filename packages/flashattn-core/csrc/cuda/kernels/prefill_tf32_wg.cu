@@ -274,14 +274,13 @@ struct WgTiles<E, QuantHead<T>> {
 // into delta, four lanes an address, took 3.17-3.19 ms for 4 heads x 77
 // causal rows with a NaN value row, 0.041-0.043 ms this way; the main loop
 // did not slow: H200, benchmarks/cuda-probes/prefill-probe.cu.)
-template <int NB>
 struct RareP {
-  float x[NB][4];
+  float x[8][4];
 };
 template <int E>
-__device__ __noinline__ void rare_pv(const RareP<8> p, const float* v_hi, const float* v_lo, float* delta, int g,
-                                     int t) {
-  constexpr int Bc = 64;
+__device__ __noinline__ void rare_pv(const RareP p, const float* v_hi, const float* v_lo, float* delta, int g, int t) {
+  constexpr int Bc = wg_shapes::tf32_bc(E);
+  static_assert(Bc == 64, "P's accumulator layout of a 64-key tile");
 #pragma unroll 1
   for (int e = 0; e < E; ++e) {
     float acc[2] = {0.0f, 0.0f};  // rows g, g + 8
@@ -514,7 +513,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
         __syncthreads();
         auto& cur = sm.kv[buf];
         float* delta = cur.k_hi + (tid >> 5) * 16 * E;
-        RareP<NB> p;
+        RareP p;
 #pragma unroll
         for (int kb = 0; kb < NB; ++kb)
 #pragma unroll
