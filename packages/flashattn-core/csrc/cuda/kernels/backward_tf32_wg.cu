@@ -1,24 +1,27 @@
 // The float32 keys pass with dQ (backward.cu's fa_backward_keysq) on Hopper
-// (sm_90a), E = 64: its two score products S^T = K Q^T and dP^T = V dO^T on
-// wgmma (3xTF32), the other three (dV, dK, dQ) on mma.sync as there.
+// (sm_90a), E = 64: four of its five products on wgmma (3xTF32), dQ on
+// mma.sync as there.
 //
 // With mma.sync every warp loads and splits each Q and dO element it reads,
-// for each 16 keys of its own: Nsight Compute put that pass at 6.6 issued
-// instructions a TF32 mma, bound by them. Here the warpgroup's products read
-// K, V, Q and dO once, as TF32 from shared memory in wgmma's K-major
-// core-matrix layout (wgmma.cuh): each tile's float32 values themselves
-// (wgmma takes a float32 word's upper 19 bits: its TF32 high part) and its
-// low parts beside them, made once as the tile lands. The mma.sync products
-// read the same float32 tiles.
+// for each 16 keys of its own (Nsight Compute: 6.6 issued instructions a
+// TF32 mma). Here a warpgroup's products read their shared-memory operands
+// as TF32 in wgmma's K-major core-matrix layout (wgmma.cuh): each tile's
+// float32 values themselves (wgmma takes a float32 word's upper 19 bits, its
+// TF32 high part) and the low parts beside them, made once as a tile lands.
+// TF32 operands must be K-major, so each row tile of Q and dO lies twice:
+// along the head dim (the B operand of S^T = K Q^T and dP^T = V dO^T) and
+// along the rows (of dK += dS^T Q and dV += P^T dO), its rows there in
+// paired order (within each 8, slots 2t and 2t + 1... see CopyT) so that the
+// accumulators of S^T and dP^T are, as they stand, the A operands of dV and
+// dK (P^T and dS^T split in registers, no shuffles).
 //
-// Block: one warpgroup, 64 keys (warp w: keys 16 w .., the accumulator
-// layout of backward.cu's keys pass), row tiles of 32: shared memory holds
-// K, V and their low parts (64 KB), the row tile's Q, dO and theirs (32 KB)
-// and dS^T (10 KB), two blocks an SM. Q and dO come by cp.async, the next
-// row tile's copy issued once every warp's dV and dK have read this one, so
-// that it runs under dQ's products. A tile that holds a value that is not
-// finite takes its score products in float32 FMA (IEEE's infinities and
-// NaN, as the reference), and backward.cu's guarded sums for the rest.
+// Block: two warpgroups x 64 keys... the same 64 keys: K and V with their
+// low parts (64 KB) shared, each warpgroup taking every other row tile of
+// 32 with its own tiles (64 KB) and dS^T (10 KB) and named barriers, their
+// dK and dV sums meeting at the end. dQ += dS K on mma.sync from dS^T in
+// shared memory runs while dV's and dK's products do. A tile that holds a
+// value that is not finite takes its score products in float32 FMA (IEEE's
+// infinities and NaN, as the reference) and backward.cu's guarded sums.
 
 #include "backward_tf32.cuh"
 #include "pingpong.cuh"
@@ -29,11 +32,13 @@ namespace fa {
 namespace keys_wg32 {
 
 constexpr int E = 64, BK = bs::kKeys, BR = bs::kRowTile, LDS = bs::ld_ds(BR), NB = BR / 8, NO = E / 8;
-constexpr int kGroups = 3, kGroupThreads = 128, kThreads = kGroups * kGroupThreads;
+constexpr int kGroups = 2, kGroupThreads = 128, kThreads = kGroups * kGroupThreads;
 static_assert(BK == 64, "a warpgroup's 64 keys");
 
-// A warpgroup's row tile; after the last, its dK and dV sums (2 NO x 4 a
-// thread) for the first warpgroup to add.
+// A warpgroup's row tile: Q and dO along the head dim, and along the rows
+// (qt, dot: E rows x BR in paired order, CopyT), each with its low parts;
+// after the last tile, the warpgroup's dK and dV sums (2 NO x 4 a thread)
+// for the first warpgroup to add.
 struct Group {
   union {
     struct {
@@ -41,6 +46,7 @@ struct Group {
     };
     float sums[2 * NO * 4 * kGroupThreads];
   };
+  float qt[E * BR], qt_lo[E * BR], dot[E * BR], dot_lo[E * BR];
   float ds[BK * LDS];  // dS^T: a key's rows LDS apart
   float lse[BR], d[BR];
 };
@@ -99,6 +105,72 @@ struct Copy {
   }
 };
 
+// 4 bytes global -> shared, asynchronously; zero when !valid.
+__device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+
+// A row tile (BR rows of src, rows ld apart, count of them; zeros past
+// them) transposed: E rows of BR, K-major along the rows (core matrices of 8
+// head-dim columns x 4 slots), each 8 rows in paired order: slots 0-3 hold
+// rows 0, 2, 4, 6 and slots 4-7 rows 1, 3, 5, 7, so that slot t and t + 4
+// are the rows 2t and 2t + 1 whose scores a thread holds (wgmma.cuh's D
+// and A layouts). Each thread copies 4 floats into each of its chunks by
+// 4-byte cp.async (a warp's loads: 32 consecutive columns of a row).
+struct CopyT {
+  static constexpr int PER = E * BR / 4 / kGroupThreads;
+  // chunk c: column c % E, slots 4 (c / E) .. + 3
+  static __device__ __forceinline__ int chunk(int c) {
+    const int e = c % E, s4 = c / E;
+    return ((e >> 3) * (BR / 4) + s4) * 32 + (e & 7) * 4;
+  }
+  static __device__ __forceinline__ void issue(float* dst, const float* src, int64_t ld, int count, int tid) {
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int c = tid + i * kGroupThreads, e = c % E, s4 = c / E;
+      const int r0 = (s4 >> 1) * 8 + (s4 & 1);  // the chunk's first row; then + 2, + 4, + 6
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = r0 + 2 * j;
+        const bool valid = r < count;
+        cp_async4_zfill(dst + chunk(c) + j, valid ? src + r * ld + e : src, valid);
+      }
+    }
+  }
+  static __device__ __forceinline__ void split(const float* tile, float* lo, int tid) {
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int at = chunk(tid + i * kGroupThreads);
+      const float4 x = *reinterpret_cast<const float4*>(tile + at);
+      *reinterpret_cast<float4*>(lo + at) = make_float4(low_part(x.x), low_part(x.y), low_part(x.z), low_part(x.w));
+    }
+  }
+};
+
+// acc (64 keys x E) = W X over the row tile in 3xTF32: W (P^T or dS^T) in
+// the accumulator layout, which is the A layout of the paired slots, split
+// here; X (dO or Q) transposed in shared memory with its low parts (CopyT).
+// Issued, not waited for; wh and wl hold W's parts until the wait.
+__device__ __forceinline__ void products_t(float (&acc)[NO][4], uint32_t (&wh)[NB][4], uint32_t (&wl)[NB][4],
+                                           const float (&w)[NB][4], const float* x, const float* x_lo) {
+  constexpr uint32_t kLbo = 128, kSbo = 8 * BR * 4;
+  constexpr uint64_t kStep = 256 >> 4;
+#pragma unroll
+  for (int kb = 0; kb < NB; ++kb) {
+    split_tf32(w[kb][0], wh[kb][0], wl[kb][0]);  // key g, slot t (row 2t)
+    split_tf32(w[kb][2], wh[kb][1], wl[kb][1]);  // key g + 8
+    split_tf32(w[kb][1], wh[kb][2], wl[kb][2]);  // key g, slot t + 4 (row 2t + 1)
+    split_tf32(w[kb][3], wh[kb][3], wl[kb][3]);
+  }
+  const uint64_t dx = wgmma_desc(x, kLbo, kSbo), dxl = wgmma_desc(x_lo, kLbo, kSbo);
+#pragma unroll
+  for (int kb = 0; kb < NB; ++kb) {
+    wgmma_64x64x8_rs(acc, wl[kb], dx + kb * kStep, kb > 0);
+    wgmma_64x64x8_rs(acc, wh[kb], dxl + kb * kStep);
+    wgmma_64x64x8_rs(acc, wh[kb], dx + kb * kStep);
+  }
+}
+
 // d (64 keys x 32 rows) = A B^T over E in 3xTF32, A (the warpgroup's keys)
 // and B (the row tile) with their low parts, all in shared memory.
 __device__ __forceinline__ void scores_wg(float (&d)[NB][4], const float* a, const float* a_lo, const float* b,
@@ -132,47 +204,6 @@ __device__ __forceinline__ void scores_fma(float (&d)[NB][4], const float* a, co
     }
 }
 
-// acc (16 keys x E) += W X: W (16 x BR, P^T or dS^T) in the accumulator
-// layout, X (BR x E) a row tile (Q or dO); backward.cu's accumulate with X
-// in the core-matrix layout.
-__device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)[NB][4], const float* x, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
-  uint32_t ah[NB][4], al[NB][4];
-#pragma unroll
-  for (int kb = 0; kb < NB; ++kb) {
-    float y[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      y[i] = __shfl_sync(0xffffffffu, w[kb][i], src1);
-      y[4 + i] = __shfl_sync(0xffffffffu, w[kb][i], src2);
-    }
-    const int odd = t & 1;
-    split_tf32(odd ? y[1] : y[0], ah[kb][0], al[kb][0]);  // row g, column t
-    split_tf32(odd ? y[3] : y[2], ah[kb][1], al[kb][1]);  // row g + 8
-    split_tf32(odd ? y[5] : y[4], ah[kb][2], al[kb][2]);  // row g, column t + 4
-    split_tf32(odd ? y[7] : y[6], ah[kb][3], al[kb][3]);
-  }
-  const bool hi_g = g >= 4;
-  const float* x1 = x + lane_at(lane) + (hi_g ? 16 : 0);
-  const float* x2 = x + lane_at(lane) + (hi_g ? 0 : 16);
-#pragma unroll
-  for (int eb = 0; eb < NO; ++eb) {
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int kb = 0; kb < NB; ++kb) {
-      uint32_t bh0, bl0, bh1, bl1;
-      // rows 8 kb + t and + 4 of column 8 eb + g, the lanes of g >= 4 reading
-      // them in the other order: each load then meets 32 banks
-      const float y1 = x1[(kb * (E / 4) + 2 * eb) * 32], y2 = x2[(kb * (E / 4) + 2 * eb) * 32];
-      split_finite(hi_g ? y2 : y1, bh0, bl0);
-      split_finite(hi_g ? y1 : y2, bh1, bl1);
-      mma_terms<true>(part, ah[kb], al[kb], bh0, bh1, bl0, bl1);
-    }
-    add_fresh(acc[eb], part);
-  }
-}
-
 // backward.cu's add_dq with K in the core-matrix layout: dQ += scale dS K
 // for the row tile, each warp 16 rows x half the columns, added into dq by
 // atomics.
@@ -184,9 +215,7 @@ __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s
   float acc[NQ][4];
   zero(acc);
   if (k_finite) {
-    const bool hi_g = g >= 4;
-    const float* k1 = k_s + lane_at(lane) + (cq / 4) * 32 + (hi_g ? 16 : 0);
-    const float* k2 = k_s + lane_at(lane) + (cq / 4) * 32 + (hi_g ? 0 : 16);
+    const float* kl = k_s + lane_at(lane) + (cq / 4) * 32;
 #pragma unroll 2
     for (int kk = 0; kk < BK / 8; ++kk) {
       uint32_t ah[4], al[4];
@@ -196,10 +225,8 @@ __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s
 #pragma unroll
       for (int nb = 0; nb < NQ; ++nb) {
         uint32_t bh0, bl0, bh1, bl1;
-        // keys 8 kk + t and + 4 of column cq + 8 nb + g, as accumulate reads them
-        const float y1 = k1[(kk * (E / 4) + 2 * nb) * 32], y2 = k2[(kk * (E / 4) + 2 * nb) * 32];
-        split_finite(hi_g ? y2 : y1, bh0, bl0);
-        split_finite(hi_g ? y1 : y2, bh1, bl1);
+        split_finite(kl[(kk * (E / 4) + 2 * nb) * 32], bh0, bl0);  // key 8 kk + t, column cq + 8 nb + g
+        split_finite(kl[(kk * (E / 4) + 2 * nb) * 32 + 16], bh1, bl1);
         mma_terms<true>(acc[nb], ah, al, bh0, bh1, bl0, bl1);
       }
     }
@@ -258,15 +285,25 @@ __device__ __forceinline__ void backward_keys_tf32_wg(const float* __restrict__ 
   }
   const int ka = c0 + w * 16 + g;
   const int row_begin = mask.row_begin(c0, L, S), row_end = mask.row_end(c0, BK, L, S);
+  // A row tile's copies: along the head dim, and transposed (the latter
+  // only once dV's and dK's products are done with the last).
   auto issue_rows = [&](int r0) {
     const int count = min(BR, L - r0);
     Copy<BR>::issue(my.q, q + row_at(lay.q, r0), lay.q.sr, count, tid);
     Copy<BR>::issue(my.d_out, d_out + row_at(lay.d_out, r0), lay.d_out.sr, count, tid);
+  };
+  auto issue_rows_t = [&](int r0) {
+    const int count = min(BR, L - r0);
+    CopyT::issue(my.qt, q + row_at(lay.q, r0), lay.q.sr, count, tid);
+    CopyT::issue(my.dot, d_out + row_at(lay.d_out, r0), lay.d_out.sr, count, tid);
     cp_async_commit();
   };
   constexpr int kStride = kGroups * BR;
   const int first = row_begin + wg * BR;
-  if (first < row_end) issue_rows(first);
+  if (first < row_end) {
+    issue_rows(first);
+    issue_rows_t(first);
+  }
 
   float dk_acc[NO][4], dv_acc[NO][4];
   zero(dk_acc);
@@ -276,6 +313,8 @@ __device__ __forceinline__ void backward_keys_tf32_wg(const float* __restrict__ 
     cp_async_wait_all();
     const bool bad_q = Copy<BR>::split(my.q, my.q_lo, tid);
     const bool bad_do = Copy<BR>::split(my.d_out, my.do_lo, tid);
+    CopyT::split(my.qt, my.qt_lo, tid);
+    CopyT::split(my.dot, my.dot_lo, tid);
     if (tid < BR) {
       const bool in = tid < count;  // rows past L: lse = +inf makes their P 0
       my.lse[tid] = in ? stats[(n * L + r0 + tid) * 2] : INFINITY;
@@ -287,7 +326,7 @@ __device__ __forceinline__ void backward_keys_tf32_wg(const float* __restrict__ 
 
     float p[NB][4], ds[NB][4];
     // wgmma's issue and wait stay out of branches (the compiler would
-    // serialize the products): the rare tiles' FMA overwrites them.
+    // serialize the products): the rare tiles' float32 sums replace them.
     wgmma_fence();
     scores_wg(p, sm.k, sm.k_lo, my.q, my.q_lo);
     scores_wg(ds, sm.v, sm.v_lo, my.d_out, my.do_lo);
@@ -304,20 +343,37 @@ __device__ __forceinline__ void backward_keys_tf32_wg(const float* __restrict__ 
       for (int h = 0; h < 2; ++h)
         *reinterpret_cast<float2*>(my.ds + (w * 16 + g + 8 * h) * LDS + nb * 8 + 2 * t) =
             make_float2(ds[nb][2 * h], ds[nb][2 * h + 1]);
-    if (guard_do) {
-      accumulate_guarded_at<NB, NO>(dv_acc, p, [&](int kr, int c) { return my.d_out[at(kr, c)]; }, lane);
-    } else {
-      accumulate(dv_acc, p, my.d_out, lane);
-    }
-    if (guard_q) {
-      accumulate_guarded_at<NB, NO>(dk_acc, ds, [&](int kr, int c) { return my.q[at(kr, c)]; }, lane);
-    } else {
-      accumulate(dk_acc, ds, my.q, lane);
-    }
-    named_sync(bar, kGroupThreads);  // every warp's dS^T staged, and done with this Q and dO
+    if (guard_do) accumulate_guarded_at<NB, NO>(dv_acc, p, [&](int kr, int c) { return my.d_out[at(kr, c)]; }, lane);
+    if (guard_q) accumulate_guarded_at<NB, NO>(dk_acc, ds, [&](int kr, int c) { return my.q[at(kr, c)]; }, lane);
+    // dV and dK of the tile, each into a fresh accumulator added to the sum
+    // in float32 (backward.cu's accumulate: chaining every tile through the
+    // tensor cores' accumulation cost float32 accuracy).
+    float dv_part[NO][4], dk_part[NO][4];
+    uint32_t ph[NB][4], pl[NB][4], sh[NB][4], sl[NB][4];
+    wgmma_fence();
+    products_t(dv_part, ph, pl, p, my.dot, my.dot_lo);
+    products_t(dk_part, sh, sl, ds, my.qt, my.qt_lo);
+    wgmma_commit();
+    named_sync(bar, kGroupThreads);  // every warp's dS^T staged; Q and dO along E read
     if (r0 + kStride < row_end) issue_rows(r0 + kStride);
     add_dq(dq + row_at(dq_rows, r0), my.ds, sm.k, k_finite, dq_rows.sr, count, scale, w, lane);
-    named_sync(bar, kGroupThreads);  // dS^T read before the next tile's
+    wgmma_wait_all();
+    fence_fragments(dv_part);
+    fence_fragments(dk_part);
+    fence_fragments(ph);
+    fence_fragments(pl);
+    fence_fragments(sh);
+    fence_fragments(sl);
+    if (!guard_do) {
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) add_fresh(dv_acc[eb], dv_part[eb]);
+    }
+    if (!guard_q) {
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) add_fresh(dk_acc[eb], dk_part[eb]);
+    }
+    named_sync(bar, kGroupThreads);  // dS^T and the transposed tiles read
+    if (r0 + kStride < row_end) issue_rows_t(r0 + kStride);
   }
   // The warpgroups' sums into the first one's, in a fixed order.
   __syncthreads();
