@@ -188,18 +188,30 @@ __device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, c
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[nb][i] = 0.0f;
+  // The fragments by ldmatrix on 32-bit words: each 8 x 8 16-bit matrix is
+  // 8 rows x 4 floats, and lane 4 g + t receives row g's float t, the
+  // m16n8k8 TF32 layout (one instruction for four matrices where scalar
+  // loads took four). Lane l addresses row l % 8 of matrix l / 8.
+  static_assert(NB % 2 == 0, "n-blocks in pairs");
+  const float* a_lane = a_rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 4;
+  const float* b_lane = b_rows + ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 4;
 #pragma unroll 2
   for (int kk = 0; kk < EB / 8; ++kk) {
-    uint32_t ah[4], al[4];
+    uint32_t a[4], ah[4], al[4];
+    ldmatrix_x4(a, a_lane + kk * 8);  // rows g, g + 8 x columns t, t + 4
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      query_operand<kSplit, kFinite>(a_rows[(g + (i & 1) * 8) * LD + kk * 8 + t + (i >> 1) * 4], ah[i], al[i]);
+    for (int i = 0; i < 4; ++i) query_operand<kSplit, kFinite>(__uint_as_float(a[i]), ah[i], al[i]);
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      uint32_t bh0, bl0, bh1, bl1;
-      input_operand<kSplit, kFinite>(b_rows[(nb * 8 + g) * LD + kk * 8 + t], bh0, bl0);
-      input_operand<kSplit, kFinite>(b_rows[(nb * 8 + g) * LD + kk * 8 + t + 4], bh1, bl1);
-      mma_terms<kSplit>(s[nb], ah, al, bh0, bh1, bl0, bl1);
+    for (int nb = 0; nb < NB; nb += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_lane + nb * 8 * LD + kk * 8);  // n-blocks nb, nb + 1 x columns t, t + 4
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t bh0, bl0, bh1, bl1;
+        input_operand<kSplit, kFinite>(__uint_as_float(b[2 * h]), bh0, bl0);
+        input_operand<kSplit, kFinite>(__uint_as_float(b[2 * h + 1]), bh1, bl1);
+        mma_terms<kSplit>(s[nb + h], ah, al, bh0, bh1, bl0, bl1);
+      }
     }
   }
 }
@@ -450,6 +462,22 @@ __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s
         acc, [&](int k, float (&p)[2]) { p[0] = ds_s[k * LDS + rq + g], p[1] = ds_s[k * LDS + rq + g + 8]; },
         [&](int k, int c) { return k_s[k * LD + cq + c]; }, lane);
   }
+#if __CUDA_ARCH__ >= 900
+  // Each pair of neighbouring columns by one 8-byte reduction (Hopper's
+  // float2 atomicAdd): half the requests, each a whole pair of a sector.
+  if (E % 2 == 0 && ld % 2 == 0 && (reinterpret_cast<uintptr_t>(dq) & 7) == 0) {
+#pragma unroll
+    for (int nb = 0; nb < NQ; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rq + g + 8 * h, e = cq + nb * 8 + 2 * t;
+        if (r < count && e < E)
+          atomicAdd(reinterpret_cast<float2*>(dq + int64_t{r0 + r} * ld + e),
+                    make_float2(acc[nb][2 * h] * scale, acc[nb][2 * h + 1] * scale));
+      }
+    return;
+  }
+#endif
 #pragma unroll
   for (int nb = 0; nb < NQ; ++nb)
 #pragma unroll
