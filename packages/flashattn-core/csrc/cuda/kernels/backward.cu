@@ -183,7 +183,6 @@ __device__ __forceinline__ void load_two(float* da, const T* a, int64_t lda, flo
 template <bool kSplit, int NB, int EB, bool kFinite = false>
 __device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, const float* b_rows, int lane) {
   constexpr int LD = bs::ld(EB);
-  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
