@@ -109,14 +109,6 @@ struct Shape {
   int H_q, H_kv, L, S;
 };
 
-template <typename X>
-X* upload(const std::vector<X>& x) {
-  X* d;
-  CHECK(cudaMalloc(&d, x.size() * sizeof(X)));
-  CHECK(cudaMemcpy(d, x.data(), x.size() * sizeof(X), cudaMemcpyHostToDevice));
-  return d;
-}
-
 // One gradient: statistics, then keys pass `fn` (outputs zeroed as the host does).
 template <int E>
 struct Call {
@@ -148,7 +140,7 @@ struct Call {
 template <int E>
 Call<E> make_call(const Shape& s, const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
                   const std::vector<T>& o, const std::vector<T>& d_out) {
-  Call<E> c{s, upload(q), upload(k), upload(v), upload(o), upload(d_out)};
+  Call<E> c{s, probe::upload(q), probe::upload(k), probe::upload(v), probe::upload(o), probe::upload(d_out)};
   CHECK(cudaMalloc(&c.stats, size_t(s.H_q) * s.L * 2 * 4));
   CHECK(cudaMalloc(&c.flags, size_t(s.H_q) * s.L * 4));
   CHECK(cudaMalloc(&c.dq, size_t(s.H_q) * s.L * E * 4));
@@ -164,16 +156,6 @@ std::vector<double> download(const void* p, size_t n) {
   std::vector<double> r(n);
   for (size_t i = 0; i < n; ++i) r[i] = probe::to_float(h[i]);
   return r;
-}
-
-double rel_error(const std::vector<double>& x, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double d = x[i] - ref[i];
-    num += std::isnan(d) ? INFINITY : d * d;
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
 }
 
 // The float64 gradient of causal attention (bottom-right aligned for L != S)
@@ -236,7 +218,7 @@ void check(const Shape& s, KeysFn fn, const char* name) {
   const std::vector<double> gq = download<float>(c.dq, nq);
   const std::vector<double> gk = c.sums() ? download<float>(c.dk, nk) : download<T>(c.dk, nk);
   const std::vector<double> gv = c.sums() ? download<float>(c.dv, nk) : download<T>(c.dv, nk);
-  const double eq = rel_error(gq, dq), ek = rel_error(gk, dk), ev = rel_error(gv, dv);
+  const double eq = probe::rel_error(gq, dq), ek = probe::rel_error(gk, dk), ev = probe::rel_error(gv, dv);
   std::printf("check %-9s E=%3d H %2d/%d L=%4d S=%4d: dQ %.1e dK %.1e dV %.1e, statistics differ by %.1e %s\n", name,
               E, s.H_q, s.H_kv, s.L, s.S, eq, ek, ev, dmax, std::max({eq, ek, ev}) < 2e-2 && dmax < 1e-4 ? "ok" : "FAILED");
 }

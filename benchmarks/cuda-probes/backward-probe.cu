@@ -64,12 +64,6 @@ struct Shape {
   int H_q, H_kv, L, S;
 };
 
-float* upload(const std::vector<float>& x) {
-  float* d;
-  CHECK(cudaMalloc(&d, x.size() * 4));
-  CHECK(cudaMemcpy(d, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-  return d;
-}
 std::vector<double> download(const float* p, size_t n) {
   std::vector<float> h(n);
   CHECK(cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost));
@@ -103,21 +97,11 @@ struct Call {
 
 Call make_call(const Shape& s, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                const std::vector<float>& d_out, const std::vector<float>& stats) {
-  Call c{s, upload(q), upload(k), upload(v), upload(d_out), upload(stats)};
+  Call c{s, probe::upload(q), probe::upload(k), probe::upload(v), probe::upload(d_out), probe::upload(stats)};
   CHECK(cudaMalloc(&c.dq, c.nq() * 4));
   CHECK(cudaMalloc(&c.dk, c.nk() * 4));
   CHECK(cudaMalloc(&c.dv, c.nk() * 4));
   return c;
-}
-
-double rel_error(const std::vector<double>& x, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double d = x[i] - ref[i];
-    num += std::isnan(d) ? INFINITY : d * d;
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
 }
 
 // The float64 gradient of causal attention (bottom-right aligned for L !=
@@ -178,8 +162,9 @@ void check(const Shape& s) {
   for (const Kernel& kn : kKernels) {
     c.run(kn);
     CHECK(cudaDeviceSynchronize());
-    const double eq = rel_error(download(c.dq, c.nq()), ref.dq), ek = rel_error(download(c.dk, c.nk()), ref.dk),
-                 ev = rel_error(download(c.dv, c.nk()), ref.dv);
+    const double eq = probe::rel_error(download(c.dq, c.nq()), ref.dq),
+                 ek = probe::rel_error(download(c.dk, c.nk()), ref.dk),
+                 ev = probe::rel_error(download(c.dv, c.nk()), ref.dv);
     std::printf("check %-8s H %d/%d L=%4d S=%4d: dQ %.1e dK %.1e dV %.1e %s\n", kn.name, s.H_q, s.H_kv, s.L, s.S, eq,
                 ek, ev, std::max({eq, ek, ev}) < 2e-5 ? "ok" : "FAILED");
   }

@@ -1,7 +1,8 @@
-// The standalone prefill probes' harness (prefill-probe*.cu, prefill-timeline.cu):
-// random inputs, a float64 reference on sampled rows, NaN-poisoned outputs,
-// CUDA-event timing. For kernel work on a GPU machine without MLX; the GPU
-// suite (scripts/cuda-check test) remains the correctness test.
+// The standalone probes' harness (prefill-probe*.cu, prefill-timeline.cu,
+// backward-probe*.cu): random inputs, uploads, a float64 reference on
+// sampled rows, NaN-poisoned outputs, relative errors, CUDA-event timing.
+// For kernel work on a GPU machine without MLX; the GPU suite
+// (scripts/cuda-check test) remains the correctness test.
 
 #pragma once
 
@@ -280,6 +281,26 @@ void run(const Case& c, const std::vector<Launch<T>>& launches, int reps) {
   cudaFree(dk);
   cudaFree(dv);
   cudaFree(dout);
+}
+
+// x in a fresh device allocation.
+template <typename X>
+X* upload(const std::vector<X>& x) {
+  X* d;
+  CHECK(cudaMalloc(&d, x.size() * sizeof(X)));
+  CHECK(cudaMemcpy(d, x.data(), x.size() * sizeof(X), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// ||x - ref|| / ||ref|| (Frobenius), infinite where x has a NaN.
+inline double rel_error(const std::vector<double>& x, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double d = x[i] - ref[i];
+    num += std::isnan(d) ? INFINITY : d * d;
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
 }
 
 inline void print_gpu() {
