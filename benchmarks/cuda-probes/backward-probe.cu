@@ -55,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(128) base_keysq(
 #endif
 const Kernel kKernels[] = {
 #ifdef FA_BASELINE_DIR
-    {"baseline", base_keysq, bs::keysq_smem_bytes(E)},
+    {"baseline", base_keysq, baseline::fa::backward_shapes::keysq_smem_bytes(E)},
 #endif
     {"this tree", fa_backward_keysqc_float32_64, bs::keysq_smem_bytes(E)}};
 constexpr int kCount = sizeof(kKernels) / sizeof(kKernels[0]);

@@ -229,47 +229,87 @@ __device__ __forceinline__ void scores_of(float (&s)[NB][4], const float* a_rows
   }
 }
 
+// Column kb's block of W (16 x NB*8, the accumulator layout) as the lane's
+// four A-fragment values: P or dS moved to the A layout by quad shuffles,
+// as prefill_tf32.cu moves P.
+template <int NB>
+__device__ __forceinline__ void a_operand_of(const float (&w)[NB][4], int kb, int lane, float (&x)[4]) {
+  const int t = lane & 3;
+  const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
+  float y[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    y[i] = __shfl_sync(0xffffffffu, w[kb][i], src1);
+    y[4 + i] = __shfl_sync(0xffffffffu, w[kb][i], src2);
+  }
+  const int odd = t & 1;
+  x[0] = odd ? y[1] : y[0];  // row g, column t
+  x[1] = odd ? y[3] : y[2];  // row g + 8
+  x[2] = odd ? y[5] : y[4];  // row g, column t + 4
+  x[3] = odd ? y[7] : y[6];
+}
+
 // acc (16 x NO*8) += W X[:, col0 ..], W (16 x NB*8) in the accumulator
-// layout (P or dS: moved to the A layout by quad shuffles, as
-// prefill_tf32.cu moves P), X's NB*8 rows in shared memory. Each call's
+// layout (P or dS), X's NB*8 rows in shared memory. Each call's
 // products start from zero and join acc by a float32 add: a gradient sums
 // thousands of tiles (dK and dV every row of a GQA group), and chaining them
 // all through the tensor cores' accumulation cost float32 accuracy (dV of
 // 7 x 1000 rows: 5e-5 relative, against 2e-5 wanted). X's values are all
 // finite: a tile that holds another value takes accumulate_guarded.
+//
+// Where the NO partial sums fit (E = 64: 32 registers), the inner step is the
+// outer loop: each step's A fragment made once and NO independent products
+// issued on it, where output-block order chains NB x 3 products into one
+// accumulator and holds every step's fragment (the keys pass with dQ 0.99x
+// the time at qwen05b causal 8K with 64-row tiles; at E = 128 the partials
+// spill).
 template <bool kSplit, int NB, int NO, int EB>
 __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)[NB][4], const float* x_rows,
                                            int col0, int lane) {
   constexpr int LD = bs::ld(EB);
   const int g = lane >> 2, t = lane & 3;
-  const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
-  uint32_t ah[NB][4], al[NB][4];
-#pragma unroll
-  for (int kb = 0; kb < NB; ++kb) {
-    float x[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      x[i] = __shfl_sync(0xffffffffu, w[kb][i], src1);
-      x[4 + i] = __shfl_sync(0xffffffffu, w[kb][i], src2);
-    }
-    const int odd = t & 1;
-    computed_operand<kSplit>(odd ? x[1] : x[0], ah[kb][0], al[kb][0]);  // row g, column t
-    computed_operand<kSplit>(odd ? x[3] : x[2], ah[kb][1], al[kb][1]);  // row g + 8
-    computed_operand<kSplit>(odd ? x[5] : x[4], ah[kb][2], al[kb][2]);  // row g, column t + 4
-    computed_operand<kSplit>(odd ? x[7] : x[6], ah[kb][3], al[kb][3]);
-  }
   const float* xr = x_rows + col0 + g;
-#pragma unroll
-  for (int eb = 0; eb < NO; ++eb) {
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (NO <= 8) {
+    float part[NO][4];
+    zero(part);
 #pragma unroll
     for (int kb = 0; kb < NB; ++kb) {
-      uint32_t bh0, bl0, bh1, bl1;
-      input_operand<kSplit, true>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
-      input_operand<kSplit, true>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
-      mma_terms<kSplit>(part, ah[kb], al[kb], bh0, bh1, bl0, bl1);
+      float x[4];
+      uint32_t ah[4], al[4];
+      a_operand_of<NB>(w, kb, lane, x);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) computed_operand<kSplit>(x[i], ah[i], al[i]);
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb) {
+        uint32_t bh0, bl0, bh1, bl1;
+        input_operand<kSplit, true>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
+        input_operand<kSplit, true>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
+        mma_terms<kSplit>(part[eb], ah, al, bh0, bh1, bl0, bl1);
+      }
     }
-    add_fresh(acc[eb], part);
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb) add_fresh(acc[eb], part[eb]);
+  } else {
+    uint32_t ah[NB][4], al[NB][4];
+#pragma unroll
+    for (int kb = 0; kb < NB; ++kb) {
+      float x[4];
+      a_operand_of<NB>(w, kb, lane, x);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) computed_operand<kSplit>(x[i], ah[kb][i], al[kb][i]);
+    }
+#pragma unroll
+    for (int eb = 0; eb < NO; ++eb) {
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int kb = 0; kb < NB; ++kb) {
+        uint32_t bh0, bl0, bh1, bl1;
+        input_operand<kSplit, true>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
+        input_operand<kSplit, true>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
+        mma_terms<kSplit>(part, ah[kb], al[kb], bh0, bh1, bl0, bl1);
+      }
+      add_fresh(acc[eb], part);
+    }
   }
 }
 
@@ -429,16 +469,20 @@ __device__ __forceinline__ void backward_d(const T* __restrict__ o, const T* __r
 // The keys pass's share of dQ for one row tile (rows r0 .. r0 + count):
 // dQ += scale dS K over the block's BK keys, dS^T staged in shared memory
 // (ds_s: a key's row tile LDS floats apart) by every warp. Each warp takes
-// 16 rows and half the columns, and adds them into dq (float32, rows ld
-// apart, zeros before the launch) by atomics. k_finite: the block's K all
+// 16 rows and the columns its row group's warps share, and adds them into
+// dq (float32, rows ld apart, zeros before the launch) by atomics. k_finite: the block's K all
 // finite; else float32 FMA skipping zero weights (accumulate_guarded_by,
 // backward_parts.cuh).
-template <bool kSplit, int EB, int BK, int LDS>
+template <bool kSplit, int EB, int BK, int BR, int LDS>
 __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s, const float* k_s, bool k_finite,
                                        int ld, int r0, int count, int E, float scale, int w, int lane) {
-  constexpr int LD = bs::ld(EB), NQ = EB / 16;  // n-tiles of 8 in the warp's EB / 2 columns
+  // The warps over the tile's BR / 16 row groups, the columns shared among
+  // a group's warps.
+  constexpr int RG = BR / 16, CP = bs::kWarps / RG, NQ = EB / CP / 8;  // NQ: n-tiles of 8 a warp
+  static_assert(bs::kWarps % RG == 0 && EB % (CP * 8) == 0, "whole row groups and n-tiles a warp");
+  constexpr int LD = bs::ld(EB);
   const int g = lane >> 2, t = lane & 3;
-  const int rq = (w & 1) * 16, cq = (w >> 1) * (EB / 2);
+  const int rq = (w % RG) * 16, cq = (w / RG) * (EB / CP);
   float acc[NQ][4];
   zero(acc);
   if (k_finite) {
@@ -500,7 +544,7 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
                                               int mask_kind, int mask_rs, int mask_cs, float scale_log2,
                                               float scale, const BackwardLayout& lay, const Rows& dq_rows) {
   constexpr bool kSplit = std::is_same<T, float>::value;
-  constexpr int LD = bs::ld(EB), BK = bs::kKeys, BR = bs::kRowTile, NB = BR / 8, NO = bs::out_cols(EB) / 8;
+  constexpr int LD = bs::ld(EB), BK = bs::kKeys, BR = bs::row_tile(EB), NB = BR / 8, NO = bs::out_cols(EB) / 8;
   extern __shared__ __align__(16) float smem[];
   float* k_s = smem;
   float* v_s = k_s + BK * LD;
@@ -578,7 +622,7 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     }
     if constexpr (kDq) {
       __syncthreads();  // every warp's dS^T staged
-      add_dq<kSplit, EB, BK, LDS>(dq + row_at(dq_rows, r0), ds_s, k_s, k_finite, dq_rows.sr, 0, count, E, scale, w,
+      add_dq<kSplit, EB, BK, BR, LDS>(dq + row_at(dq_rows, r0), ds_s, k_s, k_finite, dq_rows.sr, 0, count, E, scale, w,
                                   lane);
     }
   }
