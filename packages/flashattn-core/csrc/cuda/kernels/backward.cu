@@ -194,7 +194,16 @@ __device__ __forceinline__ void scores(float (&s)[NB][4], const float* a_rows, c
   static_assert(NB % 2 == 0, "n-blocks in pairs");
   const float* a_lane = a_rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 4;
   const float* b_lane = b_rows + ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 4;
-#pragma unroll 2
+  // Whole at E = 64 in the units compiled for one mask kind (FA_KIND, below),
+  // where the registers allow it (249): later steps' loads and splits then
+  // issue under earlier products (the keys pass with dQ 0.97x the time at
+  // qwen05b causal 8K). The other units' mask code would spill.
+#if defined(FA_KIND)
+  constexpr int kUnroll = EB == 64 ? EB / 8 : 2;
+#else
+  constexpr int kUnroll = 2;
+#endif
+#pragma unroll kUnroll
   for (int kk = 0; kk < EB / 8; ++kk) {
     uint32_t a[4], ah[4], al[4];
     ldmatrix_x4(a, a_lane + kk * 8);  // rows g, g + 8 x columns t, t + 4
@@ -486,7 +495,7 @@ __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s
   float acc[NQ][4];
   zero(acc);
   if (k_finite) {
-#pragma unroll 2
+#pragma unroll 4
     for (int kk = 0; kk < BK / 8; ++kk) {
       uint32_t ah[4], al[4];
 #pragma unroll
