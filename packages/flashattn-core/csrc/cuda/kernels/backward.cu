@@ -478,10 +478,10 @@ __device__ __forceinline__ void backward_d(const T* __restrict__ o, const T* __r
 // The keys pass's share of dQ for one row tile (rows r0 .. r0 + count):
 // dQ += scale dS K over the block's BK keys, dS^T staged in shared memory
 // (ds_s: a key's row tile LDS floats apart) by every warp. Each warp takes
-// 16 rows and the columns its row group's warps share, and adds them into
-// dq (float32, rows ld apart, zeros before the launch) by atomics. k_finite: the block's K all
-// finite; else float32 FMA skipping zero weights (accumulate_guarded_by,
-// backward_parts.cuh).
+// 16 rows and its share of the columns, and adds them into dq (float32,
+// rows ld apart, zeros before the launch) by atomics. k_finite: the block's
+// K all finite; else float32 FMA skipping zero weights
+// (accumulate_guarded_by, backward_parts.cuh).
 template <bool kSplit, int EB, int BK, int BR, int LDS>
 __device__ __forceinline__ void add_dq(float* __restrict__ dq, const float* ds_s, const float* k_s, bool k_finite,
                                        int ld, int r0, int count, int E, float scale, int w, int lane) {
@@ -631,8 +631,8 @@ __device__ __forceinline__ void backward_keys(const T* __restrict__ q, const T* 
     }
     if constexpr (kDq) {
       __syncthreads();  // every warp's dS^T staged
-      add_dq<kSplit, EB, BK, BR, LDS>(dq + row_at(dq_rows, r0), ds_s, k_s, k_finite, dq_rows.sr, 0, count, E, scale, w,
-                                  lane);
+      add_dq<kSplit, EB, BK, BR, LDS>(dq + row_at(dq_rows, r0), ds_s, k_s, k_finite, dq_rows.sr, 0, count, E, scale,
+                                      w, lane);
     }
   }
   // Without GQA dK and dV in T; with it their float32 sums, which are the
