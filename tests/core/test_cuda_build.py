@@ -1,7 +1,9 @@
 """The CUDA kernels are compiled and embedded whenever the build had nvcc
 (CI has it; a GPU is only needed to run them: tests/gpu)."""
 
+import pathlib
 import shutil
+import subprocess
 
 import pytest
 
@@ -63,3 +65,36 @@ def test_every_dispatchable_kernel_is_embedded():
             assert sizes["ptx"] == 0, (name, sizes)
         else:
             assert 0 < sizes["ptx"] < 256 * 1024, (name, sizes)
+
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = ROOT / "packages" / "flashattn-core" / "build"
+
+
+def _ninja_file():
+    """The newest CMake build of flashattn-core, if it was configured from the
+    CMakeLists.txt of this tree (its unit list is then this tree's)."""
+    found = sorted(BUILD.glob("*/build.ninja"), key=lambda p: p.stat().st_mtime)
+    cmake_lists = ROOT / "packages" / "flashattn-core" / "CMakeLists.txt"
+    if not found or found[-1].stat().st_mtime < cmake_lists.stat().st_mtime:
+        return None
+    return found[-1]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA compiler) is not installed here")
+@pytest.mark.skipif(_ninja_file() is None,
+                    reason="a CMake build of flashattn-core (packages/flashattn-core/build) newer than its CMakeLists.txt")
+def test_units_built_through_compute_80_ptx_have_the_same_compute_90_code():
+    """The build makes most units' Hopper machine code from their compute_80
+    PTX (CMakeLists.txt); that is right only while their PTX for compute_90 is
+    the same. A unit whose code differs (e.g. under __CUDA_ARCH__ >= 900)
+    must keep a front end for each image, or its Hopper code silently loses
+    that branch. Checked here for the units whose sources test
+    __CUDA_ARCH__; scripts/check-cuda-ptx-arch without --arch-branches
+    checks every unit (~2 min)."""
+    script = ROOT / "scripts" / "check-cuda-ptx-arch"
+    run = subprocess.run(["bash", str(script), "--arch-branches", str(_ninja_file().parent)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, (
+        "units to keep a compute_90 front end (CMakeLists.txt's FLASHATTN_ARCH_SOURCES):\n" + run.stdout + run.stderr)
