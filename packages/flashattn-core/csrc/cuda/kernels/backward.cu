@@ -238,26 +238,6 @@ __device__ __forceinline__ void scores_of(float (&s)[NB][4], const float* a_rows
   }
 }
 
-// Column kb's block of W (16 x NB*8, the accumulator layout) as the lane's
-// four A-fragment values: P or dS moved to the A layout by quad shuffles,
-// as prefill_tf32.cu moves P.
-template <int NB>
-__device__ __forceinline__ void a_operand_of(const float (&w)[NB][4], int kb, int lane, float (&x)[4]) {
-  const int t = lane & 3;
-  const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
-  float y[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    y[i] = __shfl_sync(0xffffffffu, w[kb][i], src1);
-    y[4 + i] = __shfl_sync(0xffffffffu, w[kb][i], src2);
-  }
-  const int odd = t & 1;
-  x[0] = odd ? y[1] : y[0];  // row g, column t
-  x[1] = odd ? y[3] : y[2];  // row g + 8
-  x[2] = odd ? y[5] : y[4];  // row g, column t + 4
-  x[3] = odd ? y[7] : y[6];
-}
-
 // acc (16 x NO*8) += W X[:, col0 ..], W (16 x NB*8) in the accumulator
 // layout (P or dS), X's NB*8 rows in shared memory. Each call's
 // products start from zero and join acc by a float32 add: a gradient sums
@@ -285,7 +265,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)
     for (int kb = 0; kb < NB; ++kb) {
       float x[4];
       uint32_t ah[4], al[4];
-      a_operand_of<NB>(w, kb, lane, x);
+      accumulator_to_a<NB>(w, kb, lane, x);
 #pragma unroll
       for (int i = 0; i < 4; ++i) computed_operand<kSplit>(x[i], ah[i], al[i]);
 #pragma unroll
@@ -303,7 +283,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)
 #pragma unroll
     for (int kb = 0; kb < NB; ++kb) {
       float x[4];
-      a_operand_of<NB>(w, kb, lane, x);
+      accumulator_to_a<NB>(w, kb, lane, x);
 #pragma unroll
       for (int i = 0; i < 4; ++i) computed_operand<kSplit>(x[i], ah[kb][i], al[kb][i]);
     }

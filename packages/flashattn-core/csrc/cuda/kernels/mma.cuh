@@ -83,6 +83,27 @@ __device__ __forceinline__ void add_fresh(float (&o)[4], const float (&c)[4]) {
   for (int i = 0; i < 4; ++i) o[i] += c[i];
 }
 
+// Column block kb of W (16 x NB*8, m16n8k8's accumulator layout: rows g,
+// g + 8, columns 2t, 2t + 1) as this lane's four A-fragment values (rows g,
+// g + 8 x columns t, t + 4), moved by quad shuffles: a tile's P (or dS)
+// entering its next product.
+template <int NB>
+__device__ __forceinline__ void accumulator_to_a(const float (&w)[NB][4], int kb, int lane, float (&x)[4]) {
+  const int t = lane & 3;
+  const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
+  float y[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    y[i] = __shfl_sync(0xffffffffu, w[kb][i], src1);
+    y[4 + i] = __shfl_sync(0xffffffffu, w[kb][i], src2);
+  }
+  const int odd = t & 1;
+  x[0] = odd ? y[1] : y[0];  // row g, column t
+  x[1] = odd ? y[3] : y[2];  // row g + 8
+  x[2] = odd ? y[5] : y[4];  // row g, column t + 4
+  x[3] = odd ? y[7] : y[6];
+}
+
 // x = hi + lo for the 3xTF32 split (hi*hi + hi*lo + lo*hi recovers float32
 // accuracy on TF32 tensor cores). hi is x truncated to TF32 (one logic op;
 // a rounding conversion costs four instructions on sm_90) and lo = x - hi
