@@ -258,6 +258,13 @@ __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)
   constexpr int LD = bs::ld(EB);
   const int g = lane >> 2, t = lane & 3;
   const float* xr = x_rows + col0 + g;
+  // X's B fragment of inner step kb and output block eb, times A into c.
+  auto product = [&](float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], int kb, int eb) {
+    uint32_t bh0, bl0, bh1, bl1;
+    input_operand<kSplit, true>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
+    input_operand<kSplit, true>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
+    mma_terms<kSplit>(c, ah, al, bh0, bh1, bl0, bl1);
+  };
   if constexpr (NO <= 8) {
     float part[NO][4];
     zero(part);
@@ -269,12 +276,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)
 #pragma unroll
       for (int i = 0; i < 4; ++i) computed_operand<kSplit>(x[i], ah[i], al[i]);
 #pragma unroll
-      for (int eb = 0; eb < NO; ++eb) {
-        uint32_t bh0, bl0, bh1, bl1;
-        input_operand<kSplit, true>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
-        input_operand<kSplit, true>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
-        mma_terms<kSplit>(part[eb], ah, al, bh0, bh1, bl0, bl1);
-      }
+      for (int eb = 0; eb < NO; ++eb) product(part[eb], ah, al, kb, eb);
     }
 #pragma unroll
     for (int eb = 0; eb < NO; ++eb) add_fresh(acc[eb], part[eb]);
@@ -291,12 +293,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[NO][4], const float (&w)
     for (int eb = 0; eb < NO; ++eb) {
       float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int kb = 0; kb < NB; ++kb) {
-        uint32_t bh0, bl0, bh1, bl1;
-        input_operand<kSplit, true>(xr[(kb * 8 + t) * LD + eb * 8], bh0, bl0);
-        input_operand<kSplit, true>(xr[(kb * 8 + t + 4) * LD + eb * 8], bh1, bl1);
-        mma_terms<kSplit>(part, ah[kb], al[kb], bh0, bh1, bl0, bl1);
-      }
+      for (int kb = 0; kb < NB; ++kb) product(part, ah[kb], al[kb], kb, eb);
       add_fresh(acc[eb], part);
     }
   }
