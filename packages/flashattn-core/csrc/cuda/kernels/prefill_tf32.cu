@@ -74,7 +74,6 @@ __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_da
 
   float o[NO][4] = {};
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};
-  const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
 
   for (int c0 = blk.kv_begin / kBc32 * kBc32; c0 < kv_end; c0 += kBc32) {
     const int count = min(kBc32, S - c0);
@@ -142,20 +141,11 @@ __device__ __forceinline__ void prefill_tf32(const Src& src, const void* mask_da
 #pragma unroll
       for (int kb = 0; kb < NB; ++kb) {
         // P (keys 8kb..8kb+7) from the accumulator layout to the A layout.
-        float x[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          x[i] = __shfl_sync(0xffffffffu, s[kb][i], src1);
-          x[4 + i] = __shfl_sync(0xffffffffu, s[kb][i], src2);
-        }
-        const int odd = t & 1;
-        const float p0 = odd ? x[1] : x[0], p1 = odd ? x[3] : x[2];  // rows g, g + 8; key t
-        const float p2 = odd ? x[5] : x[4], p3 = odd ? x[7] : x[6];  // key t + 4
+        float x[4];
+        accumulator_to_a<NB>(s, kb, lane, x);
         uint32_t ah[4], al[4];
-        split_tf32(p0, ah[0], al[0]);
-        split_tf32(p1, ah[1], al[1]);
-        split_tf32(p2, ah[2], al[2]);
-        split_tf32(p3, ah[3], al[3]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) split_tf32(x[i], ah[i], al[i]);
 #pragma unroll
         for (int eb = 0; eb < NO; ++eb) {
           uint32_t bh0, bl0, bh1, bl1;

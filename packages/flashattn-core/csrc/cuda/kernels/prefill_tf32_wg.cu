@@ -502,6 +502,12 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
     // each has waited for its Q K^T before the barrier): a value reaches
     // only the rows that see it (0 x NaN would not stay 0), and p x inf is
     // inf.
+    // The rare path's P at fragment (kb, i): -1 where the key is hidden
+    // (no exponential gives it), so that its sums skip the key.
+    auto p_or_hidden = [&](int kb, int i) {
+      const int r = ra + (i >> 1) * 8, key = c0 + kb * 8 + t + 4 * (i & 1);
+      return mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, key, L, S) ? -1.0f : s[kb][i];
+    };
     if constexpr (NB == 8) {  // E = 64
       if (!guard) {
         split_p();
@@ -517,11 +523,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
 #pragma unroll
         for (int kb = 0; kb < NB; ++kb)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int r = ra + (i >> 1) * 8, key = c0 + kb * 8 + t + 4 * (i & 1);
-            const bool hidden = mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, key, L, S);
-            p.x[kb][i] = hidden ? -1.0f : s[kb][i];
-          }
+          for (int i = 0; i < 4; ++i) p.x[kb][i] = p_or_hidden(kb, i);
         rare_pv<E>(p, cur.v_hi, cur.v_lo, delta, g, t);
         __syncwarp();
 #pragma unroll
@@ -545,11 +547,7 @@ __device__ __forceinline__ void prefill_tf32_wg(const Src& src, const void* mask
 #pragma unroll
         for (int kb = 0; kb < NB; ++kb)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int r = ra + (i >> 1) * 8, c = kb * 8 + t + 4 * (i & 1);
-            const bool hidden = mask.hides(mask.is_array() && r < L ? mask.row_base(n, r) : 0, r, c0 + c, L, S);
-            pw[(g + 8 * (i >> 1)) * Bc + c] = hidden ? -1.0f : s[kb][i];
-          }
+          for (int i = 0; i < 4; ++i) pw[(g + 8 * (i >> 1)) * Bc + kb * 8 + t + 4 * (i & 1)] = p_or_hidden(kb, i);
         __syncwarp();
       }
 #pragma unroll
