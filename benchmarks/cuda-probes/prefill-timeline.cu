@@ -198,7 +198,7 @@ void timeline(const char* name, int H_q, int H_kv, int L, int S, int causal, int
   } else {
     for (int i = 0; i < blocks; ++i) {  // PrefillBlock: heaviest first across the slices
       const long long at = split ? i - split_from : -1, j = at < 0 ? i : split_from + at / splits;
-      const int n = tiles_of_row_tile(row_tiles - 1 - int(j / H_q)), piece = int(at % splits);
+      const int n = tiles_of_row_tile(row_tiles - 1 - int(j / H_q)), piece = at < 0 ? 0 : int(at % splits);
       tiles[i] = at < 0 ? n
                         : std::max(1, fa::wg_shapes::piece_first_tile(n, piece + 1, splits) -
                                           fa::wg_shapes::piece_first_tile(n, piece, splits));
