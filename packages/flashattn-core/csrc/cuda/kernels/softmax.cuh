@@ -160,68 +160,6 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)
   }
 }
 
-// softmax_scores against the row's running base instead of the tile's
-// maximum: the exponents wait only for the scores, and the maximum, taken
-// beside them, serves only to check that no score of the tile rose more than
-// kStaleSlack above the base (log2 units), so that each P is at most 2^8.
-// Where some row of the warp's did, the tile's P and sum are rescaled to the
-// new maximum, as the step above would have made them. Returns true, having
-// changed nothing of the row's state, where a score rose more than
-// kStaleRedo above its base (a P may then have overflowed): the caller
-// computes the tile's scores again and takes softmax_scores. Only for
-// unmasked tiles after a row's first (its base finite), and only where P
-// reaches P V as it is or in bfloat16 terms (a float16 P scaled by 2^15
-// would overflow past 2).
-constexpr float kStaleSlack = 8.0f, kStaleRedo = 64.0f;
-template <int NB>
-__device__ __forceinline__ bool softmax_scores_stale(float (&s)[NB][4], float (&alpha)[2], float* m_i, float* l_i,
-                                                     float scale_log2) {
-  // Raw scores times scale * log2(e), as the step's unmasked tiles take them.
-  const float mul = scale_log2;
-  constexpr int C = 2 * NB < 4 ? 2 * NB : 4;
-  float top[2], sum[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const float base = m_i[rr];
-    float hi[C], acc[C];
-#pragma unroll
-    for (int k = 0; k < 2 * NB; ++k) {
-      float& x = s[k >> 1][2 * rr + (k & 1)];
-      hi[k % C] = k < C ? x : fmaxf(hi[k % C], x);
-      x = fast_exp2(fmaf(x, mul, -base));
-      acc[k % C] = k < C ? x : acc[k % C] + x;
-    }
-#pragma unroll
-    for (int w = 1; w < C; w *= 2)
-#pragma unroll
-      for (int k = 0; k + w < C; k += 2 * w) hi[k] = fmaxf(hi[k], hi[k + w]), acc[k] += acc[k + w];
-    top[rr] = hi[0] * mul;
-    sum[rr] = acc[0];
-  }
-  alpha[0] = alpha[1] = 1.0f;
-  if (__any_sync(0xffffffffu, top[0] > m_i[0] + kStaleSlack || top[1] > m_i[1] + kStaleSlack)) {
-    bool redo = false;
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      top[rr] = fmaxf(top[rr], __shfl_xor_sync(0xffffffffu, top[rr], 1));
-      top[rr] = fmaxf(top[rr], __shfl_xor_sync(0xffffffffu, top[rr], 2));
-      redo |= !(top[rr] <= m_i[rr] + kStaleRedo);  // NaN scores take the exact step too
-    }
-    if (__any_sync(0xffffffffu, redo)) return true;
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float base;
-      alpha[rr] = online_rescale<true>(m_i[rr], top[rr], base);
-      sum[rr] *= alpha[rr];
-#pragma unroll
-      for (int k = 0; k < 2 * NB; ++k) s[k >> 1][2 * rr + (k & 1)] *= alpha[rr];
-    }
-  }
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) l_i[rr] = l_i[rr] * alpha[rr] + sum[rr];
-  return false;
-}
-
 // o's rows (accumulator layout) times their factors. Past the first tiles a
 // row's maximum rarely moves (alpha = 1 exactly): the warp skips the rescale
 // when none of its rows' did.
