@@ -528,6 +528,38 @@ def test_float32_prefill_keeps_small_weights(dtype):
     assert relative_error(out, attention_reference(q, k, v, scale=1.0)) <= TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("jump", [10.0, 30.0, 120.0])
+@pytest.mark.parametrize("widen", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("E", [64, 128])
+def test_prefill_scores_that_rise_past_the_running_base(E, dtype, widen, jump):
+    # Eleven key tiles of small scores, then keys whose scores (log2 units)
+    # are `jump`, jump - 3 (the same tile) and jump - 5 (a later tile). The
+    # 16-bit prefill in the inputs' dtype takes a tile's exponents against
+    # the rows' running base, each P bounded by its thread's row sum
+    # (softmax.cuh's softmax_scores_stale): a rise of ~7 leaves P under 2^8
+    # as it is, ~27 rescales the tile, ~117 takes its scores again. The
+    # float32 attention (widen) takes the exact step throughout.
+    rng = np.random.default_rng(int(jump) + E)
+    L, S = 256, 4096
+    q = rng.standard_normal((1, 4, L, E)) * 0.3
+    q[..., 0] = 1.0
+    k = rng.standard_normal((1, 2, S, E)) * 0.3
+    for key, rise in ((1500, jump), (1501, jump - 3.0), (3000, jump - 5.0)):
+        k[..., key, :] = 0.0
+        k[..., key, 0] = rise / np.log2(np.e)  # scale 1: the score in log2 units is `rise`
+    v = rng.standard_normal((1, 2, S, E))
+    q, k, v = (mx.array(x).astype(getattr(mx, dtype)) for x in (q, k, v))
+    ref = attention_reference(q, k, v, scale=1.0)
+    if widen:
+        out = flash_attention(q, k, v, scale=1.0, dtype=mx.float32)
+        assert relative_error(out, ref) <= TOLERANCE["float32"]
+    else:
+        out = flash_attention(q, k, v, scale=1.0)
+        assert relative_error(out.astype(mx.float32), ref) <= TOLERANCE[dtype]
+    assert bool(mx.all(mx.isfinite(out)))
+
+
 @pytest.mark.parametrize("E", [64, 256])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

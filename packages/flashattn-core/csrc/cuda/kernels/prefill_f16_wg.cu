@@ -347,7 +347,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], o_tile[eb]);
     }
   };
-  float m_i[2], l_i[2];
+  float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};  // set again for each item
 
   constexpr int NK = kWhBc / 16;  // P V's K steps
   using Split = PSplit<T, wg_shapes::kF32Bf16Terms>;
@@ -395,6 +395,43 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // A operand; kF32: each term the rounding of what the ones before left.
   auto pack_p = [&] { pack_p_terms<T>(p, s, kPScale); };
   auto need_mask = [&](int j) { return mask.tile_hides(key0(j), kWhBc, row0, kWhRows, S); };
+  // Tile j's softmax: against the rows' running base, with no maximum
+  // taken, where it may (softmax.cuh's softmax_scores_stale: unmasked tiles
+  // once every row of the warp has a finite base), else against the tile's
+  // maximum. The maximum's instructions were what the step saved, not the
+  // exponents' wait for them: a bfloat16 chunk of 2,048 rows over 16,384 keys
+  // 0.944x the time, causal 8K 0.967x (qwen05b) and 0.947x (hd128), causal
+  // 2K at hd128 1.008x (H200, benchmarks/cuda-probes/prefill-timeline.cu).
+  // Not for float32 attention, whose step took 1.01-1.02x the time with it:
+  // its P's split keeps the chain long either way (docs/cuda.md).
+  constexpr bool kStale = !kF32;
+  auto softmax_tile = [&](int j, float (&alpha)[2]) {
+    bool exact = !kStale || need_mask(j) || !(scale_log2 > 0.0f) ||
+                 !__all_sync(0xffffffffu, isfinite(m_i[0]) && isfinite(m_i[1]));
+    if (!exact && softmax_scores_stale<NB>(s, alpha, m_i, l_i, scale_log2)) {
+      // A P reached 2^64 or was not finite: the tile's scores again,
+      // then the exact step. In float32 from shared memory, a score at a
+      // time in rolled loops (16-bit products are exact; the sums run in
+      // another order than the tensor cores'): issuing Q K^T again here made
+      // ptxas spill ~1.7 KB in the main loop.
+      const T* sq = sm.q;
+      const T* sk = sm.k[buf(j)];
+      float redo[2 * NB * 2];
+#pragma unroll 1
+      for (int x = 0; x < 2 * NB * 2; ++x) {
+        const int nb = x >> 2, i = x & 3;
+        const int r = wg * kWhRows + w * 16 + g + (i >> 1) * 8, c = nb * 8 + 2 * t + (i & 1);
+        float acc = 0.0f;
+#pragma unroll 1
+        for (int e = 0; e < E; ++e) acc += to_f(sq[sw_at<kWhBr>(r, e % EQ)]) * to_f(sk[sw_at<kWhBc>(c, e)]);
+        redo[x] = acc;
+      }
+#pragma unroll
+      for (int x = 0; x < 2 * NB * 2; ++x) s[x >> 2][x & 3] = redo[x];
+      exact = true;
+    }
+    if (exact) softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
+  };
   // Rare: a tile where some key is hidden from some row of the block and
   // some value is not finite (block-wide: every thread must ask).
   auto rare = [&](int j) {
@@ -484,7 +521,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         fence_fragments(s);
         if constexpr (PREV == 2) rare_pv(j - 1);
         float alpha[2];
-        softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
+        softmax_tile(j, alpha);
         if constexpr (PREV == 1) {
           // ptxas schedules this wait at the top of the softmax's basic
           // block, before the exponentials, unless a branch ends the block
@@ -528,7 +565,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         turns.pass(done + j, total);
         wgmma_wait_all();
         fence_fragments(s);
-        softmax_step<NB, NO>(s, o, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
+        float alpha[2];
+        softmax_tile(j, alpha);
+        rescale_rows(o, alpha);
         pack_p();
         pv_now(j);
         mbar_arrive(&sm.empty[buf(j)]);  // this thread's products have read the tile

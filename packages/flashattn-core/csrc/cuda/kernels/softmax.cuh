@@ -160,6 +160,74 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)
   }
 }
 
+// softmax_scores against the row's running base instead of the tile's
+// maximum, with no maximum taken: the exponents, then each thread's sum of
+// its row's P, which bounds every P in it. Where a sum is at most 2^8 (the
+// common case: a row's scores seldom rise far above the maximum of the
+// tiles before), P goes on as it is, up to 2^8. Elsewhere the warp takes
+// the tile's largest P of each row and moves the row's base up by its
+// exponent, so that P (and the tile's sum) is scaled by a power of two, at
+// most 1 after. Returns true, having changed nothing of the row's state,
+// where a P reached 2^64 or was not finite (it may have overflowed): the
+// caller computes the tile's scores again and takes softmax_scores. Only for
+// unmasked tiles after a row's first (its base finite), and only where P
+// reaches P V as it is or in bfloat16 terms (a float16 P scaled by 2^15
+// would overflow past 2).
+constexpr float kStaleSumMax = 256.0f, kStaleRedoP = 18446744073709551616.0f;  // 2^8, 2^64
+template <int NB>
+__device__ __forceinline__ bool softmax_scores_stale(float (&s)[NB][4], float (&alpha)[2], float* m_i, float* l_i,
+                                                     float scale_log2) {
+  const float mul = scale_log2;  // raw scores times scale * log2(e), as the step's unmasked tiles take them
+  constexpr int C = 2 * NB < 4 ? 2 * NB : 4;
+  float sum[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const float base = m_i[rr];
+    float acc[C];
+#pragma unroll
+    for (int k = 0; k < 2 * NB; ++k) {
+      float& x = s[k >> 1][2 * rr + (k & 1)];
+      x = fast_exp2(fmaf(x, mul, -base));
+      acc[k % C] = k < C ? x : acc[k % C] + x;
+    }
+#pragma unroll
+    for (int w = 1; w < C; w *= 2)
+#pragma unroll
+      for (int k = 0; k + w < C; k += 2 * w) acc[k] += acc[k + w];
+    sum[rr] = acc[0];
+  }
+  alpha[0] = alpha[1] = 1.0f;
+  if (__any_sync(0xffffffffu, !(sum[0] <= kStaleSumMax && sum[1] <= kStaleSumMax))) {
+    float top[2];
+    bool redo = false;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      top[rr] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 2 * NB; ++k) top[rr] = fmaxf(top[rr], s[k >> 1][2 * rr + (k & 1)]);
+      top[rr] = fmaxf(top[rr], __shfl_xor_sync(0xffffffffu, top[rr], 1));
+      top[rr] = fmaxf(top[rr], __shfl_xor_sync(0xffffffffu, top[rr], 2));
+      redo |= !(top[rr] < kStaleRedoP && sum[rr] < INFINITY);  // fmaxf drops a NaN P; the sum keeps it
+    }
+    if (__any_sync(0xffffffffu, redo)) return true;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      if (top[rr] > 1.0f) {
+        int e;
+        frexpf(top[rr], &e);  // top = f 2^e, f in [0.5, 1)
+        alpha[rr] = ldexpf(1.0f, -e);
+        m_i[rr] += float(e);
+        sum[rr] *= alpha[rr];
+#pragma unroll
+        for (int k = 0; k < 2 * NB; ++k) s[k >> 1][2 * rr + (k & 1)] *= alpha[rr];
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) l_i[rr] = l_i[rr] * alpha[rr] + sum[rr];
+  return false;
+}
+
 // o's rows (accumulator layout) times their factors. Past the first tiles a
 // row's maximum rarely moves (alpha = 1 exactly): the warp skips the rescale
 // when none of its rows' did.
