@@ -216,7 +216,7 @@ __device__ __forceinline__ bool softmax_scores_stale(float (&s)[NB][4], float (&
         int e;
         frexpf(top[rr], &e);  // top = f 2^e, f in [0.5, 1)
         alpha[rr] = ldexpf(1.0f, -e);
-        m_i[rr] += float(e);
+        m_i[rr] += float(e);  // rounded: P after off by up to |m + e| 2^-24 relative, far under 16 bits
         sum[rr] *= alpha[rr];
 #pragma unroll
         for (int k = 0; k < 2 * NB; ++k) s[k >> 1][2 * rr + (k & 1)] *= alpha[rr];
