@@ -7,7 +7,7 @@
 // durations per key/value tile. For work outside the tile loop (prologue,
 // epilogue, scheduling) that kernel-level timings cannot separate.
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DFA_NO_MARKS] -o /tmp/tl benchmarks/cuda-probes/prefill-timeline.cu && /tmp/tl [short|f32]
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a [-DFA_NO_MARKS] -o /tmp/tl benchmarks/cuda-probes/prefill-timeline.cu && /tmp/tl [short|f32|steps]
 
 #define FA_DTYPE 2
 #define FA_E 128
@@ -276,6 +276,20 @@ int main(int argc, char** argv) {
       timeline<64, 2, 1, true, 1>("qwen05b chunk L=2048 S=8192, f32 over bf16, overlap", 14, 2, 2048, 8192, 1, 30);
       timeline<64, 2, 1, true, 0>("qwen05b causal 8K, f32 over bf16, no overlap", 14, 2, 8192, 8192, 1, 20);
       timeline<64, 2, 1, true, 1>("qwen05b causal 8K, f32 over bf16, overlap", 14, 2, 8192, 8192, 1, 20);
+    }
+    return 0;
+  }
+  // steps: the shipped shapes whose key-tile step the softmax sets (docs/cuda.md's
+  // softmax without a tile maximum was measured on these), twice.
+  if (argc > 1 && std::strcmp(argv[1], "steps") == 0) {
+    for (int rep = 0; rep < 2; ++rep) {
+      timeline<64, 3, 1, true>("f32/bf16 qwen05b chunk L=2048 S=16384", 14, 2, 2048, 16384, 1, 20);
+      timeline<64, 3, 1, true>("f32/bf16 qwen05b chunk L=2048 S=8192", 14, 2, 2048, 8192, 1, 20);
+      timeline<64, 3, 1, true>("f32/bf16 qwen05b causal 8K", 14, 2, 8192, 8192, 1, 20);
+      timeline<64, 3, 1>("bf16 qwen05b chunk L=2048 S=16384", 14, 2, 2048, 16384, 1, 20);
+      timeline<64, 3, 1>("bf16 qwen05b causal 8K", 14, 2, 8192, 8192, 1, 20);
+      timeline<128, 2, 2>("bf16 hd128 causal 8K", 32, 8, 8192, 8192, 1, 10);
+      timeline<128, 2, 2>("bf16 hd128 causal 2K", 32, 8, 2048, 2048, 1, 30);
     }
     return 0;
   }
