@@ -72,6 +72,26 @@ __device__ __forceinline__ float row_lse(bool seen, float m, float l) {
   return seen ? exp_base(m) + log2f(l) : INFINITY;
 }
 
+// Row rr's scores of this thread (accumulator layout) become P = 2^(x mul -
+// base); returns their sum, in C independent chains (one chain of 2 NB
+// dependent additions would wait out each one's latency).
+template <int NB>
+__device__ __forceinline__ float exp_row(float (&s)[NB][4], int rr, float mul, float base) {
+  constexpr int C = 2 * NB < 4 ? 2 * NB : 4;
+  float part[C];
+#pragma unroll
+  for (int k = 0; k < 2 * NB; ++k) {
+    float& x = s[k >> 1][2 * rr + (k & 1)];
+    x = fast_exp2(fmaf(x, mul, -base));
+    part[k % C] = k < C ? x : part[k % C] + x;
+  }
+#pragma unroll
+  for (int w = 1; w < C; w *= 2)
+#pragma unroll
+    for (int k = 0; k + w < C; k += 2 * w) part[k] += part[k + w];
+  return part[0];
+}
+
 // Masks the scores of one warp's 16 rows x NB*8 keys (accumulator layout),
 // scales them into the log2 domain, and runs the online-softmax step:
 // s becomes P, m_i / l_i are updated, and each row's rescale factor for o
@@ -125,9 +145,8 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)
         for (int i = 0; i < 4; ++i) s[nb][i] *= scale_log2;
     }
   }
-  // A row's maximum and sum over this thread's 2 NB scores run in C
-  // independent chains: one chain of 2 NB dependent instructions waits out
-  // each one's latency.
+  // A row's maximum over this thread's 2 NB scores runs in C independent
+  // chains, as exp_row's sum.
   constexpr int C = 2 * NB < 4 ? 2 * NB : 4;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -146,17 +165,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     float m_use;
     alpha[rr] = online_rescale<true>(m_i[rr], mx * mul, m_use);
-#pragma unroll
-    for (int k = 0; k < 2 * NB; ++k) {
-      float& x = s[k >> 1][2 * rr + (k & 1)];
-      x = fast_exp2(fmaf(x, mul, -m_use));
-      part[k % C] = k < C ? x : part[k % C] + x;
-    }
-#pragma unroll
-    for (int w = 1; w < C; w *= 2)
-#pragma unroll
-      for (int k = 0; k + w < C; k += 2 * w) part[k] += part[k + w];
-    l_i[rr] = l_i[rr] * alpha[rr] + part[0];  // this thread's part; the quad sums at the end
+    l_i[rr] = l_i[rr] * alpha[rr] + exp_row(s, rr, mul, m_use);  // this thread's part; the quad sums at the end
   }
 }
 
@@ -178,24 +187,9 @@ template <int NB>
 __device__ __forceinline__ bool softmax_scores_stale(float (&s)[NB][4], float (&alpha)[2], float* m_i, float* l_i,
                                                      float scale_log2) {
   const float mul = scale_log2;  // raw scores times scale * log2(e), as the step's unmasked tiles take them
-  constexpr int C = 2 * NB < 4 ? 2 * NB : 4;
   float sum[2];
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const float base = m_i[rr];
-    float acc[C];
-#pragma unroll
-    for (int k = 0; k < 2 * NB; ++k) {
-      float& x = s[k >> 1][2 * rr + (k & 1)];
-      x = fast_exp2(fmaf(x, mul, -base));
-      acc[k % C] = k < C ? x : acc[k % C] + x;
-    }
-#pragma unroll
-    for (int w = 1; w < C; w *= 2)
-#pragma unroll
-      for (int k = 0; k + w < C; k += 2 * w) acc[k] += acc[k + w];
-    sum[rr] = acc[0];
-  }
+  for (int rr = 0; rr < 2; ++rr) sum[rr] = exp_row(s, rr, mul, m_i[rr]);
   alpha[0] = alpha[1] = 1.0f;
   if (__any_sync(0xffffffffu, !(sum[0] <= kStaleSumMax && sum[1] <= kStaleSumMax))) {
     float top[2];
