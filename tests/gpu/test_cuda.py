@@ -971,3 +971,51 @@ def test_float32_one_signed_values_over_many_keys(E, L, mask):
     v = mx.array(rng.uniform(0.15, 0.3, (1, heads[1], S, E)), dtype=mx.float32)
     out = flash_attention(q, k, v, mask=None if mask == "none" else mask)
     assert sampled_error(q, k, v, out, None if mask == "none" else mask) <= TOLERANCE["float32"]
+
+
+def band_scales(n, bands, seed):
+    """A power of two for each 128-row band of n rows."""
+    rng = np.random.default_rng(seed)
+    return 2.0 ** rng.choice(bands, size=(n + 127) // 128)[np.arange(n) // 128]
+
+
+@pytest.mark.parametrize("mask", ["causal", "none", "bool_LS"])
+@pytest.mark.parametrize("L,S", [(700, 700), (300, 1000)])
+def test_float32_prefill_tiles_of_any_magnitude(L, S, mask):
+    # On Hopper float32 at E = 64 runs on float16 tensor cores: each 128-row
+    # tile of q, k and v is scaled by a power of two of its own into
+    # float16's range, and the kernel undoes it per tile (f32_split.cu).
+    # Bands of rows far outside that range both ways, every band's own
+    # error held to float32's tolerance (one band's mistake would hide
+    # under another's larger values in a single norm). Query and key bands
+    # make some rows' scores flat, and keep them small: a score of size x
+    # carries 2^-22 x of error from the 22-bit products (of 3xTF32 alike),
+    # too much for the tolerance where x is in the hundreds. Value bands
+    # rising with the key make each causal row's output mostly its last
+    # band's, and the rest of the rows' the keys with the smallest weights.
+    case = Case(batch=(2,), heads=(4, 2), L=L, S=S, E=64, mask=mask)
+    q, k, v, m = make_inputs(case)
+    q, k, v = (np.array(x) for x in (q, k, v))
+    q = q * band_scales(L, [-40, -12, 0, 0], 1)[:, None]
+    k = k * band_scales(S, [-30, -5, 0, 0], 2)[:, None]
+    v = v * 2.0 ** np.minimum(np.arange(S) // 128 * 25 - 60, 60)[:, None]
+    args = [mx.array(x, dtype=mx.float32) for x in (q, k, v)]
+    out = np.array(flash_attention(*args, mask=m), dtype=np.float64)
+    ref = attention_reference(*args, mask=m)
+    for start in range(0, L, 128):
+        rows = slice(start, start + 128)
+        assert relative_error(out[..., rows, :], ref[..., rows, :]) <= TOLERANCE["float32"], f"rows {start}.."
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_float32_prefill_one_tile_not_finite(where, value):
+    # A value that is not finite in one 128-row tile of many: the tiles that
+    # hold it take their scores and P V in plain float32 (the float16 split
+    # marks them), the rest stay on the tensor cores; float64's semantics
+    # throughout, causal, L != S.
+    case = Case(batch=(1,), heads=(4, 2), L=500, S=900, E=64)
+    q, k, v, _ = (np.array(x) for x in make_inputs(case))
+    target = {"q": q, "k": k, "v": v}[where]
+    target[0, 1, 300, 7] = value
+    assert_non_finite_semantics(q, k, v, "causal")

@@ -18,10 +18,12 @@
 #include <vector>
 
 #include "cuda/call_plan.h"
+#include "cuda/kernel_images.h"
 #include "cuda/mask_args.h"
 #include "cuda/planner.h"
 #include "cuda/primitive.h"
 #include "cuda/recent.h"
+#include "mlx/fast.h"
 
 namespace flashattn::cuda {
 
@@ -62,11 +64,46 @@ std::shared_ptr<const std::optional<Planned>> recent_plan(const Dims& d, mx::Dty
   return planned;
 }
 
+namespace {
+
+// q, k and v as two float16 terms a row and their tiles' shifts
+// (kernels/f32_split.cu, one launch), for the split-query float32 prefill
+// (plan.h's split_inputs). Row-contiguous inputs: MLX copies views first.
+std::vector<mx::array> split_terms_f32(const AttentionCall& call) {
+  const mx::array &q = call.q, &k = call.k, &v = call.v;
+  const std::string kernel = "fa_f32_split_64";
+  const std::string* image = find_image(kernel, call.stream.device.index);
+  if (!image) throw std::runtime_error("flash_attention: the CUDA kernel " + kernel + " is missing");
+  const int L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
+  const int64_t q_slices = q.size() / (static_cast<int64_t>(L) * E), kv_slices = k.size() / (static_cast<int64_t>(S) * E);
+  constexpr int kRows = 128, kThreads = 256;
+  const int64_t tq = (L + kRows - 1) / kRows, tk = (S + kRows - 1) / kRows;
+  const int64_t blocks = q_slices * tq + 2 * kv_slices * tk;
+  if (blocks * kThreads > std::numeric_limits<int>::max()) {
+    throw Unsupported(Reason::input, "flash_attention: too many rows for one CUDA float32 prefill call");
+  }
+  auto wide = [&](mx::Shape shape) {
+    shape.back() *= 2;
+    return shape;
+  };
+  const std::vector<mx::fast::ScalarArg> scalars = {static_cast<int>(q_slices), static_cast<int>(kv_slices), L, S};
+  return mx::fast::precompiled_cuda_kernel(
+      kernel, *image, {q, k, v}, {wide(q.shape()), wide(k.shape()), wide(v.shape()), {static_cast<int>(blocks)}},
+      {mx::float16, mx::float16, mx::float16, mx::int32}, scalars, {static_cast<int>(blocks) * kThreads, 1, 1},
+      {kThreads, 1, 1}, 0, std::nullopt, /* ensure_row_contiguous */ true, call.stream);
+}
+
+}  // namespace
+
 std::vector<mx::array> attention_node(const AttentionCall& call, const MaskArgs& m,
                                       const std::shared_ptr<const std::optional<Planned>>& planned) {
   const Planned& plan = **planned;
   std::vector<mx::array> inputs = {call.q, call.k, call.v};
   if (m.inputs) inputs.insert(inputs.end(), {m.data, m.base});
+  if (plan.plan.aligned.attend.split_inputs) {
+    const std::vector<mx::array> terms = split_terms_f32(call);
+    inputs.insert(inputs.end(), terms.begin(), terms.end());
+  }
   // The node shares the cached plan (an aliasing pointer into `planned`).
   auto node = std::make_shared<Attention>(call.stream, std::shared_ptr<const Plan>(planned, &plan.plan));
   auto outputs = mx::array::make_arrays(plan.shapes, plan.dtypes, std::move(node), inputs);

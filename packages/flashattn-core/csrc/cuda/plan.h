@@ -39,6 +39,11 @@ struct Step {
   // output after the attention output (the primitive's second), written
   // where the mask_kind argument has kLse (kernels/mask_bits.h).
   bool lse_output = false;
+  // The split-query float32 prefill (fa_prefill_wgs_float32_64): after the
+  // mask's two inputs it takes q, k and v as two float16 terms a row and
+  // their tiles' shifts (kernels/f32_split.cu, which dispatch.cpp runs
+  // first: the node's last four inputs).
+  bool split_inputs = false;
 };
 
 // An attention kernel, and the merge when it split the keys (its partials

@@ -199,6 +199,40 @@ std::optional<Launches> two_term_launches(const Dims& d, mx::Dtype dtype, int de
   return out;
 }
 
+// float32 at head dim 64 on Hopper, on float16 tensor cores: q, k and v as
+// two float16 terms a row, every 128-row tile scaled by a power of two
+// (kernels/f32_split.cu, made before the node: dispatch.cpp), then
+// fa_prefill_wgs_float32_64 (three products for Q K^T and three for P V at
+// twice TF32's rate; H200, qwen05b causal 8K: 0.61 ms with the split
+// against 1.25 for the 3xTF32 wgmma kernel, both 3e-7 to 4e-7 off float64).
+// A grid of row tiles. FLASHATTN_CUDA_F32_SPLIT=0: the 3xTF32 kernels
+// (tests, comparisons).
+std::optional<Launches> split_query_launches(const Dims& d, mx::Dtype dtype, int device_index) {
+  namespace ws = fa::wg_shapes;
+  if (dtype != mx::float32 || d.widen || d.fold || d.quantized() || d.E != ws::kF32sE) return std::nullopt;
+  if (const char* e = std::getenv("FLASHATTN_CUDA_F32_SPLIT"); e && std::string(e) == "0") return std::nullopt;
+  const std::string kernel = "fa_prefill_wgs_float32_64";
+  const std::vector<int>& maps = map_template(mx::float16);
+  const int smem = ws::f32s_smem_bytes(), threads = ws::f16_threads(ws::kF32sStoredE);
+  const int rows = ws::f16_rows(ws::kF32sStoredE);
+  if (maps.empty() || smem > shared_memory_limit(device_index) || !find_image(kernel, device_index) ||
+      !find_image("fa_f32_split_64", device_index)) {
+    return std::nullopt;
+  }
+  // The two-term rows' strides (2E) reach the kernel as 32-bit arguments.
+  if (static_cast<int64_t>(std::max(d.L, d.S)) * 2 * d.E * std::max(d.H_q, d.H_kv) >
+      std::numeric_limits<int>::max()) {
+    return std::nullopt;
+  }
+  const int tiles = (d.L + rows - 1) / rows;
+  const std::vector<Scalar> scalars = {d.H_q,     d.H_kv,    d.L, d.S, d.kind_arg | (d.lse ? fa::kLse : 0),
+                                       d.mask_rs, d.mask_cs, d.scale_log2};
+  Step attend{kernel, scalars, {tiles * threads, d.H_q, static_cast<int>(d.batch)}, {threads, 1, 1}, smem};
+  attend.lse_output = true;
+  attend.split_inputs = true;
+  return Launches{attend, std::nullopt, 0, maps};
+}
+
 }  // namespace
 
 std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int device_index) {
@@ -207,6 +241,7 @@ std::optional<Launches> prefill_launches(const Dims& d, mx::Dtype dtype, int dev
   }
   if (d.quantized()) return quantized_prefill_launches(d, device_index);
   if (d.two_terms) return two_term_launches(d, dtype, device_index);
+  if (auto split = split_query_launches(d, dtype, device_index)) return split;
   std::string kernel = "fa_prefill_" + d.dt + "_" + std::to_string(d.E);
   int rows = prefill_rows(dtype, d.E), threads = prefill_threads(dtype, d.E), smem = prefill_smem_bytes(dtype, d.E);
   if (smem > shared_memory_limit(device_index)) return std::nullopt;  // it would not launch: the generic kernel

@@ -104,9 +104,11 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     quantized_inputs(plan_->aligned, inputs, rows_written(out_layout, outputs[0]), in, scalars, copy);
   } else {
     // inputs: q, k, v, and with an array mask or sinks the mask's data (read
-    // row-contiguous) and base offsets (cuda/mask_args.h).
+    // row-contiguous) and base offsets (cuda/mask_args.h); for the
+    // split-query prefill then q, k and v as float16 terms and their shifts.
     std::array<std::optional<Rows>, 3> in_place;
-    const bool mask_inputs = inputs.size() > 3;
+    const size_t split_terms = plan_->aligned.attend.split_inputs ? 4 : 0;
+    const bool mask_inputs = inputs.size() - split_terms > 3;
     copy = mask_inputs && !inputs[3].flags().row_contiguous;
     for (int i = 0; i < 3; ++i) {
       in_place[i] = rows_in_place(inputs[i]);
@@ -140,6 +142,7 @@ void Attention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::a
       // sinks alone (cuda/mask_args.cpp).
       in.push_back(inputs[4]);
     }
+    if (chosen->attend.split_inputs) in.insert(in.end(), inputs.end() - 4, inputs.end());
   }
   const Launches& run = *chosen;
   if (run.fused || run.tma()) {

@@ -216,6 +216,25 @@ __device__ __forceinline__ void pack_p_terms(uint32_t (&p)[kTerms][NK][4], const
   }
 }
 
+// The same with each row's own scale (row g: scale[0], g + 8: scale[1]).
+template <typename T, int kTerms, int NK>
+__device__ __forceinline__ void pack_p_terms(uint32_t (&p)[kTerms][NK][4], const float (&s)[2 * NK][4],
+                                             const float (&scale)[2]) {
+#pragma unroll
+  for (int kk = 0; kk < NK; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float f = scale[j & 1];
+      float lo = s[2 * kk + (j >> 1)][2 * (j & 1)] * f, hi = s[2 * kk + (j >> 1)][2 * (j & 1) + 1] * f;
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term) {
+        p[term][kk][j] = pack2<T>(lo, hi);
+        if (term + 1 < kTerms) lo -= unpack_half<T>(p[term][kk][j], 0), hi -= unpack_half<T>(p[term][kk][j], 1);
+      }
+    }
+  }
+}
+
 // The rare tile of the prefills (a key hidden from some row, a value not
 // finite): o += P V in plain float32 over the keys each row sees, 0 x NaN
 // being what would leak a hidden value. P as P V's A operand would take it:

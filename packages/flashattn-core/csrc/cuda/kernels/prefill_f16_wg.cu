@@ -32,6 +32,7 @@
 #include <algorithm>
 
 #include "unit.cuh"
+#include "f32_split.cuh"
 #include "pingpong.cuh"
 #include "key_split.cuh"
 #include "store_output.cuh"
@@ -136,8 +137,17 @@ struct TileCopy {
 // hi, P hi x lo and P lo x hi into one accumulator E / 2 wide, the
 // output's. P lo x lo is left out: each lo is within 2^-9 of its hi, so the
 // product is within 2^-18 of P x V, under the terms' own 2^-17.
+// kQS (with kTT, float16; fa_prefill_wg32s_*): float32 queries, keys and
+// values as two float16 terms each (f32_split.cu), every 128-row tile
+// scaled by a power of two of its own (`shifts`: Q's per row tile, then K's
+// and V's per key tile). Q K^T adds Q hi x K hi, Q hi x K lo and Q lo x K hi
+// (22 bits a side, as 3xTF32, at float16's rate: twice TF32's); each key
+// tile's scale enters its softmax step and its P V's addition to o. A tile
+// marked bad (a value not finite among its keys, its values or the block's
+// queries) takes its scores and its P V in plain float32 from the float32
+// inputs (`f32`) instead, as the rare tiles of the other units do.
 template <typename T, int E, typename Shape, bool kF32 = false, bool kTT = false,
-          typename TO = std::conditional_t<kF32, float, T>>
+          typename TO = std::conditional_t<kF32, float, T>, bool kQS = false>
 __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __restrict__ k,
                                            const T* __restrict__ v, const void* mask_data,
                                            const int64_t* __restrict__ mask_base, TO* __restrict__ out,
@@ -146,7 +156,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
                                            int mask_cs, float scale_log2, int slices, int split_from,
                                            int splits, Layout lay,
                                            const MapTemplate* map_template = nullptr,
-                                           void* map_slots = nullptr, unsigned long long tag = 0) {
+                                           void* map_slots = nullptr, unsigned long long tag = 0,
+                                           const int* __restrict__ shifts = nullptr,
+                                           const f32_split::Source f32 = {}) {
   constexpr int kWhBr = Shape::kBr, kWhBc = Shape::kBc, kWhThreads = Shape::kThreads;
   constexpr int kConsumers = kWhThreads - 128, G = kConsumers / 128;
   // Arrivals on a full barrier: the producer thread's expect_tx (the bytes
@@ -156,7 +168,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // of Q, K and V are zero there. Q K^T takes E / 16 steps, P V has N = E
   // (kTT: N = E / 2, twice).
   // kTT: EQ the queries' stored columns (each read twice), EO the output's.
-  constexpr int EP = wg_shapes::f16_stored_e(E, kTT), EQ = kTT ? EP / 2 : EP, EO = kTT ? E / 2 : E;
+  constexpr int EP = wg_shapes::f16_stored_e(E, kTT), EQ = kTT && !kQS ? EP / 2 : EP, EO = kTT ? E / 2 : E;
+  static_assert(!kQS || (kTT && std::is_same_v<T, __half> && !Shape::kOverlap),
+                "split queries: the two-term float16 units, no overlap");
   constexpr int NB = kWhBc / 8, NO = EO / 8;
   static_assert(kTT ? kF32 && (E == 128 || E == 256) : E == 64 || E == 80 || E == 96 || E == 128,
                 "the units CMakeLists.txt builds");
@@ -220,6 +234,14 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // The current item's rows and keys: its tiles kv0 .. kv0 + n_tiles - 1,
   // counted from 0 (tile j is keys key0(j) ..).
   PrefillBlock blk = item_block(0);
+  // kQS: the tiles' shifts (a grid of row tiles: gridDim.z is the batch).
+  static_assert(!kQS || (kWhBr == f32_split::kRows && kWhBc == f32_split::kRows), "a tile a shift");
+  const f32_split::Shifts split_shifts{shifts, int64_t(gridDim.z) * H_q, int64_t(gridDim.z) * H_kv,
+                                       f32_split::tiles(L), f32_split::tiles(S)};
+  const int* k_shift = nullptr;
+  const int* v_shift = nullptr;
+  int q_shift = 0;
+  bool q_bad = false;
   int64_t n;
   int l0, kv_end, kv0, n_tiles, row0, ra;
   const T *k_head, *v_head;
@@ -233,6 +255,13 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     v_head = v + lay.v.at(blk.b, blk.g, 0);
     row0 = l0 + wg * kWhRows;  // this warpgroup's first row
     ra = row0 + w * 16 + g;    // this thread's rows: ra and ra + 8
+    if constexpr (kQS) {
+      const int64_t kv_slice = blk.b * H_kv + blk.g;
+      k_shift = split_shifts.k(kv_slice);
+      v_shift = split_shifts.v(kv_slice);
+      q_shift = split_shifts.q(blk.n)[l0 / kWhBr];
+      q_bad = q_shift == f32_split::kBad;
+    }
   };
   begin_item(0);
   // Tile j of the current item is the block's (it0 + j)-th: buffer and
@@ -340,12 +369,39 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // 32768 keys (bfloat16, H200), where float32's tolerance is 2e-5.
   float o_tile[NO][4];
   float (&o_pv)[NO][4] = kF32 ? o_tile : o;
-  auto add_tile = [&] {
-    if constexpr (kF32) {
+  // kQS: times the tile's V scale and its rows' 2^-p_shift (P's scale),
+  // one rounding (fma).
+  int p_shift[2] = {0, 0};
+  auto add_tile = [&](float v_scale) {
+    if constexpr (kQS) {
+      fence_fragments(o_tile);
+      const float f[2] = {v_scale * f32_split::pow2(-p_shift[0]), v_scale * f32_split::pow2(-p_shift[1])};
+#pragma unroll
+      for (int eb = 0; eb < NO; ++eb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[eb][c] = fmaf(o_tile[eb][c], f[c >> 1], o[eb][c]);
+    } else if constexpr (kF32) {
       fence_fragments(o_tile);
 #pragma unroll
       for (int eb = 0; eb < NO; ++eb) add_fresh(o[eb], o_tile[eb]);
     }
+  };
+  // kQS: tile j's V scale times 1 / P's (its terms carry kPScale), and its
+  // softmax's scale (the queries' and keys' shifts undone).
+  auto v_scale_of = [&](int j) {
+    if constexpr (kQS) return ldexpf(1.0f, -15 - v_shift[kv0 + j]);
+    else return 1.0f;
+  };
+  // kQS: whether tile j takes the plain float32 path (warp-uniform), read
+  // once a tile into `bad_tile` (its loads anywhere later would wait in the chain).
+  auto tile_bad = [&](int j) {
+    if constexpr (kQS) return q_bad || k_shift[kv0 + j] == f32_split::kBad || v_shift[kv0 + j] == f32_split::kBad;
+    else return false;
+  };
+  bool bad_tile = false;
+  auto scale_of = [&](int j) {
+    if constexpr (kQS) return ldexpf(scale_log2, -(q_shift + k_shift[kv0 + j]));
+    else return scale_log2;
   };
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};  // set again for each item
 
@@ -366,9 +422,16 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   auto issue_qk = [&](int j) {  // s = Q K_j^T (over the E columns: the rest are zero; kTT: Q twice)
     const uint32_t b_off = buf_offset(j);
     wgmma_fence();
+    // kQS: Q hi against K's both halves, then Q lo against K hi.
+    constexpr int kQSteps = kQS ? E / 32 : EQ / 16;
 #pragma unroll
     for (int kk = 0; kk < E / 16; ++kk)
-      wgmma16_ss<T, kWhBc>(s, d_q.at(step_e(kWhBr, kk % (EQ / 16))), d_k.at(b_off + step_e(kWhBc, kk)), kk > 0);
+      wgmma16_ss<T, kWhBc>(s, d_q.at(step_e(kWhBr, kk % kQSteps)), d_k.at(b_off + step_e(kWhBc, kk)), kk > 0);
+    if constexpr (kQS) {
+#pragma unroll
+      for (int kk = 0; kk < E / 32; ++kk)
+        wgmma16_ss<T, kWhBc>(s, d_q.at(step_e(kWhBr, E / 32 + kk)), d_k.at(b_off + step_e(kWhBc, kk)), true);
+    }
   };
   auto issue_pv = [&](int j) {  // o += P V_j (kF32: o_tile = P V_j)
     const uint32_t b_off = buf_offset(j);
@@ -393,7 +456,14 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   };
   // P's pairs (keys 2t, 2t + 1 of rows g, g + 8 in each 8-key block) as P V's
   // A operand; kF32: each term the rounding of what the ones before left.
-  auto pack_p = [&] { pack_p_terms<T>(p, s, kPScale); };
+  auto pack_p = [&] {
+    if constexpr (kQS) {
+      const float f[2] = {kPScale * f32_split::pow2(p_shift[0]), kPScale * f32_split::pow2(p_shift[1])};
+      pack_p_terms<T>(p, s, f);
+    } else {
+      pack_p_terms<T>(p, s, kPScale);
+    }
+  };
   auto need_mask = [&](int j) { return mask.tile_hides(key0(j), kWhBc, row0, kWhRows, S); };
   // Tile j's softmax: against the rows' running base, with no maximum
   // taken, where it may (softmax.cuh's softmax_scores_stale: unmasked tiles
@@ -405,7 +475,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
   // Not for float32 attention, whose step took 1.01-1.02x the time with it:
   // its P's split keeps the chain long either way (docs/cuda.md).
   constexpr bool kStale = !kF32;
-  auto softmax_tile = [&](int j, float (&alpha)[2]) {
+  auto softmax_tile = [&](int j, float (&alpha)[2], float tile_scale_log2) {
     bool exact = !kStale || need_mask(j) || !(scale_log2 > 0.0f) ||
                  !__all_sync(0xffffffffu, isfinite(m_i[0]) && isfinite(m_i[1]));
     if (!exact && softmax_scores_stale<NB>(s, alpha, m_i, l_i, scale_log2)) {
@@ -430,11 +500,17 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       for (int x = 0; x < 2 * NB * 2; ++x) s[x >> 2][x & 3] = redo[x];
       exact = true;
     }
-    if (exact) softmax_scores<NB>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), scale_log2, need_mask(j), lane);
+    // kQS: each row's P scaled near 1 (p_scale), but on a tile that takes
+    // plain float32 (rare_pv adds P as it is).
+    if (exact) {
+      softmax_scores<NB, false, kQS>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), tile_scale_log2,
+                                     need_mask(j), lane, p_shift, !bad_tile);
+    }
   };
   // Rare: a tile where some key is hidden from some row of the block and
   // some value is not finite (block-wide: every thread must ask).
   auto rare = [&](int j) {
+    if constexpr (kQS) return bad_tile;
     if (!mask.tile_hides(key0(j), kWhBc, l0, kWhBr, S)) return false;
     // 16 bytes a load, the exponent bits tested as integers: this runs on
     // every causal diagonal tile, where a scalar load and conversion per
@@ -453,14 +529,42 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     fa::rare_pv<T>(
         o, p,
         [&](int c, int col) {
-          if constexpr (kTT) return to_f(sv[sw_at<kWhBc>(c, col)]) + to_f(sv[sw_at<kWhBc>(c, col + EO)]);
-          else return sv[sw_at<kWhBc>(c, col)];
+          if constexpr (kQS) {  // P's terms carry kPScale
+            const int key = key0(j) + c;
+            return key < S ? f32.v[f32.lay.v.at(blk.b, blk.g, key) + col] * (1.0f / kPScale) : 0.0f;
+          } else if constexpr (kTT) {
+            return to_f(sv[sw_at<kWhBc>(c, col)]) + to_f(sv[sw_at<kWhBc>(c, col + EO)]);
+          } else {
+            return sv[sw_at<kWhBc>(c, col)];
+          }
         },
         mask, n, ra, L, S, key0(j), kWhBc, lane);
   };
 
+  // kQS, a tile marked bad: its scores in plain float32 from the float32
+  // inputs, a score at a time in rolled loops (rare).
+  auto plain_scores = [&](int j) {
+    if constexpr (kQS) {
+      const float* qh = f32.q + f32.lay.q.at(blk.b, blk.h, 0);
+      const float* kh = f32.k + f32.lay.k.at(blk.b, blk.g, 0);
+      float redo[2 * NB * 2];
+#pragma unroll 1
+      for (int x = 0; x < 2 * NB * 2; ++x) {
+        const int r = ra + (x & 2) * 4, c = key0(j) + (x >> 2) * 8 + 2 * t + (x & 1);
+        float acc = 0.0f;
+        if (r < L && c < S) {
+#pragma unroll 1
+          for (int e = 0; e < EO; ++e) acc += qh[r * f32.lay.q.sr + e] * kh[c * f32.lay.k.sr + e];
+        }
+        redo[x] = acc;
+      }
+#pragma unroll
+      for (int x = 0; x < 2 * NB * 2; ++x) s[x >> 2][x & 3] = redo[x];
+    }
+  };
+
   // O += P_j V_j, finished before it returns (rare or not).
-  auto pv_now = [&](int j) {
+  auto pv_now = [&](int j, float v_scale) {
     if (rare(j)) {
       rare_pv(j);
     } else {
@@ -469,7 +573,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       wgmma_wait_all();
       fence_fragments(o);
       fence_terms(p);
-      add_tile();
+      add_tile(v_scale);
     }
   };
 
@@ -503,8 +607,10 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       // Each step waits for all it issued: a wgmma issued inside a branch and
       // waited for outside it makes ptxas serialise every wgmma of the kernel
       // (C7520).
+      float v_pending = 1.0f;  // kQS: the V scale of the tile whose P V is in flight
       auto step = [&](int j, auto prev) {
         constexpr int PREV = decltype(prev)::value;
+        const float tile_scale = scale_of(j), v_scale = v_scale_of(j);  // loaded early (kQS: from global)
         turns.wait();
         issue_qk(j);
         wgmma_commit();
@@ -521,7 +627,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         fence_fragments(s);
         if constexpr (PREV == 2) rare_pv(j - 1);
         float alpha[2];
-        softmax_tile(j, alpha);
+        softmax_tile(j, alpha, tile_scale);
         if constexpr (PREV == 1) {
           // ptxas schedules this wait at the top of the softmax's basic
           // block, before the exponentials, unless a branch ends the block
@@ -533,8 +639,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           wgmma_wait<0>();
           fence_fragments(o);
           fence_terms(p);
-          add_tile();
+          add_tile(v_pending);
         }
+        v_pending = v_scale;
         if constexpr (PREV != 0) mbar_arrive(&sm.empty[buf(j - 1)]);
         rescale_rows(o, alpha);
         pack_p();
@@ -552,12 +659,14 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       FA_TIMELINE_MARK(3);
       mbar_arrive(&sm.q_empty);  // every Q K^T of the item is done
       if (n_tiles > 0) {  // the last tile's P V
-        pv_now(n_tiles - 1);
+        pv_now(n_tiles - 1, v_pending);
         mbar_arrive(&sm.empty[buf(n_tiles - 1)]);
       }
       FA_TIMELINE_MARK(4);
     } else {
       for (int j = 0; j < n_tiles; ++j) {
+        bad_tile = tile_bad(j);
+        const float tile_scale = bad_tile ? scale_log2 : scale_of(j), v_scale = v_scale_of(j);
         wait_tile(j);
         turns.wait();
         issue_qk(j);
@@ -565,17 +674,18 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         turns.pass(done + j, total);
         wgmma_wait_all();
         fence_fragments(s);
+        if (bad_tile) plain_scores(j);
         float alpha[2];
-        softmax_tile(j, alpha);
+        softmax_tile(j, alpha, tile_scale);
         rescale_rows(o, alpha);
         pack_p();
-        pv_now(j);
+        pv_now(j, v_scale);
         mbar_arrive(&sm.empty[buf(j)]);  // this thread's products have read the tile
       }
       mbar_arrive(&sm.q_empty);
     }
 
-    if constexpr (kPScale != 1.0f) {
+    if constexpr (kPScale != 1.0f && !kQS) {  // kQS: in each tile's V scale
 #pragma unroll
       for (int eb = 0; eb < NO; ++eb)
 #pragma unroll
@@ -601,6 +711,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
 
 }  // namespace fa
 
+#if !defined(FA_NO_ENTRY)  // prefill_f32s_wg.cu takes the kernel alone
 // fa_prefill_wg_<dtype>_<E>: grid (row tiles x threads, H_q, batch) with
 // slices = 0, or (blocks x threads, 1, 1) with slices = batch x H_q (one
 // block per SM, at E = 128: prefill_wg), or with splits > 1 (blocks x
@@ -682,3 +793,4 @@ extern "C" __global__ void __launch_bounds__(WhUnitShape::kThreads, 1) FA_CAT5(F
       q, k, v, mask, mask_base, out, lse, H_q, H_kv, L, S, mask_kind, mask_rs, mask_cs, scale_log2, slices, split_from,
       splits, FA_LAYOUT, &templ, map_slots, fa::call_tag(tag_lo, tag_hi));
 }
+#endif  // FA_NO_ENTRY

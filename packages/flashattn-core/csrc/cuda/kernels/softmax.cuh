@@ -103,10 +103,18 @@ __device__ __forceinline__ float exp_row(float (&s)[NB][4], int rr, float mul, f
 // PairedKeys: the accumulator's columns 2t, 2t + 1 of
 // each 8-key block hold keys t, t + 4 (K's rows permuted so that P is already
 // in the A-operand layout of the P V product: prefill_tf32_wg.cu).
-template <int NB, bool PairedKeys = false>
+// RowShift, where shift_rows: in row_shift[rr] the power of two e (0 to
+// 100) that takes the largest P of the tile's row rr to (1/2, 1], else 0; s
+// and l_i as without. P on float16 (the split-query prefill,
+// prefill_f16_wg.cu's kQS) takes P 2^e, and o that product's sum 2^-e:
+// P in tiles far under the row's maximum would otherwise lose its bits
+// below float16's range, and those tiles carry the output where their
+// values are that much larger.
+template <int NB, bool PairedKeys = false, bool RowShift = false>
 __device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)[2], float* m_i, float* l_i,
                                                const Mask& mask, int64_t n, int ra, int L, int S, int c0,
-                                               float scale_log2, bool need_mask, int lane) {
+                                               float scale_log2, bool need_mask, int lane,
+                                               int* row_shift = nullptr, bool shift_rows = false) {
   const int t = lane & 3;
   if (need_mask) {
     const bool array_mask = mask.is_array();
@@ -165,6 +173,10 @@ __device__ __forceinline__ void softmax_scores(float (&s)[NB][4], float (&alpha)
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     float m_use;
     alpha[rr] = online_rescale<true>(m_i[rr], mx * mul, m_use);
+    if constexpr (RowShift) {
+      const float d = m_use - mx * mul;  // the tile's largest P is 2^-d (NaN: no key yet)
+      row_shift[rr] = shift_rows && d >= 1.0f ? (d < 100.0f ? int(d) : 100) : 0;
+    }
     l_i[rr] = l_i[rr] * alpha[rr] + exp_row(s, rr, mul, m_use);  // this thread's part; the quad sums at the end
   }
 }

@@ -144,4 +144,13 @@ constexpr int f16_smem_bytes(int E, bool narrow = false, bool tt = false) {
          (2 * kF16Buffers + 2) * 8;
 }
 
+// The split-query float32 prefill (prefill_f32s_wg.cu) at head dim 64:
+// the two-term float16 unit at E = 128 with its queries 128 wide too, two
+// consumers, no overlap (with it ptxas serialised the wgmma: registers).
+constexpr int kF32sE = 64, kF32sStoredE = 2 * kF32sE;
+constexpr int f32s_smem_bytes() {
+  return (f16_rows(kF32sStoredE) * kF32sStoredE + 2 * kF16Buffers * f16_bc(kF32sStoredE, true) * kF32sStoredE) * 2 +
+         (2 * kF16Buffers + 2) * 8;
+}
+
 }  // namespace fa::wg_shapes

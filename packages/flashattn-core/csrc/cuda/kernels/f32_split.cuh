@@ -1,0 +1,51 @@
+// float32 rows as two float16 terms, every 128-row tile of a (batch, head)
+// scaled by a power of two of its own (f32_split.cu), as the split-query
+// prefill (prefill_f32s_wg.cu) reads them: the tiles' shifts, and whether a
+// block's tiles hold a value that is not finite (then it takes the 3xTF32
+// kernel's path on the float32 inputs).
+
+#pragma once
+
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace fa::f32_split {
+
+constexpr int kRows = 128;           // a tile's rows, the shift's reach
+constexpr int kBad = 1 << 20;        // the shift of a tile with a value that is not finite
+__host__ __device__ constexpr int tiles(int rows) { return (rows + kRows - 1) / kRows; }
+
+// Where the shifts lie: Q's tiles (slice b H_q + h), then K's and V's
+// (slice b H_kv + g), tile by tile within a slice.
+struct Shifts {
+  const int* p;
+  int64_t q_slices, kv_slices;  // batch x H_q, batch x H_kv
+  int tq, tk;                   // tiles a slice: tiles(L), tiles(S)
+  __device__ __forceinline__ const int* q(int64_t slice) const { return p + slice * tq; }
+  __device__ __forceinline__ const int* k(int64_t slice) const { return p + q_slices * tq + slice * tk; }
+  __device__ __forceinline__ const int* v(int64_t slice) const { return k(slice) + kv_slices * tk; }
+};
+
+// 2^e exactly, e in [-126, 127].
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
+
+// The float32 inputs themselves, which a tile marked bad is read from.
+struct Source {
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  Layout lay{};
+};
+
+// Whether the query tile `q_tile` of slice n, or a key / value tile of
+// [key_begin, key_end) of KV slice kv, is marked bad; warp-uniform.
+__device__ __forceinline__ bool any_bad(const Shifts& s, int64_t n, int q_tile, int64_t kv, int key_begin,
+                                        int key_end) {
+  const int lane = threadIdx.x & 31;
+  bool bad = lane == 0 && s.q(n)[q_tile] == kBad;
+  const int* k = s.k(kv);
+  const int* v = s.v(kv);
+  for (int j = key_begin / kRows + lane; j * kRows < key_end; j += 32) bad |= k[j] == kBad || v[j] == kBad;
+  return __any_sync(0xffffffffu, bad);
+}
+
+}  // namespace fa::f32_split
