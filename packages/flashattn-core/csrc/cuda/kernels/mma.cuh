@@ -196,27 +196,9 @@ struct PSplit<__half, BF16_TERMS> {
 };
 
 // P (s, in the m16n8 accumulator layout: rows g, g + 8, keys 2t, 2t + 1 of
-// each 8-key block) times scale, as P V's A operand in kTerms 16-bit terms,
-// each the rounding of what the terms before it left (PSplit; one term: P
-// rounded to 16 bits).
-template <typename T, int kTerms, int NK>
-__device__ __forceinline__ void pack_p_terms(uint32_t (&p)[kTerms][NK][4], const float (&s)[2 * NK][4],
-                                             float scale) {
-#pragma unroll
-  for (int kk = 0; kk < NK; ++kk) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float lo = s[2 * kk + (j >> 1)][2 * (j & 1)] * scale, hi = s[2 * kk + (j >> 1)][2 * (j & 1) + 1] * scale;
-#pragma unroll
-      for (int term = 0; term < kTerms; ++term) {
-        p[term][kk][j] = pack2<T>(lo, hi);
-        if (term + 1 < kTerms) lo -= unpack_half<T>(p[term][kk][j], 0), hi -= unpack_half<T>(p[term][kk][j], 1);
-      }
-    }
-  }
-}
-
-// The same with each row's own scale (row g: scale[0], g + 8: scale[1]).
+// each 8-key block) times each row's scale (row g: scale[0], g + 8:
+// scale[1]), as P V's A operand in kTerms 16-bit terms, each the rounding of
+// what the terms before it left (PSplit; one term: P rounded to 16 bits).
 template <typename T, int kTerms, int NK>
 __device__ __forceinline__ void pack_p_terms(uint32_t (&p)[kTerms][NK][4], const float (&s)[2 * NK][4],
                                              const float (&scale)[2]) {
@@ -233,6 +215,14 @@ __device__ __forceinline__ void pack_p_terms(uint32_t (&p)[kTerms][NK][4], const
       }
     }
   }
+}
+
+// The same with one scale for both rows.
+template <typename T, int kTerms, int NK>
+__device__ __forceinline__ void pack_p_terms(uint32_t (&p)[kTerms][NK][4], const float (&s)[2 * NK][4],
+                                             float scale) {
+  const float both[2] = {scale, scale};
+  pack_p_terms<T>(p, s, both);
 }
 
 // The rare tile of the prefills (a key hidden from some row, a value not
