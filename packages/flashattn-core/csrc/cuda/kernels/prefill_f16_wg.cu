@@ -137,7 +137,7 @@ struct TileCopy {
 // hi, P hi x lo and P lo x hi into one accumulator E / 2 wide, the
 // output's. P lo x lo is left out: each lo is within 2^-9 of its hi, so the
 // product is within 2^-18 of P x V, under the terms' own 2^-17.
-// kQS (with kTT, float16; fa_prefill_wg32s_*): float32 queries, keys and
+// kQS (with kTT, float16; prefill_f32s_wg.cu): float32 queries, keys and
 // values as two float16 terms each (f32_split.cu), every 128-row tile
 // scaled by a power of two of its own (`shifts`: Q's per row tile, then K's
 // and V's per key tile). Q K^T adds Q hi x K hi, Q hi x K lo and Q lo x K hi
@@ -392,17 +392,18 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
     if constexpr (kQS) return ldexpf(1.0f, -15 - v_shift[kv0 + j]);
     else return 1.0f;
   };
+  auto scale_of = [&](int j) {
+    if constexpr (kQS) return ldexpf(scale_log2, -(q_shift + k_shift[kv0 + j]));
+    else return scale_log2;
+  };
   // kQS: whether tile j takes the plain float32 path (warp-uniform), read
-  // once a tile into `bad_tile` (its loads anywhere later would wait in the chain).
+  // once a tile into `bad_tile` (its loads anywhere later would wait in the
+  // chain).
   auto tile_bad = [&](int j) {
     if constexpr (kQS) return q_bad || k_shift[kv0 + j] == f32_split::kBad || v_shift[kv0 + j] == f32_split::kBad;
     else return false;
   };
   bool bad_tile = false;
-  auto scale_of = [&](int j) {
-    if constexpr (kQS) return ldexpf(scale_log2, -(q_shift + k_shift[kv0 + j]));
-    else return scale_log2;
-  };
   float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f};  // set again for each item
 
   constexpr int NK = kWhBc / 16;  // P V's K steps
@@ -500,7 +501,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       for (int x = 0; x < 2 * NB * 2; ++x) s[x >> 2][x & 3] = redo[x];
       exact = true;
     }
-    // kQS: each row's P scaled near 1 (p_scale), but on a tile that takes
+    // kQS: each row's P shifted near 1 (p_shift), but on a tile that takes
     // plain float32 (rare_pv adds P as it is).
     if (exact) {
       softmax_scores<NB, false, kQS>(s, alpha, m_i, l_i, mask, n, ra, L, S, key0(j), tile_scale_log2,
@@ -607,10 +608,9 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       // Each step waits for all it issued: a wgmma issued inside a branch and
       // waited for outside it makes ptxas serialise every wgmma of the kernel
       // (C7520).
-      float v_pending = 1.0f;  // kQS: the V scale of the tile whose P V is in flight
+      // (Not kQS: its tiles' scales.)
       auto step = [&](int j, auto prev) {
         constexpr int PREV = decltype(prev)::value;
-        const float tile_scale = scale_of(j), v_scale = v_scale_of(j);  // loaded early (kQS: from global)
         turns.wait();
         issue_qk(j);
         wgmma_commit();
@@ -627,7 +627,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
         fence_fragments(s);
         if constexpr (PREV == 2) rare_pv(j - 1);
         float alpha[2];
-        softmax_tile(j, alpha, tile_scale);
+        softmax_tile(j, alpha, scale_log2);
         if constexpr (PREV == 1) {
           // ptxas schedules this wait at the top of the softmax's basic
           // block, before the exponentials, unless a branch ends the block
@@ -639,9 +639,8 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
           wgmma_wait<0>();
           fence_fragments(o);
           fence_terms(p);
-          add_tile(v_pending);
+          add_tile(1.0f);
         }
-        v_pending = v_scale;
         if constexpr (PREV != 0) mbar_arrive(&sm.empty[buf(j - 1)]);
         rescale_rows(o, alpha);
         pack_p();
@@ -659,7 +658,7 @@ __device__ __forceinline__ void prefill_wg(const T* __restrict__ q, const T* __r
       FA_TIMELINE_MARK(3);
       mbar_arrive(&sm.q_empty);  // every Q K^T of the item is done
       if (n_tiles > 0) {  // the last tile's P V
-        pv_now(n_tiles - 1, v_pending);
+        pv_now(n_tiles - 1, 1.0f);
         mbar_arrive(&sm.empty[buf(n_tiles - 1)]);
       }
       FA_TIMELINE_MARK(4);
