@@ -19,6 +19,7 @@
 
 #include "cuda/call_plan.h"
 #include "cuda/kernel_images.h"
+#include "cuda/kernels/wg_shapes.h"
 #include "cuda/mask_args.h"
 #include "cuda/planner.h"
 #include "cuda/primitive.h"
@@ -76,7 +77,7 @@ std::vector<mx::array> split_terms_f32(const AttentionCall& call) {
   if (!image) throw std::runtime_error("flash_attention: the CUDA kernel " + kernel + " is missing");
   const int L = q.shape(-2), S = k.shape(-2), E = q.shape(-1);
   const int64_t q_slices = q.size() / (static_cast<int64_t>(L) * E), kv_slices = k.size() / (static_cast<int64_t>(S) * E);
-  constexpr int kRows = 128, kThreads = 256;
+  constexpr int kRows = fa::wg_shapes::kF32sSplitRows, kThreads = fa::wg_shapes::kF32sSplitThreads;
   const int64_t tq = (L + kRows - 1) / kRows, tk = (S + kRows - 1) / kRows;
   const int64_t blocks = q_slices * tq + 2 * kv_slices * tk;
   if (blocks * kThreads > std::numeric_limits<int>::max()) {

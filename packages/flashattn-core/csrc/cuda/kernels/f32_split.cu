@@ -21,7 +21,7 @@
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = fa::wg_shapes::kF32sSplitThreads;
 using fa::f32_split::kRows;
 
 template <int E>

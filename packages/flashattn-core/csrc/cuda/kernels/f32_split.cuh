@@ -9,10 +9,11 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "wg_shapes.h"
 
 namespace fa::f32_split {
 
-constexpr int kRows = 128;           // a tile's rows, the shift's reach
+constexpr int kRows = wg_shapes::kF32sSplitRows;  // a tile's rows, the shift's reach
 constexpr int kBad = 1 << 20;        // the shift of a tile with a value that is not finite
 __host__ __device__ constexpr int tiles(int rows) { return (rows + kRows - 1) / kRows; }
 

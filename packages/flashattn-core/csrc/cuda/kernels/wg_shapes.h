@@ -148,6 +148,9 @@ constexpr int f16_smem_bytes(int E, bool narrow = false, bool tt = false) {
 // the two-term float16 unit at E = 128 with its queries 128 wide too, two
 // consumers, no overlap (with it ptxas serialised the wgmma: registers).
 constexpr int kF32sE = 64, kF32sStoredE = 2 * kF32sE;
+// f32_split.cu: a shift a tile of this many rows, a block of this many
+// threads a tile (dispatch.cpp launches it).
+constexpr int kF32sSplitRows = 128, kF32sSplitThreads = 256;
 constexpr int f32s_smem_bytes() {
   return (f16_rows(kF32sStoredE) * kF32sStoredE + 2 * kF16Buffers * f16_bc(kF32sStoredE, true) * kF32sStoredE) * 2 +
          (2 * kF16Buffers + 2) * 8;
