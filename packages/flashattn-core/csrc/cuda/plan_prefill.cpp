@@ -203,8 +203,9 @@ std::optional<Launches> two_term_launches(const Dims& d, mx::Dtype dtype, int de
 // two float16 terms a row, every 128-row tile scaled by a power of two
 // (kernels/f32_split.cu, made before the node: dispatch.cpp), then
 // fa_prefill_wgs_float32_64 (three products for Q K^T and three for P V at
-// twice TF32's rate; H200, qwen05b causal 8K: 0.61 ms with the split
-// against 1.25 for the 3xTF32 wgmma kernel, both 3e-7 to 4e-7 off float64).
+// twice TF32's rate; H200, qwen05b causal 8K: 0.73 ms a call with the split
+// against 1.28-1.30 for the 3xTF32 wgmma kernel, 1.5e-7 to 8e-7 off float64
+// against its 4e-7 to 1.2e-6: docs/cuda.md).
 // A grid of row tiles. FLASHATTN_CUDA_F32_SPLIT=0: the 3xTF32 kernels
 // (tests, comparisons).
 std::optional<Launches> split_query_launches(const Dims& d, mx::Dtype dtype, int device_index) {

@@ -1,8 +1,8 @@
 // float32 rows as two float16 terms, every 128-row tile of a (batch, head)
 // scaled by a power of two of its own (f32_split.cu), as the split-query
-// prefill (prefill_f32s_wg.cu) reads them: the tiles' shifts, and whether a
-// block's tiles hold a value that is not finite (then it takes the 3xTF32
-// kernel's path on the float32 inputs).
+// prefill (prefill_f32s_wg.cu) reads them: the tiles' shifts (kBad: a tile
+// with a value that is not finite, which the prefill reads from the float32
+// inputs instead).
 
 #pragma once
 
@@ -36,17 +36,5 @@ struct Source {
   const float *q = nullptr, *k = nullptr, *v = nullptr;
   Layout lay{};
 };
-
-// Whether the query tile `q_tile` of slice n, or a key / value tile of
-// [key_begin, key_end) of KV slice kv, is marked bad; warp-uniform.
-__device__ __forceinline__ bool any_bad(const Shifts& s, int64_t n, int q_tile, int64_t kv, int key_begin,
-                                        int key_end) {
-  const int lane = threadIdx.x & 31;
-  bool bad = lane == 0 && s.q(n)[q_tile] == kBad;
-  const int* k = s.k(kv);
-  const int* v = s.v(kv);
-  for (int j = key_begin / kRows + lane; j * kRows < key_end; j += 32) bad |= k[j] == kBad || v[j] == kBad;
-  return __any_sync(0xffffffffu, bad);
-}
 
 }  // namespace fa::f32_split

@@ -4,7 +4,7 @@
 // by a power of two); prefill_f16_wg.cu's split-query unit (kQS) then takes
 // Q K^T as Q hi K hi + Q hi K lo + Q lo K hi and P V as P hi V hi + P hi V lo
 // + P lo V hi, as 3xTF32 does on TF32 tensor cores of half the rate (H200,
-// qwen05b causal 8K: 0.64 ms with the split against 1.24 for
+// qwen05b causal 8K: 0.65 ms with the split against 1.25 for
 // prefill_tf32_wg.cu, benchmarks/cuda-probes/prefill-f32split-probe.cu).
 // Tiles holding a value that is not finite (the split marks them) take
 // their scores and P V in plain float32 from the float32 inputs.
