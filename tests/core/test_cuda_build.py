@@ -48,6 +48,8 @@ HOPPER_ONLY = (
     | {f"fa_prefill_wg2_{d}_64" for d in ("float16", "bfloat16")}
     # float32 at head dim 64 on float16 tensor cores: the split, then the attention
     | {"fa_f32_split_64", "fa_prefill_wgs_float32_64"}
+    # and its backward under a causal mask: the split of q, k, v and dO, then the keys pass
+    | {"fa_f32_split4_64", "fa_backward_keyswgsc_float32_64"}
     | {f"fa_prefill_{f}_bfloat16_{e}" for f in ("wg32t", "wg32th") for e in (128, 256)}
     | {f"fa_backward_{p}wg_{d}_{e}" for p in ("stats", "keys") for d in ("float16", "bfloat16") for e in (64, 128)}
     | {f"fa_backward_keyswg{k}_{d}_{e}" for k in ("n", "c") for d in ("float16", "bfloat16") for e in (64, 128)}

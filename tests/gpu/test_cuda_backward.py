@@ -241,3 +241,79 @@ def test_mlx_lm_transpose_of_the_gradients_copies_nothing(heads, dtype, kw):
     refs = attention_gradients_reference(q, k, v, d_out, mask="causal")
     for name, g, ref in zip(("dq", "dk", "dv"), flat, refs):
         assert relative_error(g.reshape(B, L, -1, E).swapaxes(1, 2), ref) <= TOLERANCE[dtype], name
+
+
+def band_scales(n, bands, seed):
+    """A power of two for each 128-row band of n rows."""
+    rng = np.random.default_rng(seed)
+    return 2.0 ** rng.choice(bands, size=(n + 127) // 128)[np.arange(n) // 128]
+
+
+@pytest.mark.parametrize("L,S", [(700, 700), (300, 1000)])
+def test_float32_gradients_tiles_of_any_magnitude(L, S):
+    # On Hopper float32 gradients at E = 64 under a causal mask run on
+    # float16 tensor cores: each 128-row tile of q, k, v and dO scaled by a
+    # power of two of its own, dS by one a row tile, dK's and dV's sums in
+    # units that follow (backward_f32s_wg.cu). Bands of rows far outside
+    # float16's range both ways; each band of dQ (its rows' dO band) and of
+    # dK and dV (their keys' v band) held to float32's tolerance on its own.
+    # Query and key bands stay small, as in the forward's test: a score of
+    # size x carries 2^-22 x of error.
+    case = Case(batch=(2,), heads=(4, 2), L=L, S=S, E=64, mask="causal")
+    q, k, v, _ = (np.array(x) for x in make_inputs(case))
+    d_out = np.array(d_out_for(mx.array(q)))
+    q = q * band_scales(L, [-40, -12, 0, 0], 1)[:, None]
+    k = k * band_scales(S, [-30, -5, 0, 0], 2)[:, None]
+    v = v * band_scales(S, [-50, -20, 0, 20, 50], 3)[:, None]
+    d_out = d_out * band_scales(L, [-60, -25, 0, 25, 60], 4)[:, None]
+    args = [mx.array(x, dtype=mx.float32) for x in (q, k, v, d_out)]
+    grads = gradients(*args[:3], "causal", args[3])
+    refs = attention_gradients_reference(*args, mask="causal")
+    for name, g, ref, n in zip(("dq", "dk", "dv"), grads, refs, (L, S, S)):
+        got = np.array(g, dtype=np.float64)
+        for start in range(0, n, 128):
+            rows = slice(start, start + 128)
+            assert relative_error(got[..., rows, :], ref[..., rows, :]) <= TOLERANCE["float32"], f"{name} {start}.."
+
+
+@pytest.mark.parametrize(
+    "where,row,value",
+    [("q", 300, float("inf")), ("k", 200, float("nan")), ("v", 500, float("nan")), ("d_out", 300, float("inf"))],
+)
+def test_float32_gradients_one_tile_not_finite(where, row, value):
+    # A value that is not finite in one 128-row tile of many: the row tiles
+    # and key blocks that hold it take their products in plain float32 (the
+    # split marks them), the rest stay on the tensor cores. Every gradient
+    # the value reaches is not finite, as float64's; the others equal the
+    # reference's with that value zeroed (which changes nothing they depend
+    # on), the keys a row with an infinite query cannot see included.
+    case = Case(batch=(1,), heads=(4, 2), L=700, S=700, E=64, mask="causal")
+    q, k, v, _ = (np.array(x) for x in make_inputs(case))
+    d_out = np.array(d_out_for(mx.array(q)))
+    arrays = {"q": q, "k": k, "v": v, "d_out": d_out}
+    zeroed = {name: x.copy() for name, x in arrays.items()}
+    arrays[where][0, 1, row, 7] = value
+    zeroed[where][0, 1, row, 7] = 0
+    as_mx = lambda xs: [mx.array(xs[name], dtype=mx.float32) for name in ("q", "k", "v", "d_out")]
+    args = as_mx(arrays)
+    grads = [np.array(g) for g in gradients(*args[:3], "causal", args[3])]
+    refs = attention_gradients_reference(*as_mx(zeroed), mask="causal")
+    # What the value reaches (query heads 2, 3 share key head 1; a row i sees keys <= i).
+    reached = [np.zeros(g.shape, dtype=bool) for g in grads]
+    dq, dk, dv = reached
+    if where in ("q", "d_out"):
+        dq[0, 1, row] = True
+        dk[0, 0, : row + 1] = True
+        if where == "q":
+            dv[0, 0, : row + 1] = True
+        else:  # dV = P^T dO: the column that holds it
+            dv[0, 0, : row + 1, 7] = True
+    else:  # key head 1: every row from `row` on of its query heads
+        dq[0, 2:, row:] = True
+        dk[0, 1] = True
+        if where == "k":
+            dv[0, 1] = True
+    for name, g, ref, mask in zip(("dq", "dk", "dv"), grads, refs, reached):
+        assert not np.isfinite(g[mask]).any(), name
+        assert np.isfinite(g[~mask]).all(), name
+        assert relative_error(np.where(mask, 0, g), np.where(mask, 0, ref)) <= TOLERANCE["float32"], name

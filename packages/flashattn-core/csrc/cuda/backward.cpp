@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -30,6 +31,7 @@
 #include "cuda/kernel_images.h"
 #include "cuda/kernels/backward_shapes.h"
 #include "cuda/kernels/mask_bits.h"
+#include "cuda/kernels/wg_shapes.h"
 #include "cuda/mask_args.h"
 #include "cuda/primitive.h"
 #include "mlx/fast.h"
@@ -165,19 +167,51 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // copies nothing for it).
   const std::string f32_fixed = q.dtype() == mx::float32 ? fixed : "_";
   BackwardTF32Steps steps;
+  // float32 at E = 64 under a causal mask on Hopper: Q, K, V and dO as two
+  // float16 terms a row (fa_f32_split4_64), then the keys pass on float16
+  // tensor cores (kernels/backward_f32s_wg.cu). FLASHATTN_CUDA_F32_SPLIT=0
+  // keeps the TF32 kernels, as for the forward.
+  const char* split_env = std::getenv("FLASHATTN_CUDA_F32_SPLIT");
+  const std::string f32s_kernel = "fa_backward_keyswgsc_float32_64", split_kernel = "fa_f32_split4_64";
+  constexpr int kSplitRows = fa::wg_shapes::kF32sSplitRows, kSplitThreads = fa::wg_shapes::kF32sSplitThreads;
+  const int64_t q_slices = batch * H_q, kv_slices = batch * H_kv;
+  const int64_t split_blocks =
+      2 * (q_slices * ((L + kSplitRows - 1) / kSplitRows) + kv_slices * ((S + kSplitRows - 1) / kSplitRows));
+  const int64_t f32s_blocks = (S + bs::kKeys16 - 1) / bs::kKeys16 * q_slices;
+  const bool f32s = q.dtype() == mx::float32 && keysq && E == bs::kF32sE && fixed == "c_" &&
+                    !(split_env && std::string(split_env) == "0") &&
+                    (smem_allowed <= 0 || bs::keys_smem_bytes_f32s() <= smem_allowed) &&
+                    split_blocks * kSplitThreads <= std::numeric_limits<int>::max() &&
+                    find_image(f32s_kernel, s.device.index) && find_image(split_kernel, s.device.index);
+  if (f32s) {
+    steps.split = Step{split_kernel,
+                       {static_cast<int>(q_slices), static_cast<int>(kv_slices), H_q, H_kv, L, S},
+                       {static_cast<int>(split_blocks) * kSplitThreads, 1, 1},
+                       {kSplitThreads, 1, 1},
+                       0};
+  }
   steps.keysq = keysq;
   steps.lse = lse.has_value();
   steps.mask_arrays = m.inputs;
   steps.group_sums = group_sums;
   steps.first = keysq ? step("fa_backward_d_" + suffix, row_blocks, bs::kThreads, 0)
                       : step("fa_backward_rows" + f32_fixed + suffix, row_blocks, bs::kThreads, bs::rows_smem(EB, bytes));
-  steps.second = keysq ? step("fa_backward_keysq" + fixed + suffix, key_blocks, key_threads, bs::keysq_smem_bytes(EB))
-                       : step("fa_backward_keys" + f32_fixed + suffix, key_blocks, key_threads, bs::keys_smem(EB, bytes));
+  steps.second = f32s    ? step(f32s_kernel, f32s_blocks, bs::kKeysThreads16, bs::keys_smem_bytes_f32s())
+                 : keysq ? step("fa_backward_keysq" + fixed + suffix, key_blocks, key_threads, bs::keysq_smem_bytes(EB))
+                         : step("fa_backward_keys" + f32_fixed + suffix, key_blocks, key_threads, bs::keys_smem(EB, bytes));
   const mx::array lse_in = lse ? *lse : mx::array({0.0f});
-  auto outs = mx::array::make_arrays(
-      {q.shape(), k.shape(), v.shape(), stats_shape}, {keysq ? mx::float32 : q.dtype(), kv_dtype, kv_dtype, mx::float32},
-      std::make_shared<BackwardTF32>(s, std::move(steps)),
-      {q, k, v, o, mx::astype(d_out, q.dtype(), s), m.data, m.base, lse_in});
+  std::vector<mx::Shape> shapes = {q.shape(), k.shape(), v.shape(), stats_shape};
+  std::vector<mx::Dtype> dtypes = {keysq ? mx::float32 : q.dtype(), kv_dtype, kv_dtype, mx::float32};
+  if (f32s) {
+    // The split's outputs: q, k, v and dO's terms (rows of 2E halves), and
+    // the tiles' shifts.
+    const int q_rows = static_cast<int>(q_slices * L), kv_rows = static_cast<int>(kv_slices * S);
+    shapes.insert(shapes.end(), {{q_rows, 2 * E}, {kv_rows, 2 * E}, {kv_rows, 2 * E}, {q_rows, 2 * E},
+                                 {static_cast<int>(split_blocks)}});
+    dtypes.insert(dtypes.end(), {mx::float16, mx::float16, mx::float16, mx::float16, mx::int32});
+  }
+  auto outs = mx::array::make_arrays(shapes, dtypes, std::make_shared<BackwardTF32>(s, std::move(steps)),
+                                     {q, k, v, o, mx::astype(d_out, q.dtype(), s), m.data, m.base, lse_in});
   return gradients({mx::astype(outs[0], q.dtype(), s), mx::astype(outs[1], k.dtype(), s),
                     mx::astype(outs[2], v.dtype(), s)},
                    outs[3]);

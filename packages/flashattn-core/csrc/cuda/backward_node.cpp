@@ -134,11 +134,20 @@ void BackwardTF32::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx
   std::vector<mx::array> stats = {outputs[3]};
   if (steps_.keysq) {
     // (lse, D), then all three gradients; dQ's sums (and dK's and dV's
-    // under GQA) added into zeros.
+    // under GQA) added into zeros. The keys pass on float16 terms reads the
+    // split's after its inputs; the split takes Q's, K's, V's and dO's rows.
+    std::vector<mx::array> keys_in = {q, k, v, d_out, stats[0], mask_data, mask_base};
+    if (steps_.split) {
+      std::vector<mx::array> terms(outputs.begin() + 4, outputs.begin() + 9);
+      std::vector<Scalar> scalars = steps_.split->scalars;
+      scalars.insert(scalars.end(), layout.begin(), layout.begin() + 9);        // q, k, v
+      scalars.insert(scalars.end(), layout.begin() + 12, layout.begin() + 15);  // dO
+      launch(*steps_.split, scalars, {q, k, v, d_out}, terms, copy, s, std::nullopt);
+      keys_in.insert(keys_in.end(), terms.begin(), terms.end());
+    }
     launch(steps_.first, with_layout(steps_.first, layout), {o, d_out, lse}, stats, copy, s, poison_value());
     std::vector<mx::array> keys = {grads[1], grads[2], grads[0]};
-    launch(steps_.second, with_layout(steps_.second, layout), {q, k, v, d_out, stats[0], mask_data, mask_base}, keys,
-           copy, s, 0.0f);
+    launch(steps_.second, with_layout(steps_.second, layout), keys_in, keys, copy, s, 0.0f);
   } else {
     // dQ and (lse, D), then dK and dV.
     std::vector<mx::array> rows = {grads[0], stats[0]};

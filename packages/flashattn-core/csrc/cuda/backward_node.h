@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "cuda/plan.h"
 #include "mlx/primitives.h"
@@ -51,8 +52,12 @@ class Backward16 : public mx::Primitive {
 // the log-sum-exp and E <= 128, fa_backward_d_ then the keys pass with dQ
 // (keysq); else the rows pass (dQ and the statistics) then the keys pass.
 struct BackwardTF32Steps {
+  // float32 at E = 64 (fa_f32_split4_64): q, k, v and dO as two float16
+  // terms a row and their tiles' shifts, the node's outputs 4-8, which the
+  // keys pass (fa_backward_keyswgsc_float32_64) reads after its own inputs
+  std::optional<Step> split;
   Step first;   // fa_backward_d_ or fa_backward_rows*_
-  Step second;  // fa_backward_keysq*_ or fa_backward_keys*_
+  Step second;  // fa_backward_keysq*_, fa_backward_keyswgsc_ or fa_backward_keys*_
   bool keysq = false;
   bool lse = false;
   bool mask_arrays = false;
@@ -61,7 +66,8 @@ struct BackwardTF32Steps {
 
 // Inputs: q, k, v, o, dO, the mask's data and base offsets, the forward's
 // log-sum-exp (or a placeholder). Outputs: dQ (float32 sums under keysq),
-// dK, dV (float32 sums under GQA), the statistics (lse, D). A gradient in
+// dK, dV (float32 sums under GQA), the statistics (lse, D), and the split's
+// five where it runs. A gradient in
 // its input's dtype is laid out as that input; the sums that are cast after
 // are row-contiguous.
 class BackwardTF32 : public mx::Primitive {

@@ -85,23 +85,6 @@ __device__ __forceinline__ void mma_terms(float* c, const uint32_t (&ah)[4], con
   mma1688_tf32(c, ah, bh0, bh1);
 }
 
-// Row r of a block's query head (n = b H_q + h), or of its KV head, in an
-// array laid out as x says: the batch's offset in 64 bits, the head's and
-// the row's in 32 (the host reads an array in place only where one batch
-// element's offsets fit an int: cuda/node.cpp). Kept as the batch and head,
-// ints, so that each array's offset is made where it is read.
-struct RowAt {
-  int batch, head, kv_head;
-  __device__ __forceinline__ RowAt(int64_t n, int H_q, int H_kv)
-      : batch(int(n) / H_q), head(int(n) % H_q), kv_head(int(n) % H_q / (H_q / H_kv)) {}
-  __device__ __forceinline__ int64_t operator()(const Rows& x, int r) const {
-    return int64_t{batch} * x.sb + (head * x.sh + r * x.sr);
-  }
-  __device__ __forceinline__ int64_t kv(const Rows& x, int r) const {
-    return int64_t{batch} * x.sb + (kv_head * x.sh + r * x.sr);
-  }
-};
-
 // ROWS rows of E elements from src (rows ld apart) into dst as float32
 // (row stride LD), zeros past `count` rows and past E columns. Returns
 // whether this thread saw a value that is not finite.

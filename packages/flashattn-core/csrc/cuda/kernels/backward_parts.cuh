@@ -51,6 +51,23 @@ __device__ __forceinline__ T* head_of(T* x, const Rows& r, int64_t n, int H) {
   return x + r.at(n / H, n % H, 0);
 }
 
+// Row r of a block's query head (n = b H_q + h), or of its KV head, in an
+// array laid out as x says: the batch's offset in 64 bits, the head's and
+// the row's in 32 (the host reads an array in place only where one batch
+// element's offsets fit an int: cuda/node.cpp). Kept as the batch and head,
+// ints, so that each array's offset is made where it is read.
+struct RowAt {
+  int batch, head, kv_head;
+  __device__ __forceinline__ RowAt(int64_t n, int H_q, int H_kv)
+      : batch(int(n) / H_q), head(int(n) % H_q), kv_head(int(n) % H_q / (H_q / H_kv)) {}
+  __device__ __forceinline__ int64_t operator()(const Rows& x, int r) const {
+    return int64_t{batch} * x.sb + (head * x.sh + r * x.sr);
+  }
+  __device__ __forceinline__ int64_t kv(const Rows& x, int r) const {
+    return int64_t{batch} * x.sb + (kv_head * x.sh + r * x.sr);
+  }
+};
+
 // The blocks of a pass: grid.x = tiles x slices (slice: batch x head, the
 // query head's), slice-minor, so that blocks start tile by tile in every
 // slice at once: the heaviest tiles under a causal mask (the last rows, the
@@ -130,7 +147,7 @@ __device__ __forceinline__ void row_ds(float (&s)[NB][4], const float (&dp)[NB][
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float p = exp2_of<kFast>(s[nb][i] - lse[i >> 1]);
+      const float p = s[nb][i] == FA_NEG_INF ? 0.0f : exp2_of<kFast>(s[nb][i] - lse[i >> 1]);  // (hidden: 0)
       // p = 0 (a hidden key): dS = 0 whatever dP holds (NaN of a hidden value).
       s[nb][i] = p == 0.0f ? 0.0f : p * (dp[nb][i] - D[i >> 1]);
     }
@@ -149,14 +166,19 @@ __device__ __forceinline__ void key_tile_ds(float (&p)[NB][4], float (&ds)[NB][4
     for (int i = 0; i < 4; ++i) {
       const int c = ka + 8 * (i >> 1), j = nb * 8 + 2 * t + (i & 1), r = r0 + j;
       float x = p[nb][i] * scale_log2;
+      bool hidden = false;
       if (need_mask) {
         const int64_t rb = mask.is_array() && r < L ? mask.row_base(n, r) : 0;
         const float add = mask.hides(rb, r, c, L, S) ? FA_NEG_INF
                           : mask.is_array()          ? mask.term(rb, c)
                                                      : 0.0f;
-        x = add == FA_NEG_INF ? FA_NEG_INF : x + add;
+        hidden = add == FA_NEG_INF;
+        x = hidden ? FA_NEG_INF : x + add;
       }
-      const float pv = exp2_of<kFast>(x - lse_s[j]);
+      // A hidden key's P is 0 even where the row's log-sum-exp is NaN (a
+      // value the row sees that is not finite): its gradients stay the
+      // keys' own.
+      const float pv = hidden ? 0.0f : exp2_of<kFast>(x - lse_s[j]);
       p[nb][i] = pv;
       ds[nb][i] = pv == 0.0f ? 0.0f : pv * (ds[nb][i] - d_s[j]);
     }

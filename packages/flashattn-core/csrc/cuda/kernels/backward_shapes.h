@@ -87,6 +87,18 @@ FA_HOST_DEVICE constexpr int keys_smem_bytes_wg(int EB) {
 FA_HOST_DEVICE constexpr int keys_dq_stage_bytes_wg(int EB) { return 2 * row_tile16(EB) * EB * 4; }
 FA_HOST_DEVICE constexpr int keys_smem_total_wg(int EB) { return keys_smem_bytes_wg(EB) + keys_dq_stage_bytes_wg(EB); }
 
+// float32 at E = 64 on Hopper's float16 tensor cores (backward_f32s_wg.cu):
+// the keys pass's blocks of 128 keys and row tiles of 64, K, V, Q and dO as
+// rows of two float16 terms ([hi | lo], 128 halves, swizzled), dS^T's two
+// terms for dQ (in a tile that holds a value that is not finite, dS^T in
+// float32 in the same bytes), the rows' (lse, D) and the tiles' shifts
+// (two buffers each), and the warps' largest |dS|.
+constexpr int kF32sE = 64, kF32sRows = 64;
+FA_HOST_DEVICE constexpr int keys_smem_bytes_f32s() {
+  return (2 * kKeys16 + 4 * kF32sRows) * 2 * kF32sE * 2 + 2 * kKeys16 * (kF32sRows + 8) * 2 + 4 * kF32sRows * 4 +
+         (8 + 4) * 4;
+}
+
 // The statistics pass on Hopper: the same tiles, unpadded (swizzled).
 FA_HOST_DEVICE constexpr int rows_smem_bytes_wg(int EB) { return (kRows + 2 * kKeyTile16) * EB * 2; }
 
