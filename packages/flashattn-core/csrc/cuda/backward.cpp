@@ -167,10 +167,11 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   // copies nothing for it).
   const std::string f32_fixed = q.dtype() == mx::float32 ? fixed : "_";
   BackwardTF32Steps steps;
-  // float32 at E = 64 under a causal mask on Hopper: Q, K, V and dO as two
-  // float16 terms a row (fa_f32_split4_64), then the keys pass on float16
-  // tensor cores (kernels/backward_f32s_wg.cu). FLASHATTN_CUDA_F32_SPLIT=0
-  // keeps the TF32 kernels, as for the forward.
+  // float32 at E = 64 under a causal mask on Hopper: K and V as two float16
+  // terms a row and the shifts of Q's, K's, V's and dO's tiles
+  // (fa_f32_split4_64), then the keys pass on float16 tensor cores
+  // (kernels/backward_f32s_wg.cu), which makes Q's and dO's terms itself.
+  // FLASHATTN_CUDA_F32_SPLIT=0 keeps the TF32 kernels, as for the forward.
   const char* split_env = std::getenv("FLASHATTN_CUDA_F32_SPLIT");
   const std::string f32s_kernel = "fa_backward_keyswgsc_float32_64", split_kernel = "fa_f32_split4_64";
   constexpr int kSplitRows = fa::wg_shapes::kF32sSplitRows, kSplitThreads = fa::wg_shapes::kF32sSplitThreads;
@@ -203,12 +204,11 @@ std::vector<mx::array> flash_attention_backward(const AttentionCall& call, const
   std::vector<mx::Shape> shapes = {q.shape(), k.shape(), v.shape(), stats_shape};
   std::vector<mx::Dtype> dtypes = {keysq ? mx::float32 : q.dtype(), kv_dtype, kv_dtype, mx::float32};
   if (f32s) {
-    // The split's outputs: q, k, v and dO's terms (rows of 2E halves), and
-    // the tiles' shifts.
-    const int q_rows = static_cast<int>(q_slices * L), kv_rows = static_cast<int>(kv_slices * S);
-    shapes.insert(shapes.end(), {{q_rows, 2 * E}, {kv_rows, 2 * E}, {kv_rows, 2 * E}, {q_rows, 2 * E},
-                                 {static_cast<int>(split_blocks)}});
-    dtypes.insert(dtypes.end(), {mx::float16, mx::float16, mx::float16, mx::float16, mx::int32});
+    // The split's outputs: k's and v's terms (rows of 2E halves), and the
+    // tiles' shifts.
+    const int kv_rows = static_cast<int>(kv_slices * S);
+    shapes.insert(shapes.end(), {{kv_rows, 2 * E}, {kv_rows, 2 * E}, {static_cast<int>(split_blocks)}});
+    dtypes.insert(dtypes.end(), {mx::float16, mx::float16, mx::int32});
   }
   auto outs = mx::array::make_arrays(shapes, dtypes, std::make_shared<BackwardTF32>(s, std::move(steps)),
                                      {q, k, v, o, mx::astype(d_out, q.dtype(), s), m.data, m.base, lse_in});

@@ -135,10 +135,11 @@ void BackwardTF32::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx
   if (steps_.keysq) {
     // (lse, D), then all three gradients; dQ's sums (and dK's and dV's
     // under GQA) added into zeros. The keys pass on float16 terms reads the
-    // split's after its inputs; the split takes Q's, K's, V's and dO's rows.
+    // split's outputs after its inputs; the split reads Q's, K's, V's and
+    // dO's rows.
     std::vector<mx::array> keys_in = {q, k, v, d_out, stats[0], mask_data, mask_base};
     if (steps_.split) {
-      std::vector<mx::array> terms(outputs.begin() + 4, outputs.begin() + 9);
+      std::vector<mx::array> terms(outputs.begin() + 4, outputs.begin() + 7);
       std::vector<Scalar> scalars = steps_.split->scalars;
       scalars.insert(scalars.end(), layout.begin(), layout.begin() + 9);        // q, k, v
       scalars.insert(scalars.end(), layout.begin() + 12, layout.begin() + 15);  // dO

@@ -52,9 +52,10 @@ class Backward16 : public mx::Primitive {
 // the log-sum-exp and E <= 128, fa_backward_d_ then the keys pass with dQ
 // (keysq); else the rows pass (dQ and the statistics) then the keys pass.
 struct BackwardTF32Steps {
-  // float32 at E = 64 (fa_f32_split4_64): q, k, v and dO as two float16
-  // terms a row and their tiles' shifts, the node's outputs 4-8, which the
-  // keys pass (fa_backward_keyswgsc_float32_64) reads after its own inputs
+  // float32 at E = 64 (fa_f32_split4_64): k and v as two float16 terms a
+  // row and the shifts of q's, k's, v's and dO's tiles, the node's outputs
+  // 4-6, which the keys pass (fa_backward_keyswgsc_float32_64) reads after
+  // its own inputs
   std::optional<Step> split;
   Step first;   // fa_backward_d_ or fa_backward_rows*_
   Step second;  // fa_backward_keysq*_, fa_backward_keyswgsc_ or fa_backward_keys*_

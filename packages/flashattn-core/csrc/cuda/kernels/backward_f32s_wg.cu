@@ -78,6 +78,45 @@ __device__ __forceinline__ void to_unit(float (&acc)[N][4], int& unit, int to) {
   unit = to;
 }
 
+// Two float16 terms (hi, lo) of each value times 2^e (Pow2's two factors):
+// hi + lo scaled and split again, so that dS need not stay in registers.
+template <int NK>
+__device__ __forceinline__ void rescale_terms(uint32_t (&t)[2][NK][4], const Pow2& f) {
+#pragma unroll
+  for (int kk = 0; kk < NK; ++kk)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float a = (unpack_half<__half>(t[0][kk][j], 0) + unpack_half<__half>(t[1][kk][j], 0)) * f.a * f.b;
+      const float b = (unpack_half<__half>(t[0][kk][j], 1) + unpack_half<__half>(t[1][kk][j], 1)) * f.a * f.b;
+      t[0][kk][j] = pack2<__half>(a, b);
+      t[1][kk][j] = pack2<__half>(a - unpack_half<__half>(t[0][kk][j], 0), b - unpack_half<__half>(t[0][kk][j], 1));
+    }
+}
+
+// A staged row tile (BR x E float32, rows contiguous) as two float16 terms
+// a row ([hi | lo], swizzled) scaled by 2^shift, as the split makes them:
+// 16 bytes of each term a store. (A bad tile's values that are not finite
+// stay so; its products are plain float32 anyway.)
+__device__ __forceinline__ void to_terms(__half* dst, const float* src, int shift) {
+  const Pow2 f(shift);
+#pragma unroll
+  for (int k = 0; k < BR * kE / 8 / TH; ++k) {
+    const int idx = threadIdx.x + k * TH, r = idx / (kE / 8), c = idx % (kE / 8) * 8;
+    const float4 x0 = *reinterpret_cast<const float4*>(src + r * kE + c);
+    const float4 x1 = *reinterpret_cast<const float4*>(src + r * kE + c + 4);
+    const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float a = x[2 * j] * f.a * f.b, b = x[2 * j + 1] * f.a * f.b;
+      hi[j] = pack2<__half>(a, b);
+      lo[j] = pack2<__half>(a - unpack_half<__half>(hi[j], 0), b - unpack_half<__half>(hi[j], 1));
+    }
+    *reinterpret_cast<uint4*>(dst + sw_at<BR>(r, c)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(dst + sw_at<BR>(r, kE + c)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+}
+
 // dQ's block of this warp (rows 16 wm .., columns 32 wn ..) of dS K over the
 // block's keys, in three products of float16 terms: dS^T's two (hi, lo:
 // BK x LDS each) and K's ([hi | lo] swizzled).
@@ -178,16 +217,17 @@ __device__ __forceinline__ void lower_units(float (&dk_acc)[N][4], int& unit_k, 
 __device__ __forceinline__ void backward_keys_f32s(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ d_out, const float* __restrict__ stats, const void* mask_data,
-    const int64_t* __restrict__ mask_base, const __half* __restrict__ q2, const __half* __restrict__ k2,
-    const __half* __restrict__ v2, const __half* __restrict__ do2, const int* __restrict__ shifts, float* dk,
+    const int64_t* __restrict__ mask_base, const __half* __restrict__ k2, const __half* __restrict__ v2,
+    const int* __restrict__ shifts, float* dk,
     float* dv, float* dq, int64_t slices, int H_q, int H_kv, int L, int S, int mask_kind, int mask_rs, int mask_cs,
     float scale_log2, float scale, const BackwardLayout& lay, const Rows& dq_rows) {
   extern __shared__ __align__(1024) unsigned char smem_sw[];
   __half* k_s = reinterpret_cast<__half*>(smem_sw);  // BK x [hi | lo], swizzled
   __half* v_s = k_s + BK * kE2;
-  __half* q_s = v_s + BK * kE2;   // two buffers of BR x [hi | lo]
-  __half* do_s = q_s + 2 * BR * kE2;
-  __half* ds_s = do_s + 2 * BR * kE2;  // dS^T's hi, then lo (BK x LDS each); float32 in a bad tile
+  __half* q_s = v_s + BK * kE2;   // BR x [hi | lo]
+  __half* do_s = q_s + BR * kE2;
+  float* stage = reinterpret_cast<float*>(do_s + BR * kE2);  // the next row tile's Q, then dO (BR x E each)
+  __half* ds_s = reinterpret_cast<__half*>(stage + 2 * BR * kE);  // dS^T's hi, then lo (BK x LDS each); float32 in a bad tile
   float* ds_f = reinterpret_cast<float*>(ds_s);
   float* lse_s = reinterpret_cast<float*>(ds_s + 2 * BK * LDS);  // two buffers
   float* d_s = lse_s + 2 * BR;                                    // two buffers
@@ -211,15 +251,34 @@ __device__ __forceinline__ void backward_keys_f32s(
   const int sk_at = shift.k(kv_slice)[c0 / f32_split::kRows], sv_at = shift.v(kv_slice)[c0 / f32_split::kRows];
   const bool kv_bad = f32_split::bad(sk_at) || f32_split::bad(sv_at);
   const int sk = f32_split::shift_of(sk_at), sv = f32_split::shift_of(sv_at);
-  const __half* q_head = q2 + n * L * kE2;
-  const __half* do_head = do2 + n * L * kE2;
 
-  // Row tile i into buffer b: Q's and dO's terms, the rows' (lse, D), lse =
-  // +inf past L (P = 0), and the tile's two shifts.
+  // Row tile i into the stage (its rows' statistics and shifts into buffer
+  // b): Q and dO in float32, zeros past L; the rows' (lse, D), lse = +inf
+  // past L (P = 0), and the tile's two shifts. Q's and dO's terms are made
+  // in the block (to_terms): as terms in memory they took 56 MiB more at
+  // qwen05b 8K, past the 128 MiB a gradient may take.
   auto copy_rows = [&](int i, int b) {
     const int r0 = row_begin + i * BR, count = min(BR, L - r0);
-    copy_tile<__half, kE2, BR, TH, true>(q_s + b * BR * kE2, q_head + int64_t{r0} * kE2, count, kE2, kE2, true);
-    copy_tile<__half, kE2, BR, TH, true>(do_s + b * BR * kE2, do_head + int64_t{r0} * kE2, count, kE2, kE2, true);
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+      // (each call makes its pointers from the launch's arguments: held
+      // across the loop they cost the keys pass spills)
+      const float* src = a == 0 ? q + row_at(lay.q, r0) : d_out + row_at(lay.d_out, r0);
+      const int ld = a == 0 ? lay.q.sr : lay.d_out.sr;
+      // 16 bytes a copy where the rows allow
+      const bool vec = ((reinterpret_cast<uintptr_t>(src) & 15) | (ld & 3)) == 0;
+#pragma unroll
+      for (int k = 0; k < BR * kE / 4 / TH; ++k) {
+        const int idx = threadIdx.x + k * TH, r = idx / (kE / 4), c = idx % (kE / 4) * 4;
+        float* dst = stage + a * BR * kE + r * kE + c;
+        if (vec) {
+          cp_async16(dst, r < count ? src + r * ld + c : src, r < count);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[e] = r < count ? src[r * ld + c + e] : 0.0f;
+        }
+      }
+    }
     if (threadIdx.x < BR) {
       const int j = threadIdx.x;
       if (j < count) {
@@ -246,14 +305,14 @@ __device__ __forceinline__ void backward_keys_f32s(
   // Descriptors as backward_wg.cu's, over rows of 128 halves: a K step of
   // the head dim moves 32 bytes in a column block (hi: blocks 0 .. 3 of K,
   // lo: 4 .. 7); MN-major (dV's and dK's B), lo is the next column block.
+  // Two descriptors held, the rest made from them by constant offsets in
+  // their low words (16-byte units; the MN-major ones' LBO at bit 16): six
+  // held cost the pass spills.
   const WgDesc d_k(wgmma_desc_sw128(k_s + wg * 64 * 64, 16, 1024));
-  const WgDesc d_v(wgmma_desc_sw128(v_s + wg * 64 * 64, 16, 1024));
   const WgDesc d_q(wgmma_desc_sw128(q_s, 16, 1024));
-  const WgDesc d_do(wgmma_desc_sw128(do_s, 16, 1024));
-  const WgDesc d_qt(wgmma_desc_sw128(q_s, BR * 128, 1024));
-  const WgDesc d_dot(wgmma_desc_sw128(do_s, BR * 128, 1024));
+  constexpr uint32_t kV = (BK * kE2 * 2) >> 4, kDo = (BR * kE2 * 2) >> 4, kMn = ((BR * 128 - 16) >> 4) << 16;
   auto step_e = [](int rows, int kk) { return uint32_t((kk >> 2) * rows * 8 + (kk & 3) * 2); };
-  constexpr uint32_t kStepRows = 2048 >> 4, kStepBuf = (BR * kE2 * 2) >> 4, kLoBlock = (BR * 128) >> 4;
+  constexpr uint32_t kStepRows = 2048 >> 4, kLoBlock = (BR * 128) >> 4;
 
   const int ka = c0 + w * 16 + g;  // this thread's keys: ka, ka + 8
   const int wm = w / 2, wn = w % 2;  // this warp's dQ block: rows 16 wm, columns 32 wn
@@ -274,14 +333,18 @@ __device__ __forceinline__ void backward_keys_f32s(
   int unit_k = kUnset, unit_v = kUnset;  // dK's and dV's sums: units 2^unit
   for (int i = 0; i < tiles; ++i) {
     const int b = i & 1, r0 = row_begin + i * BR;
-    __syncthreads();  // every warp is past tile i - 1; tile i has landed
+    __syncthreads();  // every warp is past tile i - 1; tile i has landed in the stage
+    const int sq = f32_split::shift_of(shift_s[2 * b]), sdo = f32_split::shift_of(shift_s[2 * b + 1]);
+    to_terms(q_s, stage, sq);
+    to_terms(do_s, stage + BR * kE, sdo);
+    fence_proxy_async();  // the terms, read by wgmma
+    __syncthreads();      // every thread's terms written; the stage free
     if (i + 1 < tiles) copy_rows(i + 1, b ^ 1);
     cp_async_commit();
-    const int sq = f32_split::shift_of(shift_s[2 * b]), sdo = f32_split::shift_of(shift_s[2 * b + 1]);
     const bool plain = kv_bad || f32_split::bad(shift_s[2 * b]) || f32_split::bad(shift_s[2 * b + 1]);
     const bool need_mask = mask.tile_hides(c0, BK, r0, BR, S);
 
-    const uint32_t off = b * kStepBuf;
+    constexpr uint32_t off = 0;  // (one buffer of terms)
     // The plain tile and the tensor cores' are two whole branches, each to
     // its last wait: where a path could pass from a product's issue to an
     // instruction that touches its accumulator (the two branches' sums
@@ -356,13 +419,13 @@ __device__ __forceinline__ void backward_keys_f32s(
         wgmma16_ss<__half, BR>(p, d_k.at(step_e(BK, kk + 4)), d_q.at(off + step_e(BR, kk)), 1);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wgmma16_ss<__half, BR>(ds, d_v.at(step_e(BK, kk)), d_do.at(off + step_e(BR, kk)), kk > 0);
+        wgmma16_ss<__half, BR>(ds, d_k.at(kV + step_e(BK, kk)), d_q.at(kDo + off + step_e(BR, kk)), kk > 0);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wgmma16_ss<__half, BR>(ds, d_v.at(step_e(BK, kk)), d_do.at(off + step_e(BR, kk + 4)), 1);
+        wgmma16_ss<__half, BR>(ds, d_k.at(kV + step_e(BK, kk)), d_q.at(kDo + off + step_e(BR, kk + 4)), 1);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wgmma16_ss<__half, BR>(ds, d_v.at(step_e(BK, kk + 4)), d_do.at(off + step_e(BR, kk)), 1);
+        wgmma16_ss<__half, BR>(ds, d_k.at(kV + step_e(BK, kk + 4)), d_q.at(kDo + off + step_e(BR, kk)), 1);
       wgmma_commit();
       wgmma_wait<0>();
       fence_fragments(p);
@@ -384,12 +447,12 @@ __device__ __forceinline__ void backward_keys_f32s(
       }
       wgmma_fence();
 #pragma unroll
-      for (int kb = 0; kb < NB / 2; ++kb) wgmma16_rs_t<__half, kE>(dv_acc, pa[0][kb], d_dot.at(off + kb * kStepRows));
+      for (int kb = 0; kb < NB / 2; ++kb) wgmma16_rs_t<__half, kE>(dv_acc, pa[0][kb], d_q.at(kMn + kDo + off + kb * kStepRows));
 #pragma unroll
       for (int kb = 0; kb < NB / 2; ++kb)
-        wgmma16_rs_t<__half, kE>(dv_acc, pa[0][kb], d_dot.at(off + kLoBlock + kb * kStepRows));
+        wgmma16_rs_t<__half, kE>(dv_acc, pa[0][kb], d_q.at(kMn + kDo + off + kLoBlock + kb * kStepRows));
 #pragma unroll
-      for (int kb = 0; kb < NB / 2; ++kb) wgmma16_rs_t<__half, kE>(dv_acc, pa[1][kb], d_dot.at(off + kb * kStepRows));
+      for (int kb = 0; kb < NB / 2; ++kb) wgmma16_rs_t<__half, kE>(dv_acc, pa[1][kb], d_q.at(kMn + kDo + off + kb * kStepRows));
       wgmma_commit();
       // dS 2^c's terms to shared memory for dQ.
       const Pow2 fq(d.c);
@@ -408,21 +471,17 @@ __device__ __forceinline__ void backward_keys_f32s(
         }
       // dK += dS^T Q: dS^T 2^(Ak - sq), at most dS 2^c (mostly just that).
       if (d.any) {
-        if (unit_k != d.c + sq) {
-          const Pow2 h(unit_k - sq - d.c);
-          scale_by(ds, h.a);
-          pack_p_terms<__half, 2>(dsa, ds, h.b);
-        }
+        if (unit_k != d.c + sq) rescale_terms(dsa, Pow2(unit_k - sq - d.c));
         wgmma_fence();
 #pragma unroll
         for (int kb = 0; kb < NB / 2; ++kb)
-          wgmma16_rs_t<__half, kE>(dk_acc, dsa[0][kb], d_qt.at(off + kb * kStepRows));
+          wgmma16_rs_t<__half, kE>(dk_acc, dsa[0][kb], d_q.at(kMn + off + kb * kStepRows));
 #pragma unroll
         for (int kb = 0; kb < NB / 2; ++kb)
-          wgmma16_rs_t<__half, kE>(dk_acc, dsa[0][kb], d_qt.at(off + kLoBlock + kb * kStepRows));
+          wgmma16_rs_t<__half, kE>(dk_acc, dsa[0][kb], d_q.at(kMn + off + kLoBlock + kb * kStepRows));
 #pragma unroll
         for (int kb = 0; kb < NB / 2; ++kb)
-          wgmma16_rs_t<__half, kE>(dk_acc, dsa[1][kb], d_qt.at(off + kb * kStepRows));
+          wgmma16_rs_t<__half, kE>(dk_acc, dsa[1][kb], d_q.at(kMn + off + kb * kStepRows));
         wgmma_commit();
       }
       __syncthreads();  // dS^T staged by every warp
@@ -454,19 +513,19 @@ __device__ __forceinline__ void backward_keys_f32s(
 
 }  // namespace fa
 
-// Inputs q, k, v, dO (float32, where they lie: a bad tile's), the rows'
-// statistics (lse, D: fa_backward_d_float32_64), the mask's data and base
-// offsets, then fa_f32_split4_64's q2, k2, v2, do2 and shifts; outputs dK,
+// Inputs q, k, v, dO (float32, where they lie), the rows' statistics (lse,
+// D: fa_backward_d_float32_64), the mask's data and base offsets, then
+// fa_f32_split4_64's k2, v2 and shifts (Q's, K's, V's, dO's); outputs dK,
 // dV (float32 zeros under GQA) and dQ (float32 zeros, added into); the
 // scalars and layouts of backward.cu's keys pass with dQ.
 extern "C" __global__ void __launch_bounds__(fa::backward_shapes::kKeysThreads16, 1)
     FA_CAT3(fa_backward_keyswgs, FA_KIND_LETTER, _float32_64)(
         const float* q, const float* k, const float* v, const float* d_out, const float* stats, const void* mask,
-        const int64_t* mask_base, const __half* q2, const __half* k2, const __half* v2, const __half* do2,
-        const int* shifts, float* dk, float* dv, float* dq, int slices, int H_q, int H_kv, int L, int S, int E,
+        const int64_t* mask_base, const __half* k2, const __half* v2, const int* shifts, float* dk, float* dv,
+        float* dq, int slices, int H_q, int H_kv, int L, int S, int E,
         int mask_kind, int mask_rs, int mask_cs, float scale_log2, float scale, FA_BACKWARD_LAYOUT_PARAMS, int dq_sb,
         int dq_sh, int dq_sr) {
-  fa::backward_keys_f32s(q, k, v, d_out, stats, mask, mask_base, q2, k2, v2, do2, shifts, dk, dv, dq, slices, H_q,
+  fa::backward_keys_f32s(q, k, v, d_out, stats, mask, mask_base, k2, v2, shifts, dk, dv, dq, slices, H_q,
                          H_kv, L, S, FA_KIND | (mask_kind & ~fa::kKindBits), mask_rs, mask_cs, scale_log2, scale,
                          FA_BACKWARD_LAYOUT, fa::Rows{dq_sb, dq_sh, dq_sr});
 }

@@ -89,14 +89,15 @@ FA_HOST_DEVICE constexpr int keys_smem_total_wg(int EB) { return keys_smem_bytes
 
 // float32 at E = 64 on Hopper's float16 tensor cores (backward_f32s_wg.cu):
 // the keys pass's blocks of 128 keys and row tiles of 64, K, V, Q and dO as
-// rows of two float16 terms ([hi | lo], 128 halves, swizzled), dS^T's two
-// terms for dQ (in a tile that holds a value that is not finite, dS^T in
-// float32 in the same bytes), the rows' (lse, D) and the tiles' shifts
-// (two buffers each), and the warps' largest |dS|.
+// rows of two float16 terms ([hi | lo], 128 halves, swizzled), the next row
+// tile's Q and dO in float32, dS^T's two terms for dQ (in a tile that holds
+// a value that is not finite, dS^T in float32 in the same bytes), the rows'
+// (lse, D) and the tiles' shifts (two buffers each), and the warps' largest
+// |dS|.
 constexpr int kF32sE = 64, kF32sRows = 64;
 FA_HOST_DEVICE constexpr int keys_smem_bytes_f32s() {
-  return (2 * kKeys16 + 4 * kF32sRows) * 2 * kF32sE * 2 + 2 * kKeys16 * (kF32sRows + 8) * 2 + 4 * kF32sRows * 4 +
-         (8 + 4) * 4;
+  return (2 * kKeys16 + 2 * kF32sRows) * 2 * kF32sE * 2 + 2 * kF32sRows * kF32sE * 4 +
+         2 * kKeys16 * (kF32sRows + 8) * 2 + 4 * kF32sRows * 4 + (8 + 4) * 4;
 }
 
 // The statistics pass on Hopper: the same tiles, unpadded (swizzled).

@@ -27,7 +27,7 @@ using fa::f32_split::kRows;
 // kFlag (the backward's split): a tile with a value that is not finite
 // keeps the shift of its largest finite magnitude, kBad added
 // (f32_split.cuh's Shifts), so that the plain products which read it still
-// know its scale.
+// know its scale; no dst: the shift alone.
 template <int E, bool kFlag = false>
 __device__ __forceinline__ void split_tile(const float* __restrict__ src, __half* __restrict__ dst,
                                            int* __restrict__ shift_out, int rows, int tile, int64_t ld = E) {
@@ -78,6 +78,7 @@ __device__ __forceinline__ void split_tile(const float* __restrict__ src, __half
   }
   if (tid == 0) *shift_out = bad ? shift + fa::f32_split::kBad : shift;
   if (!kFlag && shift == fa::f32_split::kBad) shift = 0;  // the tile is never read
+  if (kFlag && dst == nullptr) return;                      // (the shift alone)
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int idx = tid + i * kThreads, r = r0 + idx / C4, c = (idx % C4) * 4;
@@ -106,14 +107,15 @@ __device__ __forceinline__ void split_tile(const float* __restrict__ src, __half
 #endif
 
 #if defined(FA_SPLIT4)
-// fa_f32_split4_<E>: the backward's q, k, v and dO (backward_f32s_wg.cu),
-// read where they lie (each one's batch, head and row strides), into packed
-// rows of two terms; the shifts as f32_split.cuh's Shifts, dO's after V's.
-// Grid: 2 q_slices tiles(L) + 2 kv_slices tiles(S) blocks.
+// fa_f32_split4_<E>: for the backward (backward_f32s_wg.cu), k and v read
+// where they lie (each one's batch, head and row strides) into packed rows
+// of two terms, and the shifts of q's, k's, v's and dO's tiles, as
+// f32_split.cuh's Shifts (dO's after V's; the keys pass makes Q's and dO's
+// terms itself). Grid: 2 q_slices tiles(L) + 2 kv_slices tiles(S) blocks.
 extern "C" __global__ void __launch_bounds__(kThreads) FA_CAT3(fa_f32_split4_, FA_E, )(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ d_out, __half* __restrict__ q2, __half* __restrict__ k2, __half* __restrict__ v2,
-    __half* __restrict__ do2, int* __restrict__ shifts, int q_slices, int kv_slices, int H_q, int H_kv, int L, int S,
+    const float* __restrict__ d_out, __half* __restrict__ k2, __half* __restrict__ v2, int* __restrict__ shifts,
+    int q_slices, int kv_slices, int H_q, int H_kv, int L, int S,
     int q_sb, int q_sh, int q_sr, int k_sb, int k_sh, int k_sr, int v_sb, int v_sh, int v_sr, int d_sb, int d_sh,
     int d_sr) {
   const int tq = fa::f32_split::tiles(L), tk = fa::f32_split::tiles(S);
@@ -127,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) FA_CAT3(fa_f32_split4_, F
   if (b < nq || b >= nq + 2 * nk) {
     const bool is_d = b >= nq;
     first = is_d ? nq + 2 * nk : 0;
-    src = is_d ? d_out : q, dst = is_d ? do2 : q2, heads = H_q, rows = L, tiles = tq;
+    src = is_d ? d_out : q, dst = nullptr, heads = H_q, rows = L, tiles = tq;
     sb = is_d ? d_sb : q_sb, sh = is_d ? d_sh : q_sh, sr = is_d ? d_sr : q_sr;
   } else {
     const bool is_v = b >= nq + nk;
@@ -136,8 +138,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) FA_CAT3(fa_f32_split4_, F
     sb = is_v ? v_sb : k_sb, sh = is_v ? v_sh : k_sh, sr = is_v ? v_sr : k_sr;
   }
   const int64_t slice = (b - first) / tiles;
-  split_tile<FA_E, true>(src + slice / heads * sb + slice % heads * sh, dst + slice * rows * 2 * FA_E, shifts + b,
-                         rows, int((b - first) % tiles), sr);
+  split_tile<FA_E, true>(src + slice / heads * sb + slice % heads * sh, dst ? dst + slice * rows * 2 * FA_E : dst,
+                         shifts + b, rows, int((b - first) % tiles), sr);
 }
 #else
 // q: q_slices x L x FA_E, k and v: kv_slices x S x FA_E (slices: batch x
