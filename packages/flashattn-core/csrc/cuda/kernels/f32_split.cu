@@ -12,7 +12,8 @@
 //
 // One launch for all three: block b of the grid (256 threads) takes tile b
 // of Q's tiles, then K's, then V's. The inputs row-contiguous (MLX copies
-// views first), the outputs packed.
+// views first), the outputs packed. fa_f32_split4_<E> (-DFA_SPLIT4, below)
+// does the same for the backward (backward_f32s_wg.cu).
 
 #include <cstdint>
 
