@@ -106,16 +106,7 @@ __device__ __forceinline__ void backward_keysq16(const T* __restrict__ q, const 
     const int r0 = row_begin + i * BR, count = min(BR, L - r0);
     copy_tile<T, EB, BR, TH>(q_s + b * BR * LD, q_head + r0 * (int64_t)lay.q.sr, count, E, lay.q.sr, vec);
     copy_tile<T, EB, BR, TH>(do_s + b * BR * LD, do_head + r0 * (int64_t)lay.d_out.sr, count, E, lay.d_out.sr, vec);
-    if (threadIdx.x < BR) {
-      const int j = threadIdx.x;
-      if (j < count) {
-        cp_async4(lse_s + b * BR + j, stats + (n * L + r0 + j) * 2);
-        cp_async4(d_s + b * BR + j, stats + (n * L + r0 + j) * 2 + 1);
-      } else {
-        lse_s[b * BR + j] = INFINITY;
-        d_s[b * BR + j] = 0.0f;
-      }
-    }
+    copy_row_stats<BR>(lse_s + b * BR, d_s + b * BR, stats + (n * L + r0) * 2, count);
   };
 
   const int kc = min(BK, S - c0);

@@ -279,16 +279,8 @@ __device__ __forceinline__ void backward_keys_f32s(
         }
       }
     }
-    if (threadIdx.x < BR) {
-      const int j = threadIdx.x;
-      if (j < count) {
-        cp_async4(lse_s + b * BR + j, stats + (n * L + r0 + j) * 2);
-        cp_async4(d_s + b * BR + j, stats + (n * L + r0 + j) * 2 + 1);
-      } else {
-        lse_s[b * BR + j] = INFINITY;
-        d_s[b * BR + j] = 0.0f;
-      }
-    } else if (threadIdx.x < BR + 2) {
+    copy_row_stats<BR>(lse_s + b * BR, d_s + b * BR, stats + (n * L + r0) * 2, count);
+    if (threadIdx.x >= BR && threadIdx.x < BR + 2) {
       const int* from = threadIdx.x == BR ? shift.q(n) : shift.d(n);
       cp_async4(shift_s + 2 * b + threadIdx.x - BR, from + r0 / f32_split::kRows);
     }

@@ -72,6 +72,23 @@ __device__ __forceinline__ void copy_tile(T* dst, const T* src, int count, int E
   }
 }
 
+// A row tile's statistics (stats: its first row's (lse, D) pairs) into
+// lse_s and d_s by the block's first ROWS threads: lse = +inf and D = 0
+// past `count` rows (P = 0 there).
+template <int ROWS>
+__device__ __forceinline__ void copy_row_stats(float* lse_s, float* d_s, const float* stats, int count) {
+  if (threadIdx.x < ROWS) {
+    const int j = threadIdx.x;
+    if (j < count) {
+      cp_async4(lse_s + j, stats + j * 2);
+      cp_async4(d_s + j, stats + j * 2 + 1);
+    } else {
+      lse_s[j] = INFINITY;
+      d_s[j] = 0.0f;
+    }
+  }
+}
+
 // Whether the chunks this thread copied into a tile hold a value that is not
 // finite (read once its copies have landed).
 template <typename T, int EB, int ROWS, int THREADS, bool SW = false>
