@@ -1,10 +1,13 @@
 // fa_backward_keyswgsc_float32_64: the float32 keys pass (dQ, dK, dV) at
-// float32 accuracy on Hopper's float16 tensor cores, head dim 64, causal
-// (window an argument) or no mask. fa_f32_split4_64 (f32_split.cu) has made
-// Q, K, V and dO two float16 terms a row, every 128-row tile scaled by a
-// power of two of its own; each of the five products then takes three:
-// A B = A hi B hi + A hi B lo + A lo B hi, as 3xTF32 does on TF32 tensor
-// cores of half the rate (the forward's prefill_f32s_wg.cu does the same).
+// float32 accuracy on Hopper's float16 tensor cores, head dim 64, under a
+// causal mask (its window an argument). fa_f32_split4_64 (f32_split.cu) has
+// made K and V two float16 terms a row, every 128-row tile scaled by a power
+// of two of its own, and found the shifts of Q's and dO's tiles too; the
+// pass splits each row tile of Q and dO itself, from float32 rows it copies
+// (as terms in memory they held 56 MiB more at qwen05b 8K). Each of the five
+// products then takes three: A B = A hi B hi + A hi B lo + A lo B hi, as
+// 3xTF32 does on TF32 tensor cores of half the rate (the forward's
+// prefill_f32s_wg.cu does the same).
 //
 // backward_wg.cu's block: 128 keys, two warpgroups of 64, row tiles of 64;
 // S^T = K Q^T and dP^T = V dO^T on wgmma from shared memory, dV += P^T dO
