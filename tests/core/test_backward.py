@@ -102,6 +102,52 @@ def test_rows_and_keys_nobody_sees_get_zero_gradients(device):
     assert not np.isnan(np.array(dq)).any() and np.abs(np.array(dk)).sum() > 0
 
 
+@pytest.mark.parametrize("batch,heads", [(1, (2, 1)), (2, (4, 2))], ids=["two passes", "a group an item"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_values_a_row_cannot_see_never_reach_a_gradient(device, batch, heads, dtype):
+    # Keys and values hidden from every row hold NaN and an infinity, a row
+    # that sees nothing an infinite query: a zero weight must not meet them
+    # in any product (0 x inf is NaN). With one KV head the CPU runs its key
+    # and query passes, with four a work item a group.
+    L, S = 90, 140
+    case = Case(batch=(batch,), heads=heads, L=L, S=S, E=64, dtype=dtype)
+    q, k, v = (np.array(x.astype(mx.float32)) for x in make_inputs(case)[:3])
+    visible = np.ones((L, S), dtype=bool)
+    visible[:, 10] = False  # key 10 hidden from every row
+    visible[8] = False  # a row that sees nothing
+    visible[40:, 100] = False  # key 100 seen by some rows only
+    kz, vz, qz = k.copy(), v.copy(), q.copy()
+    k[..., 10, 3], v[..., 10, 5], q[..., 8, 7] = np.nan, np.inf, np.inf
+    kz[..., 10, :], vz[..., 10, :], qz[..., 8, :] = 0, 0, 0
+    as_dtype = lambda x: mx.array(x).astype(getattr(mx, dtype))
+    mask = mx.array(visible)
+    d_out = d_out_for(case, as_dtype(q))
+    grads = vjp(as_dtype(q), as_dtype(k), as_dtype(v), mask, d_out)
+    refs = attention_gradients_reference(as_dtype(qz), as_dtype(kz), as_dtype(vz), d_out, mask=mask)
+    for name, g, ref in zip(("dq", "dk", "dv"), grads, refs):
+        assert np.isfinite(np.array(g.astype(mx.float32))).all(), name
+        assert relative_error(g, ref) <= TOLERANCE[dtype], name
+
+
+def test_an_infinite_query_reaches_only_the_keys_its_row_sees(device):
+    # Causal: row 20's query holds an infinity (its scores are infinite,
+    # its statistics not finite); the keys after 20, which it cannot see,
+    # keep the gradients float64 gives them with that value zeroed. (What
+    # the keys it sees get is not pinned: NaN, or finite where a score is
+    # -inf.)
+    case = Case(batch=(1,), heads=(2, 1), L=40, S=40, E=16, mask="causal")
+    q, k, v = (np.array(x) for x in make_inputs(case)[:3])
+    qz = q.copy()
+    q[0, 1, 20, 3], qz[0, 1, 20, 3] = np.inf, 0.0
+    d_out = d_out_for(case, mx.array(q))
+    _, dk, dv = vjp(mx.array(q), mx.array(k), mx.array(v), "causal", d_out)
+    _, dk_ref, dv_ref = attention_gradients_reference(mx.array(qz), mx.array(k), mx.array(v), d_out, mask="causal")
+    for name, g, ref in (("dk", dk, dk_ref), ("dv", dv, dv_ref)):
+        got = np.array(g)
+        assert np.isfinite(got[0, 0, 21:]).all(), name
+        assert relative_error(got[0, 0, 21:], ref[0, 0, 21:]) <= TOLERANCE["float32"], name
+
+
 def test_gradient_memory_is_linear_in_sequence_length(device):
     # One L x S float32 score matrix of a head here is 1 GiB; inputs,
     # outputs and gradients together are ~6 MiB.

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -104,6 +105,37 @@ inline void gemm_acc(const float* A, int lda, const float* B, int ldb, float* C,
   }
 }
 
+// gemm_acc for a B that holds a value that is not finite: A's zeros
+// skipped, so that a value a row (or key) cannot see never meets its zero
+// weight (0 x inf is NaN). Rare: no register blocking.
+template <int W, bool kTransA = false>
+inline void gemm_acc_skipping_zeros(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int M, int K,
+                                    int N) {
+  using S = Simd<W>;
+  const int si = kTransA ? 1 : lda, sk = kTransA ? lda : 1;
+  for (int i = 0; i < M; ++i) {
+    for (int k = 0; k < K; ++k) {
+      const float a = A[i * si + k * sk];
+      if (a == 0.0f) continue;
+      const auto av = S::splat(a);
+      for (int j = 0; j < N; j += W) {
+        S::store(C + i * ldc + j, S::load(C + i * ldc + j) + av * S::load(B + int64_t(k) * ldb + j));
+      }
+    }
+  }
+}
+
+// C += A B, by gemm_acc where B is all finite (b_finite), else skipping A's zeros.
+template <int W, int MR, int NR, bool kTransA = false>
+inline void gemm_acc_guarded(bool b_finite, const float* A, int lda, const float* B, int ldb, float* C, int ldc, int M,
+                             int K, int N) {
+  if (b_finite) {
+    gemm_acc<W, MR, NR, kTransA>(A, lda, B, ldb, C, ldc, M, K, N);
+  } else {
+    gemm_acc_skipping_zeros<W, kTransA>(A, lda, B, ldb, C, ldc, M, K, N);
+  }
+}
+
 // C[M x N] = A B (C's old contents not read).
 template <int W, int MR, int NR>
 inline void gemm_set(const float* A, int lda, const float* B, int ldb, float* C, int ldc, int M, int K, int N) {
@@ -130,10 +162,17 @@ struct Backward {
   Backward(const BackwardProblem& bp_, void* scratch)
       : bp(bp_), p(bp_.fwd), s(scratch, bp_.fwd.E, W), Ep(round_up(bp_.fwd.E, W)) {}
 
+  // Whether the rows x Ep floats at x are all finite.
+  bool all_finite(const float* x, int rows) const {
+    bool finite = true;
+    for (int64_t i = 0; i < int64_t(rows) * Ep; ++i) finite &= std::isfinite(x[i]);
+    return finite;
+  }
+
   // rows x E of a strided (B..., H, rows, E) operand into dst (rows x Ep),
-  // float32, head-dim padding zeroed.
+  // float32, head-dim padding zeroed; whether they are all finite.
   template <typename U>
-  void load_rows(const StridedOperand& x, int64_t n, int64_t row0, int rows, float* dst) {
+  bool load_rows(const StridedOperand& x, int64_t n, int64_t row0, int rows, float* dst) {
     const U* src = static_cast<const U*>(x.data) + x.base[n];
     for (int r = 0; r < rows; ++r) {
       const U* row = src + (row0 + r) * x.row_stride;
@@ -145,11 +184,12 @@ struct Backward {
         d[e] = 0.0f;
       }
     }
+    return all_finite(dst, rows);
   }
 
-  // Row-contiguous (rows of E) into dst (rows x Ep).
+  // Row-contiguous (rows of E) into dst (rows x Ep); whether all finite.
   template <typename U>
-  void load_contiguous(const U* src, int rows, float* dst) {
+  bool load_contiguous(const U* src, int rows, float* dst) {
     for (int r = 0; r < rows; ++r) {
       for (int e = 0; e < p.E; ++e) {
         dst[r * Ep + e] = to_float(src[int64_t(r) * p.E + e]);
@@ -158,26 +198,30 @@ struct Backward {
         dst[r * Ep + e] = 0.0f;
       }
     }
+    return all_finite(dst, rows);
   }
 
   // K_j (Bc x Ep, rows past cols zeroed) and its transpose (Ep x Bc, row
-  // stride ldt).
-  void load_key_tile(const StridedOperand& x, int64_t g, int64_t c0, int cols, float* rows, float* t,
+  // stride ldt); whether K_j is all finite.
+  bool load_key_tile(const StridedOperand& x, int64_t g, int64_t c0, int cols, float* rows, float* t,
                      int ldt = Bc) {
-    load_rows<T>(x, g, c0, cols, rows);
+    const bool finite = load_rows<T>(x, g, c0, cols, rows);
     std::fill(rows + int64_t(cols) * Ep, rows + int64_t(Bc) * Ep, 0.0f);
     for (int c = 0; c < Bc; ++c) {
       for (int e = 0; e < Ep; ++e) {
         t[int64_t(e) * ldt + c] = rows[c * Ep + e];
       }
     }
+    return finite;
   }
 
-  // The query rows [l0, l0 + rows) of head slice n: Q, dO, lse and D.
+  // The query rows [l0, l0 + rows) of head slice n: Q, dO, lse and D, and
+  // whether Q's and dO's are all finite (q_finite, do_finite).
+  bool q_finite = true, do_finite = true;
   void load_query_block(int64_t n, int64_t l0, int rows) {
-    load_rows<T>(p.q, n, l0, rows, s.Q);
+    q_finite = load_rows<T>(p.q, n, l0, rows, s.Q);
     const int64_t first = n * p.L + l0;
-    load_contiguous(static_cast<const T*>(bp.d_out) + first * p.E, rows, s.dO);
+    do_finite = load_contiguous(static_cast<const T*>(bp.d_out) + first * p.E, rows, s.dO);
     for (int r = 0; r < rows; ++r) {
       s.lse[r] = bp.lse[first + r];
       s.D[r] = bp.D[first + r];
@@ -278,8 +322,8 @@ struct Backward {
         load_query_block(n, l0, rows);
         probabilities_and_dS(n, l0, rows, c0, cols, s.K_t, s.V_t, Bc);
         // dV_j += P^T dO_i, dK_j += dS^T Q_i (P and dS read transposed).
-        gemm_acc<W, MR, NR, true>(s.P, Bc, s.dO, Ep, s.dV, Ep, cols, rows, Ep);
-        gemm_acc<W, MR, NR, true>(s.dS, Bc, s.Q, Ep, s.dK, Ep, cols, rows, Ep);
+        gemm_acc_guarded<W, MR, NR, true>(do_finite, s.P, Bc, s.dO, Ep, s.dV, Ep, cols, rows, Ep);
+        gemm_acc_guarded<W, MR, NR, true>(q_finite, s.dS, Bc, s.Q, Ep, s.dK, Ep, cols, rows, Ep);
       }
     }
     const int64_t first = (g * p.S + c0) * p.E;
@@ -316,10 +360,12 @@ struct Backward {
       dk_acc = static_cast<float*>(bp.dk) + g * p.S * p.E;
       dv_acc = static_cast<float*>(bp.dv) + g * p.S * p.E;
     }
-    // The head's keys and values once, transposed for S = Q K^T and dP = dO V^T.
+    // The head's keys and values once, transposed for S = Q K^T and dP = dO
+    // V^T; whether its keys are all finite (else dQ's products skip zeros).
+    bool k_finite = true;
     for (int64_t c0 = 0; c0 < p.S; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, p.S - c0));
-      load_key_tile(p.k, g, c0, cols, K + c0 * Ep, K_t + c0, ld);
+      k_finite &= load_key_tile(p.k, g, c0, cols, K + c0 * Ep, K_t + c0, ld);
       load_key_tile(p.v, g, c0, cols, s.V, V_t + c0, ld);
     }
     const int ratio = p.q_kv_heads_ratio;
@@ -340,9 +386,9 @@ struct Backward {
         for (int64_t c0 = key_begin; c0 < key_end; c0 += Bc) {
           const int cols = int(std::min<int64_t>(Bc, p.S - c0));
           probabilities_and_dS(n, l0, rows, c0, cols, K_t + c0, V_t + c0, ld);
-          gemm_acc<W, MR, NR>(s.dS, Bc, K + c0 * Ep, Ep, s.dQ, Ep, rows, Bc, Ep);
-          gemm_acc<W, MR, NR, true>(s.P, Bc, s.dO, Ep, dv_acc + c0 * Ep, Ep, cols, rows, Ep);
-          gemm_acc<W, MR, NR, true>(s.dS, Bc, s.Q, Ep, dk_acc + c0 * Ep, Ep, cols, rows, Ep);
+          gemm_acc_guarded<W, MR, NR>(k_finite, s.dS, Bc, K + c0 * Ep, Ep, s.dQ, Ep, rows, Bc, Ep);
+          gemm_acc_guarded<W, MR, NR, true>(do_finite, s.P, Bc, s.dO, Ep, dv_acc + c0 * Ep, Ep, cols, rows, Ep);
+          gemm_acc_guarded<W, MR, NR, true>(q_finite, s.dS, Bc, s.Q, Ep, dk_acc + c0 * Ep, Ep, cols, rows, Ep);
         }
         store_rows(s.dQ, p.scale, rows, static_cast<T*>(bp.dq) + (n * p.L + l0) * p.E);
       }
@@ -369,10 +415,10 @@ struct Backward {
     }
     for (int64_t c0 = key_begin; c0 < key_end; c0 += Bc) {
       const int cols = int(std::min<int64_t>(Bc, p.S - c0));
-      load_key_tile(p.k, g, c0, cols, s.K, s.K_t);
+      const bool k_finite = load_key_tile(p.k, g, c0, cols, s.K, s.K_t);
       load_key_tile(p.v, g, c0, cols, s.V, s.V_t);
       probabilities_and_dS(n, l0, rows, c0, cols, s.K_t, s.V_t, Bc);
-      gemm_acc<W, MR, NR>(s.dS, Bc, s.K, Ep, s.dQ, Ep, rows, Bc, Ep);
+      gemm_acc_guarded<W, MR, NR>(k_finite, s.dS, Bc, s.K, Ep, s.dQ, Ep, rows, Bc, Ep);
     }
     store_rows(s.dQ, p.scale, rows, static_cast<T*>(bp.dq) + (n * p.L + l0) * p.E);
   }
