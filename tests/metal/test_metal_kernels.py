@@ -378,12 +378,13 @@ def test_hidden_non_finite_values_never_reach_a_gradient(emulator):
     visible = np.ones((40, 70), dtype=bool)
     visible[:, 10] = False  # key 10 hidden from every row
     visible[8] = False  # a row that sees nothing
-    kn, vn = np.array(k), np.array(v)
+    kn, vn, qn = np.array(k), np.array(v), np.array(q)
     kn[..., 10, 3] = np.nan
     vn[..., 10, 5] = np.inf
+    qn[..., 8, 7] = np.inf  # the row that sees nothing
     mask = mx.array(visible)
     d_out = d_out_for(q)
-    grads = gradients(emulator, case, q, mx.array(kn), mx.array(vn), mask, d_out)
+    grads = gradients(emulator, case, mx.array(qn), mx.array(kn), mx.array(vn), mask, d_out)
     for name, g in zip(("dq", "dk", "dv"), grads):
         g = np.array(g)
         # the hidden key's own gradients are zero (no row sees it); nothing is NaN
