@@ -161,3 +161,10 @@ def sinks_for(H_q, seed=7):
     if H_q > 2:
         s[1] = 12.0
     return mx.array(s)
+
+
+def band_scales(n, bands, seed):
+    """A power of two for each 128-row band of n rows (the float16 terms'
+    tiles): magnitudes far apart across tiles."""
+    rng = np.random.default_rng(seed)
+    return 2.0 ** rng.choice(bands, size=(n + 127) // 128)[np.arange(n) // 128]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 import pytest
-from attention_cases import TOLERANCE, Case, make_inputs
+from attention_cases import TOLERANCE, Case, band_scales, make_inputs
 
 from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
 from flashattn_core.reference import attention_gradients_reference, attention_reference, causal_mask, relative_error
@@ -971,12 +971,6 @@ def test_float32_one_signed_values_over_many_keys(E, L, mask):
     v = mx.array(rng.uniform(0.15, 0.3, (1, heads[1], S, E)), dtype=mx.float32)
     out = flash_attention(q, k, v, mask=None if mask == "none" else mask)
     assert sampled_error(q, k, v, out, None if mask == "none" else mask) <= TOLERANCE["float32"]
-
-
-def band_scales(n, bands, seed):
-    """A power of two for each 128-row band of n rows."""
-    rng = np.random.default_rng(seed)
-    return 2.0 ** rng.choice(bands, size=(n + 127) // 128)[np.arange(n) // 128]
 
 
 @pytest.mark.parametrize("mask", ["causal", "none", "bool_LS"])

@@ -7,7 +7,7 @@ each of its kernels, and which backward ran."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from attention_cases import TOLERANCE, Case, make_inputs
+from attention_cases import TOLERANCE, Case, band_scales, make_inputs
 
 from flashattn_core import flash_attention, gradient_stats, reset_gradient_stats
 from flashattn_core.reference import attention_gradients_reference, relative_error
@@ -241,12 +241,6 @@ def test_mlx_lm_transpose_of_the_gradients_copies_nothing(heads, dtype, kw):
     refs = attention_gradients_reference(q, k, v, d_out, mask="causal")
     for name, g, ref in zip(("dq", "dk", "dv"), flat, refs):
         assert relative_error(g.reshape(B, L, -1, E).swapaxes(1, 2), ref) <= TOLERANCE[dtype], name
-
-
-def band_scales(n, bands, seed):
-    """A power of two for each 128-row band of n rows."""
-    rng = np.random.default_rng(seed)
-    return 2.0 ** rng.choice(bands, size=(n + 127) // 128)[np.arange(n) // 128]
 
 
 @pytest.mark.parametrize("L,S", [(700, 700), (300, 1000)])
